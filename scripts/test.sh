@@ -1,0 +1,29 @@
+#!/bin/bash
+# Sets everything up and runs the tests: installs missing packages, builds Release and runs
+# ctest, then rebuilds the loader and tools with AddressSanitizer + UBSan and runs the
+# hostile-input tests there, then fuzzes the loader for FUZZ_SECONDS (default 60; 0 skips).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${JOBS:-$(nproc)}
+
+scripts/setup.sh
+
+echo "== Release build"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+grep "onnxtrain:" build-configure.log || true
+cmake --build build -j"$jobs"
+echo "== ctest (Release)"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== AddressSanitizer + UBSan build: hostile-input and I/O tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
+  -DONNXTRAIN_CUDA=OFF >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
+cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir backend_roundtrip
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
+
+if [ "${FUZZ_SECONDS:-60}" != "0" ]; then
+  echo "== libFuzzer on the loader (${FUZZ_SECONDS:-60}s)"
+  scripts/fuzz.sh
+fi
+echo "== all tests passed"
