@@ -52,7 +52,16 @@ std::string format_tensor_summary(const Tensor& t) {
   return out + ")";
 }
 
-std::string value_ref(const Value* v) { return v ? "%" + v->name() : "_"; }
+bool needs_quotes(const std::string& s) {
+  for (char c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == '"') return true;
+  return s.empty();
+}
+
+// Names are printed bare unless they would break the one-line-per-node form.
+std::string printable_name(const std::string& s) { return needs_quotes(s) ? quote(s) : s; }
+
+std::string value_ref(const Value* v) { return v ? "%" + printable_name(v->name()) : "_"; }
 
 }  // namespace
 
@@ -136,8 +145,8 @@ std::string format_node(const Node& n, const PrintOptions& o) {
   out += "(";
   for (size_t i = 0; i < n.inputs().size(); ++i) out += (i ? ", " : "") + value_ref(n.inputs()[i]);
   out += ")";
-  if (!n.name.empty()) out += "  # " + n.name;
-  if (!n.device.empty()) out += " @" + n.device;
+  if (!n.name.empty()) out += "  # " + printable_name(n.name);
+  if (!n.device.empty()) out += " @" + printable_name(n.device);
   return out;
 }
 

@@ -276,5 +276,22 @@ TEST(OnnxIO, MissingFileAndDirectoryErrors) {
   EXPECT_THROW(import_onnx_file(fs::temp_directory_path().string()), Error);
 }
 
+TEST(OnnxIO, RealPyTorchExportsRoundTrip) {
+  // Fixtures exported by PyTorch 1.13 (tests/data/make_torch_fixtures.py).
+  for (const char* name : {"torch_small_cnn.onnx", "torch_small_cnn_train.onnx"}) {
+    std::string path = cat(ONNXTRAIN_SOURCE_DIR, "/tests/data/", name);
+    auto m = import_onnx_file(path);
+    EXPECT_EQ(m->producer_name, "pytorch");
+    ASSERT_EQ(m->graph->inputs().size(), 1u);
+    EXPECT_EQ(format_type(m->graph->inputs()[0]->type), "[batch,1,8,8] f32");
+    auto back = roundtrip(*m);
+    std::string why;
+    EXPECT_TRUE(models_equal(*m, *back, &why)) << name << ": " << why;
+    onnx::ModelProto proto;
+    ASSERT_TRUE(proto.ParseFromString(export_onnx_bytes(*back)));
+    EXPECT_NO_THROW(onnx::checker::check_model(proto)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace onnxtrain::graph
