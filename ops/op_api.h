@@ -1,0 +1,158 @@
+// The public op API: what an op registers (type/shape inference, kernels per device, gradient
+// slot) and what a kernel sees at run time (KernelContext). Built-in ops and custom-op
+// libraries compile against exactly this header; the runtime implements KernelContext, so
+// kernels never include runtime/. Bump kOpApiVersion on any incompatible change.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "graph/dtype.h"
+#include "graph/error.h"
+#include "graph/ir.h"
+#include "graph/tensor.h"
+
+namespace onnxtrain::ops {
+
+inline constexpr int kOpApiVersion = 1;
+
+using graph::DataType;
+
+enum class DeviceKind { kCpu = 0, kCuda = 1 };
+
+// A typed view of a tensor the runtime owns: dtype, concrete dims, and a device pointer.
+struct TensorView {
+  DataType dtype = DataType::kUndefined;
+  std::vector<int64_t> dims;
+  void* data = nullptr;
+  // String tensors (CPU only) keep their elements here instead of `data`.
+  std::vector<std::string>* strings = nullptr;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    return n;
+  }
+  int64_t rank() const { return static_cast<int64_t>(dims.size()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * graph::dtype_bits(dtype) / 8; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// What a kernel sees while it runs. Inputs are read-only; outputs are allocated by the runtime
+// from the plan (static shapes) or on request (shapes known only at run time).
+class KernelContext {
+ public:
+  virtual ~KernelContext() = default;
+  virtual const graph::Node& node() const = 0;
+  // ai.onnx opset version the model imports (kernels use it for version-dependent semantics).
+  virtual int64_t opset() const = 0;
+  virtual int num_inputs() const = 0;
+  // nullptr for an omitted optional input or an index past the end.
+  virtual const TensorView* input(int i) const = 0;
+  virtual int num_outputs() const = 0;
+  // True when output i is requested by the graph (not an omitted optional output).
+  virtual bool has_output(int i) const = 0;
+  // Output i with the given dims: the planned buffer when dims match the plan, a fresh buffer
+  // otherwise. Throws for an omitted output.
+  virtual TensorView& output(int i, std::span<const int64_t> dims) = 0;
+  // Output i with the dims the plan inferred; throws if the plan could not infer them.
+  virtual TensorView& output(int i) = 0;
+  // Per-node scratch memory valid until run() returns, 64-byte aligned.
+  virtual void* scratch(size_t bytes) = 0;
+  virtual DeviceKind device() const = 0;
+  // The device stream (cudaStream_t on CUDA, nullptr on CPU).
+  virtual void* stream() const = 0;
+  // Threads this kernel may use (intra-op budget).
+  virtual int num_threads() const = 0;
+  // Runs fn(begin, end) over [0, n) split across the intra-op threads; grain = minimum chunk.
+  virtual void parallel_for(int64_t n, int64_t grain,
+                            const std::function<void(int64_t, int64_t)>& fn) const = 0;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // Once per plan, with the planned input/output shapes known (ctx.input(i)->dims valid, data
+  // pointers not yet): create oneDNN primitives / cuDNN descriptors, size workspaces.
+  virtual void prepare(KernelContext& ctx) {}
+  // Every step.
+  virtual void run(KernelContext& ctx) = 0;
+};
+
+// Type and shape inference. Input types carry concrete dims at plan time and may carry
+// symbolic/unknown dims when passes call it; constant inputs (initializers, folded values)
+// are available as tensors so shape-computing inputs (Reshape's shape) can be read.
+struct InferenceContext {
+  const graph::Node& node;
+  int64_t opset = 0;
+  std::vector<const graph::ValueType*> input_types;  // nullptr for omitted inputs
+  std::vector<const graph::Tensor*> input_values;    // nullptr unless constant
+  std::vector<graph::ValueType> output_types;        // to fill, one per node output
+  // Optional: values fully determined by the input types (Shape, Size, Constant). The planner
+  // treats them as constants, which is how exporter shape subgraphs fold away.
+  std::vector<std::optional<graph::Tensor>> output_values;
+
+  const graph::ValueType* input_type(size_t i) const {
+    return i < input_types.size() ? input_types[i] : nullptr;
+  }
+  const graph::Tensor* input_value(size_t i) const {
+    return i < input_values.size() ? input_values[i] : nullptr;
+  }
+  // "Conv 'name': " prefix for errors.
+  std::string where() const;
+};
+
+using InferFn = std::function<void(InferenceContext&)>;
+using KernelFactory = std::function<std::unique_ptr<Kernel>(const graph::Node&)>;
+
+// Filled by the autodiff issue: emits backward nodes for one forward node.
+struct GradientBuilder;
+using GradientFn = std::function<void(GradientBuilder&)>;
+
+struct OpSchema {
+  std::string domain;  // "" = ai.onnx
+  std::string op_type;
+  int since_version = 1;  // first opset this registration serves (inclusive)
+  int until_version = 1 << 30;  // last opset it serves (inclusive)
+  InferFn infer;
+  KernelFactory cpu_kernel;
+  KernelFactory cuda_kernel;
+  GradientFn gradient;
+  // True when the op's result may be computed once at plan time from constant inputs.
+  bool foldable = true;
+};
+
+// The process-wide registry. Keyed by (domain, op_type, opset range); later issues add
+// kernels for other devices and gradients to existing entries through mutable_find.
+class OpRegistry {
+ public:
+  static OpRegistry& global();
+  // Throws when the (domain, op_type) range overlaps an existing registration.
+  void add(OpSchema schema);
+  const OpSchema* find(const std::string& domain, const std::string& op_type, int64_t opset) const;
+  OpSchema* mutable_find(const std::string& domain, const std::string& op_type, int64_t opset);
+  std::vector<const OpSchema*> all() const;
+
+ private:
+  std::vector<std::unique_ptr<OpSchema>> schemas_;
+};
+
+// Static registration: ONNXTRAIN_REGISTER_OP(relu) { return OpSchema{...}; }
+struct OpRegistrar {
+  explicit OpRegistrar(OpSchema (*make)()) { OpRegistry::global().add(make()); }
+};
+#define ONNXTRAIN_REGISTER_OP(id)                                               \
+  static ::onnxtrain::ops::OpSchema onnxtrain_make_op_##id();                   \
+  static ::onnxtrain::ops::OpRegistrar onnxtrain_registrar_##id(&onnxtrain_make_op_##id); \
+  static ::onnxtrain::ops::OpSchema onnxtrain_make_op_##id()
+
+}  // namespace onnxtrain::ops

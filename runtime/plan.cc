@@ -1,0 +1,491 @@
+// Plan construction (inference, folding, memory plan, kernel preparation) and execution.
+#include "runtime/plan.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+
+#include "graph/error.h"
+#include "graph/printer.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+using graph::DataType;
+using graph::Tensor;
+using graph::ValueType;
+
+constexpr size_t kAlign = 64;
+
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::optional<std::vector<int64_t>> concrete(const ValueType& t) {
+  if (t.kind != ValueType::Kind::kTensor || !t.shape) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const auto& d : *t.shape) {
+    if (!d.is_known()) return std::nullopt;
+    out.push_back(d.value);
+  }
+  return out;
+}
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+ops::TensorView view_of(const Tensor& t) {
+  ops::TensorView v;
+  v.dtype = t.dtype();
+  v.dims = t.dims();
+  v.data = const_cast<std::byte*>(t.data());
+  if (t.dtype() == DataType::kString)
+    v.strings = const_cast<std::vector<std::string>*>(&t.strings());
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- kernel context
+
+class StepContext final : public ops::KernelContext {
+ public:
+  StepContext(Plan& plan, Step& step, int threads, bool preparing)
+      : plan_(plan), step_(step), threads_(threads), preparing_(preparing) {}
+
+  const graph::Node& node() const override { return *step_.node; }
+  int64_t opset() const override { return plan_.default_opset_; }
+  int num_inputs() const override { return static_cast<int>(step_.in.size()); }
+  const ops::TensorView* input(int i) const override {
+    if (i < 0 || i >= num_inputs() || step_.in[i] < 0) return nullptr;
+    return &plan_.bindings_[step_.in[i]].view;
+  }
+  int num_outputs() const override { return static_cast<int>(step_.out.size()); }
+  bool has_output(int i) const override {
+    return i >= 0 && i < num_outputs() && step_.out[i] >= 0;
+  }
+  ops::TensorView& output(int i, std::span<const int64_t> dims) override {
+    OT_CHECK(has_output(i), node().describe(), ": output ", i, " is not requested");
+    int s = step_.out[i];
+    Slot& slot = plan_.slots_[s];
+    Plan::Binding& b = plan_.bindings_[s];
+    std::vector<int64_t> d(dims.begin(), dims.end());
+    if (slot.is_static && slot.arena_offset >= 0 && !preparing_) {
+      auto planned = concrete(slot.type);
+      if (planned && *planned == d) {
+        b.owned = Tensor();
+        b.view.dtype = slot.type.dtype;
+        b.view.dims = std::move(d);
+        b.view.data = plan_.arena_.get() + slot.arena_offset;
+        b.view.strings = nullptr;
+        return b.view;
+      }
+    }
+    if (preparing_) {
+      b.view.dims = d;
+      return b.view;
+    }
+    // Off-plan: a fresh buffer, checked against the same cap as the loader.
+    auto count = graph::checked_element_count(d, node().describe() + " output");
+    auto bytes = graph::dtype_storage_bytes(slot.type.dtype, count);
+    OT_CHECK(bytes && *bytes <= plan_.session_.opts_.max_tensor_bytes, node().describe(),
+             ": output ", i, " of ", count, " elements exceeds the tensor size cap");
+    OT_CHECK(slot.type.dtype != DataType::kUndefined, node().describe(), ": output ", i,
+             " has no inferred dtype");
+    b.owned = Tensor(slot.type.dtype, d);
+    b.view = view_of(b.owned);
+    return b.view;
+  }
+  ops::TensorView& output(int i) override {
+    OT_CHECK(has_output(i), node().describe(), ": output ", i, " is not requested");
+    const Slot& slot = plan_.slots_[step_.out[i]];
+    auto dims = concrete(slot.type);
+    OT_CHECK(dims, node().describe(), ": output ", i,
+             " shape is only known at run time; the kernel must pass dims");
+    return output(i, *dims);
+  }
+  void* scratch(size_t bytes) override {
+    if (bytes > scratch_bytes_) {
+      scratch_.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kAlign})));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_.get();
+  }
+  ops::DeviceKind device() const override { return ops::DeviceKind::kCpu; }
+  void* stream() const override { return nullptr; }
+  int num_threads() const override { return threads_; }
+  void parallel_for(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& fn) const override {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    int64_t chunks = std::min<int64_t>(threads_, (n + grain - 1) / grain);
+    if (chunks <= 1) {
+      fn(0, n);
+      return;
+    }
+    std::exception_ptr error;
+    std::mutex mu;
+#pragma omp parallel num_threads(static_cast<int>(chunks))
+    {
+      int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+      int64_t begin = n * t / k, end = n * (t + 1) / k;
+      try {
+        if (begin < end) fn(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kAlign}); }
+  };
+  Plan& plan_;
+  Step& step_;
+  int threads_;
+  bool preparing_;
+  std::unique_ptr<std::byte[], AlignedDelete> scratch_;
+  size_t scratch_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------- construction
+
+int Plan::slot_of(const graph::Value* v) {
+  auto it = slot_index_.find(v);
+  if (it != slot_index_.end()) return it->second;
+  int id = static_cast<int>(slots_.size());
+  Slot s;
+  s.value = v;
+  s.type = v->type;
+  slots_.push_back(std::move(s));
+  slot_index_[v] = id;
+  return id;
+}
+
+Plan::Plan(InferenceSession& session, const std::map<std::string, const Tensor*>& inputs)
+    : session_(session), model_(*session.model_) {
+  default_opset_ = model_.opset_version("").value_or(1);
+  const graph::Graph& g = *model_.graph;
+  // Graph inputs take the caller's dims; initializers are constants.
+  for (const graph::Value* v : g.inputs()) {
+    auto it = inputs.find(v->name());
+    if (it == inputs.end()) continue;  // initializer-backed default
+    int s = slot_of(v);
+    slots_[s].is_input = true;
+    std::vector<int64_t> dims = it->second->dims();
+    slots_[s].type = ValueType::tensor(it->second->dtype(), graph::make_shape(dims));
+  }
+  for (const graph::Value* v : g.initializers()) {
+    if (inputs.count(v->name())) continue;
+    int s = slot_of(v);
+    slots_[s].is_constant = true;
+    slots_[s].constant = v->initializer();
+    std::vector<int64_t> dims = v->initializer().dims();
+    slots_[s].type = ValueType::tensor(v->initializer().dtype(), graph::make_shape(dims));
+  }
+  bindings_.resize(slots_.size());
+  for (const graph::Node* n : g.topological_order()) fold_or_schedule(*n);
+  for (const graph::Value* v : g.outputs()) {
+    int s = slot_of(v);
+    slots_[s].is_output = true;
+    slots_[s].last_use = static_cast<int>(steps_.size());
+  }
+  bindings_.resize(slots_.size());
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].is_constant) bind_constant(static_cast<int>(s));
+  plan_memory();
+  prepare_kernels();
+}
+
+void Plan::bind_constant(int s) { bindings_[s].view = view_of(slots_[s].constant); }
+
+void Plan::infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx) {
+  for (const graph::Value* v : n.inputs()) {
+    if (!v) {
+      in.push_back(-1);
+      ictx.input_types.push_back(nullptr);
+      ictx.input_values.push_back(nullptr);
+      continue;
+    }
+    auto it = slot_index_.find(v);
+    OT_CHECK(it != slot_index_.end(), n.describe(), ": input '", v->name(),
+             "' has no value (a graph input not given?)");
+    int s = it->second;
+    in.push_back(s);
+    ictx.input_types.push_back(&slots_[s].type);
+    ictx.input_values.push_back(slots_[s].is_constant ? &slots_[s].constant : nullptr);
+  }
+  ictx.output_types.resize(n.outputs().size());
+  ictx.output_values.resize(n.outputs().size());
+}
+
+void Plan::fold_or_schedule(const graph::Node& n) {
+  int64_t opset = model_.opset_version(n.domain).value_or(1);
+  const ops::OpSchema* schema = ops::OpRegistry::global().find(n.domain, n.op_type, opset);
+  OT_CHECK(schema && schema->cpu_kernel, n.describe(), ": no CPU kernel for ",
+           n.domain.empty() ? "" : n.domain + ".", n.op_type, " at opset ", opset);
+  Step step;
+  step.node = &n;
+  step.schema = schema;
+  ops::InferenceContext ictx{n, opset, {}, {}, {}, {}};
+  infer_step(n, step.in, ictx);
+  if (schema->infer) schema->infer(ictx);
+  OT_CHECK(ictx.output_types.size() >= n.outputs().size(), n.describe(),
+           ": inference produced too few outputs");
+
+  bool all_values = true;
+  for (size_t i = 0; i < n.outputs().size(); ++i) {
+    if (!n.outputs()[i]) {
+      step.out.push_back(-1);
+      continue;
+    }
+    int s = slot_of(n.outputs()[i]);
+    step.out.push_back(s);
+    Slot& slot = slots_[s];
+    slot.type = ictx.output_types[i];
+    slot.def_step = static_cast<int>(steps_.size());
+    if (auto dims = concrete(slot.type)) {
+      auto count = graph::checked_element_count(*dims, n.describe() + " output");
+      auto bytes = graph::dtype_storage_bytes(slot.type.dtype, count);
+      OT_CHECK(bytes && *bytes <= session_.opts_.max_tensor_bytes, n.describe(), ": output '",
+               slot.value->name(), "' would need ", count, " elements, above the tensor size cap");
+      slot.is_static = slot.type.dtype != DataType::kString;
+      slot.bytes = static_cast<size_t>(*bytes);
+    } else {
+      step.dynamic = true;
+    }
+    if (i < ictx.output_values.size() && ictx.output_values[i]) {
+      slot.is_constant = true;
+      slot.constant = std::move(*ictx.output_values[i]);
+    } else {
+      all_values = false;
+    }
+  }
+  bindings_.resize(slots_.size());
+  if (all_values) {
+    ++stats_.folded_nodes;
+    return;
+  }
+  bool inputs_constant = true;
+  for (int s : step.in)
+    if (s >= 0 && !slots_[s].is_constant) inputs_constant = false;
+  if (inputs_constant && schema->foldable && !n.inputs().empty()) {
+    // Compute once now; the result becomes a constant of the plan.
+    step.kernel = schema->cpu_kernel(n);
+    for (int s : step.in)
+      if (s >= 0) bind_constant(s);
+    execute(step, -1, true);
+    for (int s : step.out) {
+      if (s < 0) continue;
+      Slot& slot = slots_[s];
+      Binding& b = bindings_[s];
+      slot.is_constant = true;
+      slot.constant = std::move(b.owned);
+      std::vector<int64_t> dims = slot.constant.dims();
+      slot.type = ValueType::tensor(slot.constant.dtype(), graph::make_shape(dims));
+      b = Binding{};
+    }
+    ++stats_.folded_nodes;
+    return;
+  }
+  int index = static_cast<int>(steps_.size());
+  for (int s : step.in)
+    if (s >= 0) slots_[s].last_use = std::max(slots_[s].last_use, index);
+  for (int s : step.out)
+    if (s >= 0) slots_[s].is_constant = false;
+  step.kernel = schema->cpu_kernel(n);
+  if (step.dynamic) ++stats_.dynamic_nodes;
+  ++stats_.kernel_nodes;
+  steps_.push_back(std::move(step));
+}
+
+void Plan::plan_memory() {
+  // Greedy: biggest buffers first, each at the lowest offset free over its live range.
+  struct Placed {
+    int64_t offset;
+    size_t bytes;
+    int def, last;
+  };
+  std::vector<int> order;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& slot = slots_[s];
+    if (slot.is_static && !slot.is_constant && !slot.is_input && slot.def_step >= 0) {
+      if (slot.last_use < slot.def_step) slot.last_use = slot.def_step;  // unused output
+      order.push_back(static_cast<int>(s));
+      stats_.unshared_bytes += static_cast<int64_t>(round_up(slot.bytes));
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return slots_[a].bytes > slots_[b].bytes; });
+  std::vector<Placed> placed;
+  int64_t arena = 0;
+  for (int s : order) {
+    Slot& slot = slots_[s];
+    size_t need = round_up(std::max<size_t>(slot.bytes, 1));
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const Placed& p : placed)
+      if (p.def <= slot.last_use && slot.def_step <= p.last)
+        busy.emplace_back(p.offset, p.offset + static_cast<int64_t>(p.bytes));
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (const auto& [b, e] : busy) {
+      if (offset + static_cast<int64_t>(need) <= b) break;
+      offset = std::max(offset, e);
+    }
+    slot.arena_offset = offset;
+    placed.push_back({offset, need, slot.def_step, slot.last_use});
+    arena = std::max(arena, offset + static_cast<int64_t>(need));
+  }
+  stats_.arena_bytes = arena;
+  if (arena > 0) {
+    auto* p = static_cast<std::byte*>(::operator new[](static_cast<size_t>(arena), std::align_val_t{kAlign}));
+    arena_ = std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, std::align_val_t{kAlign}); });
+  }
+  for (int s : order) {
+    Binding& b = bindings_[s];
+    b.view.dtype = slots_[s].type.dtype;
+    b.view.dims = *concrete(slots_[s].type);
+    b.view.data = arena_.get() + slots_[s].arena_offset;
+  }
+  // Dynamic buffers are released after their last reader.
+  release_after_.assign(steps_.size(), {});
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const Slot& slot = slots_[s];
+    if (slot.arena_offset < 0 && !slot.is_constant && !slot.is_input && !slot.is_output &&
+        slot.def_step >= 0) {
+      int last = std::max(slot.last_use, slot.def_step);
+      if (last >= 0 && last < static_cast<int>(steps_.size())) release_after_[last].push_back(static_cast<int>(s));
+    }
+  }
+}
+
+void Plan::prepare_kernels() {
+  int threads = session_.opts_.threads;
+  for (auto& step : steps_) {
+    if (step.dynamic) continue;  // prepared at run time once dims are known
+    bool inputs_known = true;
+    for (int s : step.in)
+      if (s >= 0 && !concrete(slots_[s].type)) inputs_known = false;
+    if (!inputs_known) {
+      step.dynamic = true;
+      continue;
+    }
+    // Inputs bound to the caller are not known yet: give the kernel their dims only.
+    std::vector<std::pair<int, ops::TensorView>> saved;
+    for (int s : step.in)
+      if (s >= 0 && slots_[s].is_input) {
+        saved.emplace_back(s, bindings_[s].view);
+        bindings_[s].view.dtype = slots_[s].type.dtype;
+        bindings_[s].view.dims = *concrete(slots_[s].type);
+      }
+    StepContext ctx(*this, step, threads, false);
+    try {
+      step.kernel->prepare(ctx);
+    } catch (const Error& e) {
+      fail(e.what());
+    }
+    for (auto& [s, v] : saved) bindings_[s].view = v;
+  }
+}
+
+// ---------------------------------------------------------------- execution
+
+void Plan::execute(Step& step, int index, bool at_plan_time) {
+  int threads = session_.opts_.threads;
+  if (step.dynamic && !at_plan_time) {
+    // Re-infer with the actual dims so output(i) knows its shape where inference can tell.
+    ops::InferenceContext ictx{*step.node, model_.opset_version(step.node->domain).value_or(1),
+                               {}, {}, {}, {}};
+    std::vector<ValueType> types;
+    types.reserve(step.in.size());
+    for (int s : step.in) {
+      if (s < 0) {
+        ictx.input_types.push_back(nullptr);
+        ictx.input_values.push_back(nullptr);
+        continue;
+      }
+      const ops::TensorView& v = bindings_[s].view;
+      types.push_back(ValueType::tensor(v.dtype, graph::make_shape(v.dims)));
+      ictx.input_types.push_back(&types.back());
+      ictx.input_values.push_back(slots_[s].is_constant ? &slots_[s].constant : nullptr);
+    }
+    ictx.output_types.resize(step.out.size());
+    ictx.output_values.resize(step.out.size());
+    if (step.schema->infer) step.schema->infer(ictx);
+    for (size_t i = 0; i < step.out.size(); ++i)
+      if (step.out[i] >= 0 && i < ictx.output_types.size() &&
+          ictx.output_types[i].dtype != DataType::kUndefined)
+        slots_[step.out[i]].type = ictx.output_types[i];
+    StepContext prep(*this, step, threads, false);
+    step.kernel->prepare(prep);
+  }
+  if (at_plan_time) {
+    StepContext prep(*this, step, threads, false);
+    step.kernel->prepare(prep);
+  }
+  StepContext ctx(*this, step, threads, false);
+  bool profile = !session_.opts_.profile_path.empty() && !at_plan_time;
+  int64_t t0 = profile ? now_us() : 0;
+  step.kernel->run(ctx);
+  if (profile) {
+    int64_t t1 = now_us();
+    if (session_.trace_origin_us_ == 0) session_.trace_origin_us_ = t0;
+    session_.trace_.push_back({step.node->name.empty() ? step.node->op_type : step.node->name,
+                               step.node->op_type, t0 - session_.trace_origin_us_, t1 - t0});
+  }
+  // Outputs the kernel never wrote through output(): fail loudly rather than read garbage.
+  for (size_t i = 0; i < step.out.size(); ++i) {
+    int s = step.out[i];
+    if (s < 0) continue;
+    const Binding& b = bindings_[s];
+    OT_CHECK(b.view.data || b.view.strings || b.view.numel() == 0 || slots_[s].arena_offset >= 0,
+             step.node->describe(), ": kernel did not produce output ", i);
+  }
+  if (index >= 0)
+    for (int s : release_after_[index]) bindings_[s] = Binding{};
+}
+
+std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs) {
+  for (const auto& [name, t] : inputs) {
+    const graph::Value* v = model_.graph->find_value(name);
+    auto it = slot_index_.find(v);
+    if (it == slot_index_.end()) continue;  // an input nothing reads
+    bindings_[it->second].view = view_of(*t);
+  }
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      execute(steps_[i], static_cast<int>(i), false);
+    } catch (const std::bad_alloc&) {
+      fail(steps_[i].node->describe(), ": out of memory");
+    }
+  }
+  std::vector<Tensor> out;
+  for (const graph::Value* v : model_.graph->outputs()) {
+    const Slot& slot = slots_[slot_index_.at(v)];
+    const ops::TensorView& view = bindings_[slot_index_.at(v)].view;
+    if (slot.is_constant) {
+      out.push_back(slot.constant);
+      continue;
+    }
+    OT_CHECK(view.dtype != DataType::kUndefined, "output '", v->name(), "' was not computed");
+    Tensor t(view.dtype, view.dims);
+    if (view.dtype == DataType::kString) {
+      if (view.strings) t.mutable_strings() = *view.strings;
+    } else if (t.nbytes()) {
+      std::memcpy(t.mutable_data(), view.data, t.nbytes());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,74 @@
+// A Plan: one input-shape signature of a model made executable. Built once (cached by the
+// session): shape inference with concrete dims, constant folding, kernel preparation and a
+// liveness-based memory plan; then run() per call.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "ops/op_api.h"
+#include "runtime/session.h"
+
+namespace onnxtrain::runtime {
+
+// One value the plan knows about.
+struct Slot {
+  const graph::Value* value = nullptr;
+  graph::ValueType type;           // planned type; dims concrete when is_static
+  bool is_constant = false;        // initializer or folded at plan time
+  graph::Tensor constant;
+  bool is_input = false;           // bound to a caller's tensor each run
+  bool is_static = false;          // dims known at plan time (arena candidate)
+  int64_t arena_offset = -1;
+  size_t bytes = 0;
+  int def_step = -1;               // step producing it (-1: before the first step)
+  int last_use = -1;               // last step reading it
+  bool is_output = false;
+};
+
+struct Step {
+  const graph::Node* node = nullptr;
+  const ops::OpSchema* schema = nullptr;
+  std::unique_ptr<ops::Kernel> kernel;
+  std::vector<int> in, out;  // slot ids, -1 for omitted
+  bool dynamic = false;      // output dims only known at run time
+};
+
+class Plan {
+ public:
+  Plan(InferenceSession& session, const std::map<std::string, const graph::Tensor*>& inputs);
+  std::vector<graph::Tensor> run(const std::map<std::string, const graph::Tensor*>& inputs);
+  const PlanStats& stats() const { return stats_; }
+
+  // Used by the kernel context.
+  struct Binding {
+    ops::TensorView view;
+    graph::Tensor owned;  // dynamic buffers and string tensors
+  };
+
+ private:
+  friend class StepContext;
+  int slot_of(const graph::Value* v);
+  void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
+  void fold_or_schedule(const graph::Node& n);
+  void plan_memory();
+  void prepare_kernels();
+  void bind_constant(int slot);
+  void execute(Step& step, int index, bool at_plan_time);
+
+  InferenceSession& session_;
+  const graph::Model& model_;
+  int64_t default_opset_ = 1;
+  std::vector<Slot> slots_;
+  std::map<const graph::Value*, int> slot_index_;
+  std::vector<Step> steps_;
+  std::vector<Binding> bindings_;
+  std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
+  std::shared_ptr<std::byte[]> arena_;
+  PlanStats stats_;
+};
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,142 @@
+// InferenceSession: validates the model once, caches a Plan per input-shape signature.
+#include "runtime/session.h"
+
+#include <omp.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "graph/error.h"
+#include "graph/printer.h"
+#include "ops/op_api.h"
+#include "runtime/plan.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+void collect_unsupported(const graph::Model& m, const graph::Graph& g, std::set<std::string>& out) {
+  for (const auto& n : g.nodes()) {
+    int64_t opset = m.opset_version(n->domain).value_or(1);
+    const ops::OpSchema* s = ops::OpRegistry::global().find(n->domain, n->op_type, opset);
+    if (!s || !s->cpu_kernel) out.insert((n->domain.empty() ? "" : n->domain + ".") + n->op_type);
+    for (const auto& a : n->attributes) {
+      if (a.type == graph::AttrType::kGraph) collect_unsupported(m, a.g(), out);
+      if (a.type == graph::AttrType::kGraphs)
+        for (const auto& sg : a.graphs()) collect_unsupported(m, *sg, out);
+    }
+  }
+}
+
+std::string describe_input(const graph::Value& v) {
+  return cat("'", v.name(), "' ", graph::format_type(v.type));
+}
+
+// Checks a caller's tensor against the declared input type.
+void check_input(const graph::Value& v, const graph::Tensor& t, const std::string& file) {
+  const graph::ValueType& ty = v.type;
+  if (ty.kind != graph::ValueType::Kind::kTensor) return;
+  OT_CHECK(ty.dtype == graph::DataType::kUndefined || ty.dtype == t.dtype(), file, ": input '",
+           v.name(), "' must be ", graph::dtype_short_name(ty.dtype), ", got ",
+           graph::dtype_short_name(t.dtype()));
+  if (!ty.shape) return;
+  std::vector<int64_t> dims = t.dims();
+  OT_CHECK(ty.shape->size() == dims.size(), file, ": input '", v.name(), "' must have shape ",
+           graph::format_shape(ty.shape), ", got ", graph::format_shape(graph::make_shape(dims)));
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const graph::Dim& d = (*ty.shape)[i];
+    OT_CHECK(!d.is_known() || d.value == dims[i], file, ": input '", v.name(), "' must have shape ",
+             graph::format_shape(ty.shape), ", got ", graph::format_shape(graph::make_shape(dims)));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> unsupported_ops(const graph::Model& m) {
+  std::set<std::string> out;
+  collect_unsupported(m, *m.graph, out);
+  return {out.begin(), out.end()};
+}
+
+InferenceSession::InferenceSession(std::unique_ptr<graph::Model> model, SessionOptions opts)
+    : model_(std::move(model)), opts_(std::move(opts)) {
+  if (opts_.threads <= 0) opts_.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto missing = unsupported_ops(*model_);
+  if (!missing.empty()) {
+    std::string list;
+    for (const auto& op : missing) list += (list.empty() ? "" : ", ") + op;
+    fail(model_->source_path.empty() ? "model" : model_->source_path, ": unsupported ops (no CPU kernel): ", list);
+  }
+}
+
+InferenceSession::~InferenceSession() {
+  if (!opts_.profile_path.empty()) {
+    try {
+      write_profile(opts_.profile_path);
+    } catch (const Error&) {
+      // Destructors must not throw; write_profile() reports errors when called directly.
+    }
+  }
+}
+
+std::unique_ptr<InferenceSession> InferenceSession::load(const std::string& path, SessionOptions opts) {
+  graph::LoadOptions lo;
+  lo.max_tensor_bytes = opts.max_tensor_bytes;
+  return std::make_unique<InferenceSession>(graph::import_onnx_file(path, lo), std::move(opts));
+}
+
+std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, graph::Tensor>& inputs) {
+  const std::string file = model_->source_path.empty() ? "model" : model_->source_path;
+  std::map<std::string, const graph::Tensor*> bound;
+  std::string missing;
+  for (const graph::Value* v : model_->graph->inputs()) {
+    auto it = inputs.find(v->name());
+    if (it == inputs.end()) {
+      if (!v->has_initializer()) missing += (missing.empty() ? "" : ", ") + describe_input(*v);
+      continue;
+    }
+    check_input(*v, it->second, file);
+    bound[v->name()] = &it->second;
+  }
+  OT_CHECK(missing.empty(), file, ": missing inputs: ", missing);
+  for (const auto& [name, t] : inputs) {
+    const graph::Value* v = model_->graph->find_value(name);
+    OT_CHECK(v && v->is_graph_input(), file, ": '", name, "' is not an input of the model");
+  }
+  std::string signature;
+  for (const auto& [name, t] : bound) {
+    signature += name + ":" + std::string(graph::dtype_short_name(t->dtype()));
+    for (int64_t d : t->dims()) signature += "," + std::to_string(d);
+    signature += ";";
+  }
+  auto it = plans_.find(signature);
+  if (it == plans_.end()) it = plans_.emplace(signature, std::make_unique<Plan>(*this, bound)).first;
+  last_plan_ = it->second.get();
+  return last_plan_->run(bound);
+}
+
+const PlanStats& InferenceSession::last_plan_stats() const {
+  static const PlanStats kEmpty;
+  return last_plan_ ? last_plan_->stats() : kEmpty;
+}
+
+void InferenceSession::write_profile(const std::string& path) const {
+  std::ofstream out(path, std::ios::trunc);
+  OT_CHECK(out.good(), path, ": cannot write profile");
+  out << "{\"traceEvents\":[\n";
+  for (size_t i = 0; i < trace_.size(); ++i) {
+    const auto& e = trace_[i];
+    std::string name;
+    for (char c : e.name) {
+      if (c == '"' || c == '\\') name += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) name += c;
+    }
+    out << (i ? ",\n" : "") << "{\"name\":\"" << name << "\",\"cat\":\"" << e.op
+        << "\",\"ph\":\"X\",\"ts\":" << e.start_us << ",\"dur\":" << e.dur_us
+        << ",\"pid\":0,\"tid\":0}";
+  }
+  out << "\n],\"displayTimeUnit\":\"ms\"}\n";
+  OT_CHECK(out.good(), path, ": write failed");
+}
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,69 @@
+// Forward execution of an ONNX graph on the CPU: plans per input-shape signature (cached),
+// constant folding at plan time, a liveness-based memory plan, and a profiler.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/onnx_io.h"
+#include "graph/tensor.h"
+
+namespace onnxtrain::runtime {
+
+struct SessionOptions {
+  int threads = 0;                  // intra-op threads; 0 = all cores
+  std::string profile_path;         // Chrome trace written by write_profile() / at destruction
+  int64_t max_tensor_bytes = int64_t{4} << 30;  // cap for any planned or folded value
+};
+
+struct PlanStats {
+  int64_t arena_bytes = 0;      // peak bytes of planned intermediates (buffers reused by liveness)
+  int64_t unshared_bytes = 0;   // what they would need without reuse
+  int folded_nodes = 0;         // nodes computed once at plan time
+  int kernel_nodes = 0;         // nodes run per step
+  int dynamic_nodes = 0;        // nodes whose output shapes are only known at run time
+};
+
+class Plan;
+class StepContext;
+
+class InferenceSession {
+ public:
+  // Throws Error listing every op without a CPU kernel before anything runs.
+  explicit InferenceSession(std::unique_ptr<graph::Model> model, SessionOptions opts = {});
+  ~InferenceSession();
+  static std::unique_ptr<InferenceSession> load(const std::string& path, SessionOptions opts = {});
+
+  // Runs the graph. `inputs` by graph input name (initializer-backed inputs may be omitted);
+  // returns the graph outputs in order.
+  std::vector<graph::Tensor> run(const std::map<std::string, graph::Tensor>& inputs);
+
+  const graph::Model& model() const { return *model_; }
+  const PlanStats& last_plan_stats() const;
+  size_t cached_plans() const { return plans_.size(); }
+  // Writes the Chrome trace of every run so far.
+  void write_profile(const std::string& path) const;
+
+ private:
+  std::unique_ptr<graph::Model> model_;
+  SessionOptions opts_;
+  std::map<std::string, std::unique_ptr<Plan>> plans_;  // by input-shape signature
+  Plan* last_plan_ = nullptr;
+  struct TraceEvent {
+    std::string name, op;
+    int64_t start_us, dur_us;
+  };
+  std::vector<TraceEvent> trace_;
+  int64_t trace_origin_us_ = 0;
+  friend class Plan;
+  friend class StepContext;
+};
+
+// Ops of the model (main graph and subgraphs) with no registered CPU kernel at the model's
+// opset, as "domain.Op" / "Op", sorted and unique.
+std::vector<std::string> unsupported_ops(const graph::Model& m);
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,195 @@
+// The executor on test-local ops (domain "test"): plan caching per shape signature, constant
+// folding, buffer reuse by liveness, run-time shapes, input checks, unsupported-op reporting.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "graph/error.h"
+#include "ops/op_api.h"
+#include "ops/shape_util.h"
+#include "runtime/session.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+using graph::DataType;
+using graph::Tensor;
+using graph::ValueType;
+
+int g_scale_runs = 0;
+
+// test.Scale<k>(x) = k * x, float32, same shape.
+class ScaleKernel : public ops::Kernel {
+ public:
+  explicit ScaleKernel(const graph::Node& n) : k_(n.attr_float("k", 1.f)) {}
+  void run(ops::KernelContext& ctx) override {
+    ++g_scale_runs;
+    const ops::TensorView& x = *ctx.input(0);
+    ops::TensorView& y = ctx.output(0);
+    ctx.parallel_for(x.numel(), 1024, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) y.as<float>()[i] = k_ * x.as<float>()[i];
+    });
+  }
+
+ private:
+  float k_;
+};
+
+ONNXTRAIN_REGISTER_OP(test_scale) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "Scale";
+  s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ScaleKernel>(n); };
+  return s;
+}
+
+// test.Head(x): the first ceil(n/2) elements of a 1-D tensor; dims computed by the kernel only
+// (stands in for data-dependent ops like NonZero).
+class HeadKernel : public ops::Kernel {
+ public:
+  void run(ops::KernelContext& ctx) override {
+    const ops::TensorView& x = *ctx.input(0);
+    int64_t n = (x.numel() + 1) / 2;
+    int64_t dims[] = {n};
+    ops::TensorView& y = ctx.output(0, dims);
+    for (int64_t i = 0; i < n; ++i) y.as<float>()[i] = x.as<float>()[i];
+  }
+};
+
+ONNXTRAIN_REGISTER_OP(test_head) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "Head";
+  s.infer = [](ops::InferenceContext& c) {
+    ops::set_output(c, 0, DataType::kFloat, graph::Shape{graph::Dim{}});
+  };
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<HeadKernel>(); };
+  return s;
+}
+
+std::unique_ptr<graph::Model> chain_model(int length) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* v = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::symbol("N")}));
+  for (int i = 0; i < length; ++i) {
+    graph::Node* n = g.add_node("Scale", {v}, {cat("s", i)}, cat("scale", i), "test");
+    n->set_attr(graph::Attribute::make_float("k", 2.f));
+    v = n->output(0);
+  }
+  g.add_output(v);
+  return m;
+}
+
+Tensor vec(std::vector<float> v) {
+  return Tensor::from_vector<float>(DataType::kFloat, {static_cast<int64_t>(v.size())}, v);
+}
+
+TEST(Session, RunsAChainAndReusesBuffers) {
+  InferenceSession s(chain_model(6));
+  auto out = s.run({{"x", vec({1, 2, 3})}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].dims(), (std::vector<int64_t>{3}));
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[2], 3.f * 64);
+  const PlanStats& st = s.last_plan_stats();
+  EXPECT_EQ(st.kernel_nodes, 6);
+  // A chain needs two live buffers at a time, not six.
+  EXPECT_EQ(st.unshared_bytes, 6 * 64);
+  EXPECT_EQ(st.arena_bytes, 2 * 64);
+}
+
+TEST(Session, CachesOnePlanPerShapeSignature) {
+  InferenceSession s(chain_model(2));
+  s.run({{"x", vec({1, 2})}});
+  s.run({{"x", vec({3, 4})}});
+  EXPECT_EQ(s.cached_plans(), 1u);
+  auto out = s.run({{"x", vec({1, 2, 3, 4, 5})}});
+  EXPECT_EQ(s.cached_plans(), 2u);
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[4], 20.f);
+}
+
+TEST(Session, FoldsNodesWhoseInputsAreConstant) {
+  auto m = chain_model(1);
+  graph::Graph& g = *m->graph;
+  graph::Value* c = g.add_initializer("c", vec({1, 1}));
+  graph::Node* n = g.add_node("Scale", {c}, {"c2"}, "fold_me", "test");
+  n->set_attr(graph::Attribute::make_float("k", 5.f));
+  g.add_output(n->output(0));
+  InferenceSession s(std::move(m));
+  g_scale_runs = 0;
+  auto out = s.run({{"x", vec({1})}});
+  EXPECT_EQ(s.last_plan_stats().folded_nodes, 1);
+  EXPECT_EQ(g_scale_runs, 2);  // the folded node once at plan time, the other per run
+  EXPECT_FLOAT_EQ(out[1].data_as<float>()[1], 5.f);
+  s.run({{"x", vec({2})}});
+  EXPECT_EQ(g_scale_runs, 3);
+}
+
+TEST(Session, RunTimeShapesFlowDownstream) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim{}}));
+  graph::Node* h = g.add_node("Head", {x}, {"h"}, "head", "test");
+  graph::Node* sc = g.add_node("Scale", {h->output(0)}, {"y"}, "scale", "test");
+  sc->set_attr(graph::Attribute::make_float("k", 3.f));
+  g.add_output(sc->output(0));
+  InferenceSession s(std::move(m));
+  auto out = s.run({{"x", vec({1, 2, 3, 4, 5})}});
+  EXPECT_EQ(out[0].dims(), (std::vector<int64_t>{3}));
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[2], 9.f);
+  EXPECT_EQ(s.last_plan_stats().dynamic_nodes, 2);
+}
+
+TEST(Session, InputErrorsNameTheInput) {
+  InferenceSession s(chain_model(1));
+  auto expect_error = [&](const std::map<std::string, Tensor>& in, const std::string& text) {
+    try {
+      s.run(in);
+      ADD_FAILURE() << "no error, expected: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error({}, "missing inputs: 'x' [N] f32");
+  expect_error({{"x", Tensor(DataType::kInt64, {2})}}, "input 'x' must be f32, got i64");
+  expect_error({{"x", Tensor(DataType::kFloat, {2, 2})}}, "input 'x' must have shape [N], got [2,2]");
+  expect_error({{"x", vec({1})}, {"bogus", vec({1})}}, "'bogus' is not an input");
+}
+
+TEST(Session, UnsupportedOpsAreListedBeforeRunning) {
+  auto m = chain_model(1);
+  graph::Graph& g = *m->graph;
+  g.add_node("FancyOp", {g.inputs()[0]}, {"f1"}, "", "test");
+  g.add_node("OtherOp", {g.inputs()[0]}, {"f2"});
+  EXPECT_EQ(unsupported_ops(*m), (std::vector<std::string>{"OtherOp", "test.FancyOp"}));
+  try {
+    InferenceSession s(std::move(m));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported ops (no CPU kernel): OtherOp, test.FancyOp"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Session, WritesAChromeTrace) {
+  auto path = std::filesystem::temp_directory_path() / "onnxtrain_session_trace.json";
+  {
+    SessionOptions o;
+    o.profile_path = path.string();
+    InferenceSession s(chain_model(3), o);
+    s.run({{"x", vec({1, 2})}});
+  }
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("\"name\":\"scale2\""), std::string::npos) << text;
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace onnxtrain::runtime
