@@ -514,6 +514,16 @@ std::unique_ptr<Model> import_onnx_bytes(std::string_view bytes, const std::stri
   return m;
 }
 
+Tensor import_tensor_proto(std::string_view bytes, const std::string& display_name,
+                           const LoadOptions& opts) {
+  OT_CHECK(bytes.size() < (size_t{1} << 31), display_name, ": protobuf cannot exceed 2 GiB");
+  onnx::TensorProto tp;
+  OT_CHECK(tp.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())), display_name,
+           ": not a valid ONNX TensorProto (protobuf parse failed)");
+  Ctx ctx{display_name, "", opts, {}, 0};
+  return convert_tensor(tp, ctx, cat(display_name, ": tensor '", tp.name(), "'"));
+}
+
 std::unique_ptr<Model> import_onnx_file(const std::string& path, const LoadOptions& opts) {
   std::error_code ec;
   OT_CHECK(fs::exists(path, ec), path, ": no such file");

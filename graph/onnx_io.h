@@ -29,6 +29,11 @@ std::unique_ptr<Model> import_onnx_bytes(std::string_view bytes, const std::stri
                                          const std::string& base_dir,
                                          const LoadOptions& opts = {});
 
+// One serialized onnx.TensorProto (the backend suite's input_0.pb files); external data is
+// refused. Same checks as initializers.
+Tensor import_tensor_proto(std::string_view bytes, const std::string& display_name,
+                           const LoadOptions& opts = {});
+
 struct SaveOptions {
   // Initializers of at least this many bytes go to an external data file when > 0.
   int64_t external_data_threshold = 0;
