@@ -6,7 +6,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "graph/error.h"
@@ -27,6 +29,8 @@ struct Ctx {
   const LoadOptions& opts;
   std::map<std::pair<std::string, std::string>, const onnx::FunctionProto*> functions;
   int inline_counter = 0;
+  int64_t inlined_nodes = 0;   // nodes emitted by function expansion so far
+  int64_t inline_budget = 0;   // refuse expansion beyond this
 };
 
 std::string tensor_where(const std::string& graph_where, const std::string& tname) {
@@ -119,9 +123,18 @@ fs::path resolve_external(const std::string& location, const Ctx& ctx, const std
   return full;
 }
 
-void read_external(const onnx::TensorProto& t, Ctx& ctx, const std::string& where, Tensor& out) {
+struct ExternalRef {
+  fs::path path;
   std::string location;
-  int64_t offset = 0, length = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// Validates location, offset and length against the file before anything is allocated.
+ExternalRef check_external(const onnx::TensorProto& t, Ctx& ctx, const std::string& where,
+                           int64_t expected) {
+  ExternalRef ref;
+  int64_t length = -1;
   for (const auto& kv : t.external_data()) {
     auto parse_int = [&](const std::string& s) {
       size_t pos = 0;
@@ -135,28 +148,32 @@ void read_external(const onnx::TensorProto& t, Ctx& ctx, const std::string& wher
                "' is not a non-negative integer ('", s, "')");
       return static_cast<int64_t>(v);
     };
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = parse_int(kv.value());
+    if (kv.key() == "location") ref.location = kv.value();
+    else if (kv.key() == "offset") ref.offset = parse_int(kv.value());
     else if (kv.key() == "length") length = parse_int(kv.value());
   }
-  fs::path full = resolve_external(location, ctx, where);
+  ref.path = resolve_external(ref.location, ctx, where);
   std::error_code ec;
-  auto file_size = static_cast<int64_t>(fs::file_size(full, ec));
-  OT_CHECK(!ec, where, ": cannot stat external data '", location, "': ", ec.message());
-  auto expected = static_cast<int64_t>(out.nbytes());
-  OT_CHECK(offset <= file_size, where, ": external data offset ", offset, " is past the end of '",
-           location, "' (", file_size, " bytes)");
-  if (length < 0) length = file_size - offset;
-  OT_CHECK(length <= file_size - offset, where, ": external data offset ", offset, " + length ",
-           length, " is past the end of '", location, "' (", file_size, " bytes)");
+  auto file_size = static_cast<int64_t>(fs::file_size(ref.path, ec));
+  OT_CHECK(!ec, where, ": cannot stat external data '", ref.location, "': ", ec.message());
+  OT_CHECK(ref.offset <= file_size, where, ": external data offset ", ref.offset,
+           " is past the end of '", ref.location, "' (", file_size, " bytes)");
+  if (length < 0) length = file_size - ref.offset;
+  OT_CHECK(length <= file_size - ref.offset, where, ": external data offset ", ref.offset,
+           " + length ", length, " is past the end of '", ref.location, "' (", file_size, " bytes)");
   OT_CHECK(length == expected, where, ": external data length ", length, " does not match dims (",
            expected, " bytes expected)");
-  std::ifstream in(full, std::ios::binary);
-  OT_CHECK(in.good(), where, ": cannot open external data '", location, "'");
-  in.seekg(offset);
-  if (expected > 0) in.read(reinterpret_cast<char*>(out.mutable_data()), expected);
-  OT_CHECK(in.good() && in.gcount() == expected, where, ": short read from external data '",
-           location, "'");
+  ref.length = length;
+  return ref;
+}
+
+void read_external(const ExternalRef& ref, const std::string& where, Tensor& out) {
+  std::ifstream in(ref.path, std::ios::binary);
+  OT_CHECK(in.good(), where, ": cannot open external data '", ref.location, "'");
+  in.seekg(ref.offset);
+  if (ref.length > 0) in.read(reinterpret_cast<char*>(out.mutable_data()), ref.length);
+  OT_CHECK(in.good() && in.gcount() == ref.length, where, ": short read from external data '",
+           ref.location, "'");
 }
 
 template <typename Src, typename Dst>
@@ -196,16 +213,22 @@ Tensor convert_tensor(const onnx::TensorProto& t, Ctx& ctx, const std::string& w
              t.raw_data().size(), " bytes but dims ", dims.size() ? "" : "[] ", "need ", *expected,
              " (", count, " x ", dtype_short_name(dt), ")");
   }
-  Tensor out(dt, dims);
   if (dt == DataType::kString) {
+    // Checked before allocating: the element count is bounded by what the file holds.
     OT_CHECK(!external, where, ": string tensors cannot use external data");
     OT_CHECK(t.string_data_size() == count, where, ": string_data holds ", t.string_data_size(),
              " values but dims need ", count);
+  }
+  std::optional<ExternalRef> ext;
+  if (external && dt != DataType::kString)
+    ext = check_external(t, ctx, where, *dtype_storage_bytes(dt, count));
+  Tensor out(dt, dims);
+  if (dt == DataType::kString) {
     for (int64_t i = 0; i < count; ++i) out.mutable_strings()[i] = t.string_data(static_cast<int>(i));
     return out;
   }
   if (external) {
-    read_external(t, ctx, where, out);
+    read_external(*ext, where, out);
     return out;
   }
   if (t.has_raw_data()) {
@@ -269,6 +292,9 @@ void inline_call(const onnx::NodeProto& call, const onnx::FunctionProto& fn, Ctx
   std::map<std::string, const onnx::AttributeProto*> call_attrs;
   for (const auto& a : call.attribute()) call_attrs[a.name()] = &a;
 
+  ctx.inlined_nodes += fn.node_size();
+  OT_CHECK(ctx.inlined_nodes <= ctx.inline_budget, fn_where, ": inlining expands the graph beyond ",
+           ctx.inline_budget, " nodes");
   google::protobuf::RepeatedPtrField<onnx::NodeProto> body;
   for (const auto& n : fn.node()) {
     onnx::NodeProto c = n;
@@ -483,6 +509,11 @@ std::unique_ptr<Model> convert_model(const onnx::ModelProto& mp, Ctx& ctx) {
     OT_CHECK(o.version() >= 0, ctx.file, ": opset_import '", o.domain(), "': negative version");
     m->opsets.push_back({o.domain(), o.version()});
   }
+  // Expansion may multiply the stored nodes, but not without bound (a 2 KB file whose functions
+  // each call the next twice would otherwise expand to 2^30 nodes).
+  int64_t stored_nodes = mp.graph().node_size();
+  for (const auto& f : mp.functions()) stored_nodes += f.node_size();
+  ctx.inline_budget = std::max<int64_t>(100000, 64 * stored_nodes);
   for (const auto& f : mp.functions()) {
     auto key = std::make_pair(f.domain(), f.name());
     OT_CHECK(!ctx.functions.count(key), ctx.file, ": function '", f.name(), "' is defined twice");
@@ -492,7 +523,13 @@ std::unique_ptr<Model> convert_model(const onnx::ModelProto& mp, Ctx& ctx) {
       if (!m->opset_version(o.domain())) m->opsets.push_back({o.domain(), o.version()});
   }
   convert_graph(mp.graph(), *m->graph, ctx, 0);
-  if (!ctx.functions.empty()) m->graph->sort_topologically();
+  if (!ctx.functions.empty()) {
+    try {
+      m->graph->sort_topologically();  // inlined bodies land where their call was
+    } catch (const Error& e) {
+      fail(ctx.file, ": ", e.what());
+    }
+  }
   m->source_path = ctx.file;
   return m;
 }
