@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "graph/error.h"
-#include "onnx/onnx_pb.h"
+#include "graph/onnx_io.h"
 
 namespace onnxtrain::runtime {
 namespace {
@@ -234,71 +234,6 @@ uint32_t read_le(const unsigned char* p, int bytes) {
   return v;
 }
 
-// TensorProto -> Tensor for the data layouts the backend suite uses (raw_data, typed fields,
-// strings). Kept in one function: graph's importer has the full conversion in an anonymous
-// namespace, and this is meant to be replaced by a call to a public graph API.
-Tensor tensor_from_proto(const onnx::TensorProto& t, const std::string& where) {
-  OT_CHECK(!t.has_segment(), where, ": segmented tensors are not supported");
-  OT_CHECK(t.data_location() != onnx::TensorProto::EXTERNAL, where,
-           ": external data is not supported in a tensor file");
-  OT_CHECK(graph::is_known_dtype(t.data_type()), where, ": unknown data type ", t.data_type());
-  auto dt = static_cast<DataType>(t.data_type());
-  OT_CHECK(t.dims_size() <= static_cast<int>(kMaxRank), where, ": rank ", t.dims_size(),
-           " exceeds ", kMaxRank);
-  std::vector<int64_t> dims(t.dims().begin(), t.dims().end());
-  int64_t count = graph::checked_element_count(dims, where);
-  if (dt == DataType::kString) {
-    OT_CHECK(t.string_data_size() == count, where, ": string_data holds ", t.string_data_size(),
-             " values but dims need ", count);
-    Tensor out(dt, dims);
-    for (int64_t i = 0; i < count; ++i)
-      out.mutable_strings()[static_cast<size_t>(i)] = t.string_data(static_cast<int>(i));
-    return out;
-  }
-  auto bytes = graph::dtype_storage_bytes(dt, count);
-  OT_CHECK(bytes.has_value(), where, ": byte size of ", count, " elements overflows int64");
-  // Every byte must come from the file, so a size check against the payload bounds allocation.
-  if (t.has_raw_data()) {
-    OT_CHECK(static_cast<int64_t>(t.raw_data().size()) == *bytes, where, ": raw_data has ",
-             t.raw_data().size(), " bytes but dims ", shape_text(dims), " of ",
-             graph::dtype_short_name(dt), " need ", *bytes);
-    Tensor out(dt, dims);
-    if (out.nbytes()) std::memcpy(out.mutable_data(), t.raw_data().data(), out.nbytes());
-    return out;
-  }
-  int64_t needed = count;
-  if (dt == DataType::kComplex64 || dt == DataType::kComplex128) needed = 2 * count;
-  if (graph::dtype_bits(dt) == 4) needed = *bytes;  // int32_data holds packed byte pairs
-  auto check_size = [&](int64_t have, const char* field) {
-    OT_CHECK(have == needed, where, ": ", field, " holds ", have, " values but dims ",
-             shape_text(dims), " need ", needed);
-  };
-  auto copy = [&](const auto& field, const char* name, auto tag) {
-    using Dst = decltype(tag);
-    check_size(field.size(), name);
-    Tensor out(dt, dims);
-    auto* dst = out.mutable_data_as<Dst>();
-    for (int64_t i = 0; i < needed; ++i) dst[i] = static_cast<Dst>(field.Get(static_cast<int>(i)));
-    return out;
-  };
-  switch (dt) {
-    case DataType::kFloat:
-    case DataType::kComplex64: return copy(t.float_data(), "float_data", float{});
-    case DataType::kDouble:
-    case DataType::kComplex128: return copy(t.double_data(), "double_data", double{});
-    case DataType::kInt64: return copy(t.int64_data(), "int64_data", int64_t{});
-    case DataType::kUInt64: return copy(t.uint64_data(), "uint64_data", uint64_t{});
-    case DataType::kUInt32: return copy(t.uint64_data(), "uint64_data", uint32_t{});
-    case DataType::kInt32: return copy(t.int32_data(), "int32_data", int32_t{});
-    case DataType::kInt16: return copy(t.int32_data(), "int32_data", int16_t{});
-    case DataType::kInt8: return copy(t.int32_data(), "int32_data", int8_t{});
-    case DataType::kUInt16:
-    case DataType::kFloat16:
-    case DataType::kBFloat16: return copy(t.int32_data(), "int32_data", uint16_t{});
-    default: return copy(t.int32_data(), "int32_data", uint8_t{});  // bool, u8, f8, 4-bit
-  }
-}
-
 std::ifstream open_for_read(const std::string& path, int64_t& size) {
   std::error_code ec;
   OT_CHECK(fs::exists(path, ec), path, ": file not found");
@@ -371,6 +306,8 @@ Tensor read_npy(const std::string& path) {
   return t;
 }
 
+bool npy_supports(DataType t) { return npy_type_of(t).has_value(); }
+
 void write_npy(const std::string& path, const Tensor& t) {
   auto type = npy_type_of(t.dtype());
   OT_CHECK(type.has_value(), path, ": cannot write dtype ", graph::dtype_short_name(t.dtype()),
@@ -421,10 +358,7 @@ Tensor read_tensor_pb(const std::string& path) {
   std::string bytes(static_cast<size_t>(size), '\0');
   in.read(bytes.data(), size);
   OT_CHECK(in.gcount() == size, path, ": short read");
-  onnx::TensorProto proto;
-  OT_CHECK(proto.ParseFromString(bytes), path, ": not a valid ONNX TensorProto");
-  std::string where = proto.name().empty() ? path : cat(path, ": tensor '", proto.name(), "'");
-  return tensor_from_proto(proto, where);
+  return graph::import_tensor_proto(bytes, path);
 }
 
 Tensor read_tensor_file(const std::string& path) {

@@ -9,7 +9,10 @@
 namespace onnxtrain::runtime {
 
 graph::Tensor read_npy(const std::string& path);
+// Writes atomically (temporary file + rename). Throws for dtypes .npy cannot hold.
 void write_npy(const std::string& path, const graph::Tensor& t);
+// True for the dtypes read_npy / write_npy handle: f16 f32 f64 i8-i64 u8-u64 bool.
+bool npy_supports(graph::DataType t);
 graph::Tensor read_tensor_pb(const std::string& path);
 // Dispatches on the extension: .npy or .pb.
 graph::Tensor read_tensor_file(const std::string& path);
