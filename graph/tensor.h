@@ -27,7 +27,8 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(DataType dtype, std::vector<int64_t> dims, const std::vector<T>& v) {
     Tensor t(dtype, std::move(dims));
-    std::memcpy(t.mutable_data(), v.data(), std::min(t.nbytes(), v.size() * sizeof(T)));
+    size_t n = std::min(t.nbytes(), v.size() * sizeof(T));
+    if (n) std::memcpy(t.mutable_data(), v.data(), n);
     return t;
   }
 

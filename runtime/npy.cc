@@ -28,8 +28,8 @@ static_assert(std::endian::native == std::endian::little,
               "npy.cc reads and writes little-endian data without swapping");
 
 constexpr std::string_view kMagic = "\x93NUMPY";
-constexpr size_t kPreludeV1 = 10;                     // magic, version, u16 header length
-constexpr size_t kPreludeV2 = 12;                     // magic, version, u32 header length
+constexpr size_t kPreludeV1 = 10;                      // magic, version, u16 header length
+constexpr size_t kPreludeV2 = 12;                      // magic, version, u32 header length
 constexpr int64_t kMaxHeaderBytes = int64_t{1} << 20;  // numpy writes a few hundred bytes
 constexpr size_t kMaxRank = 64;
 constexpr int64_t kMaxPbBytes = (int64_t{2} << 30) - 1;  // protobuf's own message limit
@@ -55,7 +55,9 @@ constexpr std::array<NpyType, 12> kNpyTypes = {{
     {'b', 1, DataType::kBool},
 }};
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 std::string shape_text(const std::vector<int64_t>& dims) {
   std::string s = "(";
@@ -265,8 +267,8 @@ Tensor read_npy(const std::string& path) {
   OT_CHECK(major >= 1 && major <= 3 && minor == 0, path, ": .npy format version ", major, ".",
            minor, " at offset 6 is not supported (1.0, 2.0 and 3.0 are)");
   size_t prelude_len = major == 1 ? kPreludeV1 : kPreludeV2;
-  OT_CHECK(got >= static_cast<int64_t>(prelude_len), path,
-           ": .npy file is truncated at offset ", got, " (header length field incomplete)");
+  OT_CHECK(got >= static_cast<int64_t>(prelude_len), path, ": .npy file is truncated at offset ",
+           got, " (header length field incomplete)");
   int64_t header_len = read_le(prelude.data() + 8, major == 1 ? 2 : 4);
   OT_CHECK(header_len <= kMaxHeaderBytes, path, ": .npy header length ", header_len,
            " at offset 8 exceeds the limit of ", kMaxHeaderBytes, " bytes");
@@ -287,12 +289,11 @@ Tensor read_npy(const std::string& path) {
 
   int64_t count = graph::checked_element_count(h.shape, cat(path, ": .npy shape"));
   auto bytes = graph::dtype_storage_bytes(dt, count);
-  OT_CHECK(bytes.has_value(), path, ": .npy shape ", shape_text(h.shape),
-           " overflows int64 bytes");
+  OT_CHECK(bytes.has_value(), path, ": .npy shape ", shape_text(h.shape), " overflows int64 bytes");
   int64_t available = size - data_offset;
-  OT_CHECK(available >= *bytes, path, ": .npy data at offset ", data_offset, " holds ",
-           available, " bytes but shape ", shape_text(h.shape), " of '", h.descr, "' needs ",
-           *bytes, " (file truncated?)");
+  OT_CHECK(available >= *bytes, path, ": .npy data at offset ", data_offset, " holds ", available,
+           " bytes but shape ", shape_text(h.shape), " of '", h.descr, "' needs ", *bytes,
+           " (file truncated?)");
   OT_CHECK(available == *bytes, path, ": ", available - *bytes,
            " unexpected trailing bytes at offset ", data_offset + *bytes, " after the .npy data");
 
@@ -306,7 +307,9 @@ Tensor read_npy(const std::string& path) {
   return t;
 }
 
-bool npy_supports(DataType t) { return npy_type_of(t).has_value(); }
+bool npy_supports(DataType t) {
+  return npy_type_of(t).has_value();
+}
 
 void write_npy(const std::string& path, const Tensor& t) {
   auto type = npy_type_of(t.dtype());

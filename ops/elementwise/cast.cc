@@ -1,0 +1,119 @@
+// Cast and CastLike between every numeric type, bool, float16, bfloat16 and string.
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "ops/elementwise/kernels.h"
+
+namespace onnxtrain::ops::ew {
+namespace {
+
+DataType cast_target(const graph::Node& n) {
+  const graph::Attribute* a = n.find_attr("to");
+  OT_CHECK(a && a->type == graph::AttrType::kInt, n.describe(), ": attribute 'to' is missing");
+  OT_CHECK(graph::is_known_dtype(static_cast<int32_t>(a->i())), n.describe(), ": 'to' = ", a->i(),
+           " is not a known data type");
+  return static_cast<DataType>(a->i());
+}
+
+// Shortest text that parses back to the same value (what numpy's str() prints for floats).
+template <typename T>
+std::string format_value(T v) {
+  char buf[64];
+  std::to_chars_result r;
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    r = std::to_chars(buf, buf + sizeof(buf), static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>)
+    r = std::to_chars(buf, buf + sizeof(buf), static_cast<int>(v));
+  else
+    r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+// strtod accepts what the ONNX tests write: "0.5", "NaN", "INF", "+INF", "-INF".
+double parse_value(const std::string& s, const std::string& where) {
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  double v = std::strtod(begin, &end);
+  OT_CHECK(end != begin && *end == '\0', where, ": cannot parse '", s, "' as a number");
+  return v;
+}
+
+// x: any dims, any dtype -> y: same dims, dtype `to`.
+void cast_tensor(KernelContext& ctx, const TensorView& x, DataType to) {
+  const std::string where = ctx.node().describe();
+  TensorView& y = ctx.output(0, x.dims);
+  const auto n = static_cast<size_t>(x.numel());
+  if (x.dtype == to) {
+    if (to == DataType::kString)
+      *y.strings = *x.strings;
+    else if (n > 0 && y.data != x.data)
+      std::memcpy(y.data, x.data, x.nbytes());
+    return;
+  }
+  if (x.dtype == DataType::kString) {
+    OT_CHECK(x.strings, where, ": string storage is missing");
+    dispatch(AllTypes{}, to, where, [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      O* out = y.as<O>();
+      for (size_t i = 0; i < n; ++i) out[i] = convert<O>(parse_value((*x.strings)[i], where));
+    });
+    return;
+  }
+  if (to == DataType::kString) {
+    OT_CHECK(y.strings, where, ": string storage is missing");
+    dispatch(AllTypes{}, x.dtype, where, [&](auto in_tag) {
+      using I = typename decltype(in_tag)::type;
+      const I* in = x.as<I>();
+      y.strings->resize(n);
+      for (size_t i = 0; i < n; ++i) (*y.strings)[i] = format_value(in[i]);
+    });
+    return;
+  }
+  dispatch(AllTypes{}, x.dtype, where, [&](auto in_tag) {
+    using I = typename decltype(in_tag)::type;
+    dispatch(AllTypes{}, to, where, [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      broadcast_apply<O>(
+          ctx, y, [](I v) { return convert<O>(v); }, operand<I>(x));
+    });
+  });
+}
+
+class CastKernel final : public Kernel {
+ public:
+  explicit CastKernel(const graph::Node& n) : to_(cast_target(n)) {}
+  void run(KernelContext& ctx) override { cast_tensor(ctx, required_input(ctx, 0), to_); }
+
+ private:
+  DataType to_;
+};
+
+// input: any, target_type: any (only its dtype matters) -> output: input's dims, target's dtype.
+class CastLikeKernel final : public Kernel {
+ public:
+  explicit CastLikeKernel(const graph::Node&) {}
+  void run(KernelContext& ctx) override {
+    cast_tensor(ctx, required_input(ctx, 0), required_input(ctx, 1).dtype);
+  }
+};
+
+void infer_cast(InferenceContext& ctx) {
+  set_output(ctx, 0, cast_target(ctx.node), tensor_input(ctx, 0).shape);
+}
+
+void infer_cast_like(InferenceContext& ctx) {
+  set_output(ctx, 0, tensor_input(ctx, 1).dtype, tensor_input(ctx, 0).shape);
+}
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(ew_cast) {
+  return make_schema("Cast", infer_cast, factory<CastKernel>());
+}
+ONNXTRAIN_REGISTER_OP(ew_cast_like) {
+  return make_schema("CastLike", infer_cast_like, factory<CastLikeKernel>(), 15);
+}
+
+}  // namespace onnxtrain::ops::ew

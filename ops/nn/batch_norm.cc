@@ -1,0 +1,200 @@
+// BatchNormalization, inference and training mode (batch statistics plus updated running
+// statistics). A plain loop rather than oneDNN: per channel it is one affine map (plus one
+// statistics pass in training), memory-bound, and the loop covers f64 and mixed parameter
+// dtypes (opset 15's T/T1/T2) on inputs of any rank.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/nn/nn_util.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::nn {
+namespace {
+
+// Which outputs mean what depends on the opset: from 14 on (Y, running_mean, running_var) with
+// training_mode; before, (Y, mean, var, saved_mean, saved_var), training when more than Y is asked
+// for (and, before 7, is_test=0).
+bool is_training(const graph::Node& n, int64_t opset, bool has_stat_outputs) {
+  if (opset >= 14) return n.attr_int("training_mode", 0) != 0;
+  if (opset < 7 && n.attr_int("is_test", 0) != 0) return false;
+  return has_stat_outputs;
+}
+
+// Before opset 9, spatial=0 normalizes every (C, D...) position separately.
+bool per_activation(const graph::Node& n, int64_t opset) {
+  return opset < 9 && n.attr_int("spatial", 1) == 0;
+}
+
+void infer_batch_norm(InferenceContext& ctx) {
+  const std::string where = ctx.where();
+  check_float_input(ctx, 0);
+  const ValueType& x = tensor_input(ctx, 0);
+  if (x.shape)
+    OT_CHECK(x.shape->size() >= 2, where, ": x has rank ", x.shape->size(),
+             "; BatchNormalization needs (N, C, ...)");
+  const bool spatial = !per_activation(ctx.node, ctx.opset);
+  static const char* names[] = {"scale", "B", "input_mean", "input_var"};
+  for (size_t i = 1; i <= 4; ++i) {
+    const ValueType& p = tensor_input(ctx, i);
+    check_float_input(ctx, i);
+    if (!spatial || !p.shape || !x.shape) continue;
+    OT_CHECK(p.shape->size() == 1, where, ": ", names[i - 1], " must have rank 1 (C), got rank ",
+             p.shape->size());
+    const Dim& c = (*x.shape)[1];
+    const Dim& pc = (*p.shape)[0];
+    OT_CHECK(!c.is_known() || !pc.is_known() || c.value == pc.value, where, ": ", names[i - 1],
+             " has ", pc.value, " entries, x has ", c.value, " channels");
+  }
+  propagate_type(ctx);
+  const ValueType& mean = tensor_input(ctx, 3);
+  for (size_t i = 1; i < ctx.output_types.size(); ++i) set_output(ctx, i, mean.dtype, mean.shape);
+}
+
+double read(const TensorView& v, int64_t i) {
+  return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
+}
+
+void write(TensorView& v, int64_t i, double value) {
+  if (v.dtype == DataType::kDouble)
+    v.as<double>()[i] = value;
+  else
+    v.as<float>()[i] = static_cast<float>(value);
+}
+
+// x: (N,C,D...), scale/B/mean/var: (C) -> y: (N,C,D...)
+//   [training: running_mean, running_var: (C); before opset 14 also saved_mean, saved_var: (C)]
+class BatchNormKernel final : public Kernel {
+ public:
+  explicit BatchNormKernel(const graph::Node& node)
+      : where_(node.describe()),
+        epsilon_(node.attr_float("epsilon", 1e-5f)),
+        momentum_(node.attr_float("momentum", 0.9f)) {}
+
+  void run(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(0);
+    OT_CHECK(x && x->rank() >= 2, where_, ": x must have rank >= 2");
+    const graph::Node& node = ctx.node();
+    bool stats_requested = false;
+    for (int i = 1; i < ctx.num_outputs(); ++i) stats_requested |= ctx.has_output(i);
+    const bool training = is_training(node, ctx.opset(), stats_requested);
+    const int64_t n = x->dims[0];
+    int64_t channels = x->dims[1];
+    int64_t inner = x->numel() / std::max<int64_t>(n * channels, 1);
+    if (per_activation(node, ctx.opset())) {
+      channels *= inner;
+      inner = 1;
+    }
+    std::vector<double> scale(channels), bias(channels), mean(channels), var(channels);
+    static const char* names[] = {"scale", "B", "input_mean", "input_var"};
+    std::vector<double>* params[] = {&scale, &bias, &mean, &var};
+    for (int i = 1; i <= 4; ++i) {
+      const TensorView* p = ctx.input(i);
+      OT_CHECK(p, where_, ": input ", names[i - 1], " is required");
+      OT_CHECK(p->dtype == DataType::kFloat || p->dtype == DataType::kDouble, where_, ": ",
+               names[i - 1], " dtype ", graph::dtype_short_name(p->dtype), " not supported");
+      OT_CHECK(p->numel() == channels, where_, ": ", names[i - 1], " has ", p->numel(),
+               " entries, expected ", channels);
+      for (int64_t c = 0; c < channels; ++c) (*params[i - 1])[c] = read(*p, c);
+    }
+    TensorView& y = ctx.output(0, x->dims);
+    dispatch_float(x->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      std::vector<double> batch_mean, batch_var;
+      if (training) {
+        batch_stats<T>(x->as<T>(), n, channels, inner, batch_mean, batch_var, ctx);
+        apply<T>(x->as<T>(), y.as<T>(), n, channels, inner, scale, bias, batch_mean, batch_var,
+                 ctx);
+        write_stats(ctx, mean, var, batch_mean, batch_var);
+      } else {
+        apply<T>(x->as<T>(), y.as<T>(), n, channels, inner, scale, bias, mean, var, ctx);
+      }
+    });
+  }
+
+ private:
+  // Mean and biased variance over (N, D...) per channel, two passes in double.
+  template <typename T>
+  static void batch_stats(const T* x, int64_t n, int64_t channels, int64_t inner,
+                          std::vector<double>& mean, std::vector<double>& var,
+                          const KernelContext& ctx) {
+    mean.assign(channels, 0.0);
+    var.assign(channels, 0.0);
+    const double count = static_cast<double>(n * inner);
+    ctx.parallel_for(channels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        double sum = 0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = x + (b * channels + c) * inner;
+          for (int64_t i = 0; i < inner; ++i) sum += p[i];
+        }
+        const double m = count > 0 ? sum / count : 0.0;
+        double sq = 0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = x + (b * channels + c) * inner;
+          for (int64_t i = 0; i < inner; ++i) sq += (p[i] - m) * (p[i] - m);
+        }
+        mean[c] = m;
+        var[c] = count > 0 ? sq / count : 0.0;
+      }
+    });
+  }
+
+  template <typename T>
+  void apply(const T* x, T* y, int64_t n, int64_t channels, int64_t inner,
+             const std::vector<double>& scale, const std::vector<double>& bias,
+             const std::vector<double>& mean, const std::vector<double>& var,
+             const KernelContext& ctx) const {
+    std::vector<T> a(channels), b(channels);
+    for (int64_t c = 0; c < channels; ++c) {
+      const double inv = 1.0 / std::sqrt(var[c] + static_cast<double>(epsilon_));
+      a[c] = static_cast<T>(scale[c] * inv);
+      b[c] = static_cast<T>(bias[c] - mean[c] * scale[c] * inv);
+    }
+    const int64_t planes = n * channels;
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
+    ctx.parallel_for(planes, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const T ac = a[p % channels], bc = b[p % channels];
+        const T* xp = x + p * inner;
+        T* yp = y + p * inner;
+        for (int64_t i = 0; i < inner; ++i) yp[i] = xp[i] * ac + bc;
+      }
+    });
+  }
+
+  void write_stats(KernelContext& ctx, const std::vector<double>& running_mean,
+                   const std::vector<double>& running_var, const std::vector<double>& batch_mean,
+                   const std::vector<double>& batch_var) const {
+    const int64_t channels = static_cast<int64_t>(batch_mean.size());
+    const double m = momentum_;
+    std::vector<int64_t> dims = ctx.input(3)->dims;
+    auto emit = [&](int i, auto value_of) {
+      if (!ctx.has_output(i)) return;
+      TensorView& out = ctx.output(i, dims);
+      OT_CHECK(out.dtype == DataType::kFloat || out.dtype == DataType::kDouble, where_, ": output ",
+               i, " dtype ", graph::dtype_short_name(out.dtype), " not supported");
+      for (int64_t c = 0; c < channels; ++c) write(out, c, value_of(c));
+    };
+    emit(1, [&](int64_t c) { return running_mean[c] * m + batch_mean[c] * (1 - m); });
+    emit(2, [&](int64_t c) { return running_var[c] * m + batch_var[c] * (1 - m); });
+    if (ctx.opset() < 14) {
+      emit(3, [&](int64_t c) { return batch_mean[c]; });
+      emit(4, [&](int64_t c) { return batch_var[c]; });
+    }
+  }
+
+  std::string where_;
+  float epsilon_, momentum_;
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(nn_batch_norm) {
+  OpSchema s;
+  s.op_type = "BatchNormalization";
+  s.infer = infer_batch_norm;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<BatchNormKernel>(n); };
+  return s;
+}
+
+}  // namespace onnxtrain::ops::nn

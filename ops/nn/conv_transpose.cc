@@ -1,0 +1,296 @@
+// ConvTranspose (oneDNN deconvolution in f32 for 1-D/2-D/3-D; reference loop otherwise): groups,
+// strides, dilations, pads, output_padding, output_shape and auto_pad.
+#include <algorithm>
+
+#include "ops/nn/dnnl_exec.h"
+#include "ops/nn/nn_util.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::nn {
+namespace {
+
+using dnnl::memory;
+
+int64_t read_group(const graph::Node& n, const std::string& where) {
+  int64_t group = n.attr_int("group", 1);
+  OT_CHECK(group >= 1, where, ": group ", group, " must be >= 1");
+  return group;
+}
+
+// output_padding (zeros by default) and the spatial part of output_shape, if given.
+struct TransposeExtras {
+  std::vector<int64_t> output_padding;
+  std::vector<int64_t> output_shape;  // empty: not given
+};
+
+TransposeExtras read_extras(const graph::Node& n, size_t spatial, const std::string& where) {
+  TransposeExtras e;
+  e.output_padding = n.attr_ints("output_padding", std::vector<int64_t>(spatial, 0));
+  OT_CHECK(e.output_padding.size() == spatial, where, ": output_padding has ",
+           e.output_padding.size(), " entries, expected ", spatial);
+  for (int64_t p : e.output_padding)
+    OT_CHECK(p >= 0, where, ": output_padding entries must be >= 0");
+  e.output_shape = n.attr_ints("output_shape");
+  // Early exporters wrote the full (N, M, spatial...) shape.
+  if (e.output_shape.size() == spatial + 2)
+    e.output_shape.erase(e.output_shape.begin(), e.output_shape.begin() + 2);
+  OT_CHECK(e.output_shape.empty() || e.output_shape.size() == spatial, where, ": output_shape has ",
+           e.output_shape.size(), " entries, expected ", spatial);
+  return e;
+}
+
+AxisWindow axis_of(const WindowAttrs& a, const TransposeExtras& e, size_t i, int64_t in,
+                   const std::string& where) {
+  std::optional<int64_t> size;
+  if (!e.output_shape.empty()) size = e.output_shape[i];
+  return transpose_axis(a, i, in, e.output_padding[i], size, where);
+}
+
+void check_channels(const std::string& where, int64_t x_channels, int64_t w_channels) {
+  OT_CHECK(x_channels == w_channels, where, ": weight has ", w_channels,
+           " input channels (dim 0), x has ", x_channels);
+}
+
+void check_group(const std::string& where, int64_t c, int64_t group) {
+  OT_CHECK(c % group == 0, where, ": ", c, " input channels are not divisible by group ", group);
+}
+
+void infer_conv_transpose(InferenceContext& ctx) {
+  const std::string where = ctx.where();
+  check_float_input(ctx, 0);
+  check_float_input(ctx, 1);
+  const ValueType& x = tensor_input(ctx, 0);
+  const ValueType& w = tensor_input(ctx, 1);
+  const ValueType* b = ctx.input_type(2);
+  const int64_t group = read_group(ctx.node, where);
+  if (!x.shape && !w.shape) {
+    set_output(ctx, 0, x.dtype, std::nullopt);
+    return;
+  }
+  const size_t rank = x.shape ? x.shape->size() : w.shape->size();
+  OT_CHECK(rank >= 3, where, ": x has rank ", rank, "; ConvTranspose needs (N, C, spatial...)");
+  if (x.shape && w.shape)
+    OT_CHECK(w.shape->size() == rank, where, ": weight rank ", w.shape->size(),
+             " does not match input rank ", rank);
+  const size_t spatial = rank - 2;
+  auto dim = [](const std::optional<Shape>& s, size_t i) { return s ? (*s)[i] : Dim{}; };
+  Dim n = dim(x.shape, 0), c = dim(x.shape, 1), wc = dim(w.shape, 0), wm = dim(w.shape, 1);
+  if (c.is_known() && wc.is_known()) check_channels(where, c.value, wc.value);
+  if (wc.is_known()) check_group(where, wc.value, group);
+  Dim m = wm.is_known() ? Dim::known(wm.value * group) : Dim{};
+  if (b && b->shape) {
+    OT_CHECK(b->shape->size() == 1, where, ": bias must have rank 1, got rank ", b->shape->size());
+    const Dim& bm = (*b->shape)[0];
+    OT_CHECK(!bm.is_known() || !m.is_known() || bm.value == m.value, where, ": bias has ", bm.value,
+             " entries, the output has ", m.value, " channels");
+  }
+  std::optional<std::vector<int64_t>> kernel;
+  if (w.shape) {
+    std::vector<int64_t> k;
+    for (size_t i = 2; i < rank; ++i)
+      if ((*w.shape)[i].is_known()) k.push_back((*w.shape)[i].value);
+    if (k.size() == spatial) kernel = k;
+  }
+  Shape out{n, m};
+  if (kernel || ctx.node.find_attr("kernel_shape")) {
+    WindowAttrs a = read_window_attrs(ctx.node, spatial, kernel, where);
+    TransposeExtras e = read_extras(ctx.node, spatial, where);
+    for (size_t i = 0; i < spatial; ++i) {
+      Dim in = dim(x.shape, i + 2);
+      if (in.is_known())
+        out.push_back(Dim::known(axis_of(a, e, i, in.value, where).out));
+      else if (!e.output_shape.empty())
+        out.push_back(Dim::known(e.output_shape[i]));
+      else
+        out.push_back(Dim{});
+    }
+  } else {
+    out.resize(rank);
+  }
+  set_output(ctx, 0, x.dtype, out);
+}
+
+struct DeconvSetup {
+  int64_t n = 0, c = 0, m = 0, group = 1;
+  WindowGeom geom;
+  std::vector<int64_t> y_dims;
+};
+
+DeconvSetup deconv_setup(const graph::Node& node, const TensorView& x, const TensorView& w,
+                         const TensorView* b, const std::string& where) {
+  OT_CHECK(x.rank() >= 3, where, ": x has rank ", x.rank(),
+           "; ConvTranspose needs (N, C, spatial...)");
+  OT_CHECK(w.rank() == x.rank(), where, ": weight rank ", w.rank(), " does not match input rank ",
+           x.rank());
+  OT_CHECK(w.dtype == x.dtype, where, ": weight is ", graph::dtype_short_name(w.dtype), ", x is ",
+           graph::dtype_short_name(x.dtype));
+  DeconvSetup s;
+  s.group = read_group(node, where);
+  s.n = x.dims[0];
+  s.c = x.dims[1];
+  check_channels(where, s.c, w.dims[0]);
+  check_group(where, s.c, s.group);
+  s.m = w.dims[1] * s.group;
+  if (b) {
+    OT_CHECK(b->rank() == 1 && b->dims[0] == s.m, where, ": bias must have shape (", s.m,
+             "), got (", join_dims(b->dims), ")");
+    OT_CHECK(b->dtype == x.dtype, where, ": bias is ", graph::dtype_short_name(b->dtype), ", x is ",
+             graph::dtype_short_name(x.dtype));
+  }
+  const size_t spatial = static_cast<size_t>(x.rank() - 2);
+  std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  WindowAttrs a = read_window_attrs(node, spatial, kernel, where);
+  TransposeExtras e = read_extras(node, spatial, where);
+  WindowGeom& g = s.geom;
+  s.y_dims = {s.n, s.m};
+  for (size_t i = 0; i < spatial; ++i) {
+    AxisWindow aw = axis_of(a, e, i, x.dims[i + 2], where);
+    g.in.push_back(x.dims[i + 2]);
+    g.out.push_back(aw.out);
+    g.pad_begin.push_back(aw.pad_begin);
+    g.pad_end.push_back(aw.pad_end);
+    s.y_dims.push_back(aw.out);
+  }
+  g.kernel = kernel;
+  g.strides = a.strides;
+  g.dilations = a.dilations;
+  g.finish();
+  return s;
+}
+
+// Reference, as a gather so output channels run in parallel:
+// y[n,m,o] = b[m] + sum_{c<C/g, k : o + p - k*d = i*s} x[n, grp*C/g + c, i] * w[grp*C/g + c,
+// m%(M/g), k]
+template <typename T>
+void deconv_reference(const DeconvSetup& p, const T* x, const T* w, const T* b, T* y,
+                      const KernelContext& ctx) {
+  const WindowGeom& g = p.geom;
+  const int64_t cg = p.c / p.group, mg = p.m / p.group;
+  ctx.parallel_for(p.n * p.m, 1, [&](int64_t begin, int64_t end) {
+    std::vector<Tap> taps;
+    for (int64_t nm = begin; nm < end; ++nm) {
+      const int64_t n = nm / p.m, m = nm % p.m, grp = m / mg, ml = m % mg;
+      const T* xg = x + (n * p.c + grp * cg) * g.in_size;
+      T* yo = y + nm * g.out_size;
+      for (int64_t o = 0; o < g.out_size; ++o) {
+        collect_taps(g, o, true, taps);
+        double acc = b ? static_cast<double>(b[m]) : 0.0;
+        for (int64_t c = 0; c < cg; ++c) {
+          const T* xc = xg + c * g.in_size;
+          const T* wc = w + ((grp * cg + c) * mg + ml) * g.kernel_size;
+          for (const Tap& t : taps) acc += static_cast<double>(xc[t.i]) * wc[t.k];
+        }
+        yo[o] = static_cast<T>(acc);
+      }
+    }
+  });
+}
+
+// x: (N,C,D...), w: (C,M/g,K...), b: (M) -> y: (N,M,O...)
+class ConvTransposeKernel final : public Kernel {
+ public:
+  explicit ConvTransposeKernel(const graph::Node& node) : where_(node.describe()) {}
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(0);
+    const TensorView* w = ctx.input(1);
+    OT_CHECK(x && w, where_, ": inputs X and W are required");
+    const TensorView* b = ctx.input(2);
+    setup_ = deconv_setup(ctx.node(), *x, *w, b, where_);
+    x_dims_ = x->dims;
+    w_dims_ = w->dims;
+    has_bias_ = b != nullptr;
+    dnnl_.reset();
+    const WindowGeom& g = setup_.geom;
+    bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
+    // A negative begin pad (output_shape larger than the natural size, split evenly) is
+    // outside what oneDNN's deconvolution describes; the reference handles it.
+    bool negative_begin =
+        std::any_of(g.pad_begin.begin(), g.pad_begin.end(), [](int64_t p) { return p < 0; });
+    if (x->dtype != DataType::kFloat || g.in.size() > 3 || empty || negative_begin) return;
+    init_dnnl(ctx);
+  }
+
+  void run(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(0);
+    const TensorView* w = ctx.input(1);
+    const TensorView* b = ctx.input(2);
+    if (!x || !w || x->dims != x_dims_ || w->dims != w_dims_ || (b != nullptr) != has_bias_)
+      prepare(ctx);
+    TensorView& y = ctx.output(0, setup_.y_dims);
+    if (dnnl_.ready()) {
+      ThreadBudget budget(ctx.num_threads());
+      dnnl_.execute(ctx, x->data, w->data, b ? b->data : nullptr, y.data);
+      return;
+    }
+    dispatch_float(x->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      deconv_reference<T>(setup_, x->as<T>(), w->as<T>(), b ? b->as<T>() : nullptr, y.as<T>(), ctx);
+    });
+  }
+
+ private:
+  void init_dnnl(KernelContext& ctx) {
+    const WindowGeom& g = setup_.geom;
+    const int64_t cg = setup_.c / setup_.group, mg = setup_.m / setup_.group;
+    UserDescs u;
+    u.x = plain_desc(x_dims_);
+    u.y = plain_desc(setup_.y_dims);
+    // oneDNN wants weights as (g, oc/g, ic/g, k...); ONNX stores (g, ic/g, oc/g, k...).
+    std::vector<int64_t> wd, ws;
+    const int64_t k = g.kernel_size;
+    if (setup_.group > 1) {
+      wd = {setup_.group, mg, cg};
+      ws = {cg * mg * k, k, mg * k};
+    } else {
+      wd = {setup_.m, setup_.c};
+      ws = {k, setup_.m * k};
+    }
+    std::vector<int64_t> ks = row_major_strides(g.kernel);
+    wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
+    ws.insert(ws.end(), ks.begin(), ks.end());
+    u.w = strided_desc(wd, ws);
+    u.has_bias = has_bias_;
+    if (has_bias_) u.b = plain_desc(std::vector<int64_t>{setup_.m});
+    memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin), pad_r, dil;
+    for (size_t i = 0; i < g.in.size(); ++i) {
+      dil.push_back(g.dilations[i] - 1);  // oneDNN counts the gaps
+      // oneDNN: out = (in-1)*s + extent - pad_l - pad_r, so output_padding shows up as a
+      // negative (or smaller) end pad.
+      int64_t extent = (g.kernel[i] - 1) * g.dilations[i] + 1;
+      pad_r.push_back((g.in[i] - 1) * g.strides[i] + extent - g.pad_begin[i] - g.out[i]);
+    }
+    auto make = [&](const memory::desc& xm, const memory::desc& wm, const memory::desc& ym,
+                    const dnnl::primitive_attr& attr) -> dnnl::primitive_desc {
+      using dnnl::deconvolution_forward;
+      const auto prop = dnnl::prop_kind::forward_inference;
+      const auto alg = dnnl::algorithm::deconvolution_direct;
+      auto d =
+          has_bias_
+              ? deconvolution_forward::desc(prop, alg, xm, wm, u.b, ym, strides, dil, pad_l, pad_r)
+              : deconvolution_forward::desc(prop, alg, xm, wm, ym, strides, dil, pad_l, pad_r);
+      return deconvolution_forward::primitive_desc(d, attr, cpu_engine());
+    };
+    // Same layout policy as Conv (see conv.cc).
+    ThreadBudget budget(ctx.num_threads());
+    dnnl_.init(u, g.kernel_size > 1, make);
+  }
+
+  std::string where_;
+  DeconvSetup setup_;
+  std::vector<int64_t> x_dims_, w_dims_;
+  bool has_bias_ = false;
+  DnnlWindowPrimitive dnnl_;
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(nn_conv_transpose) {
+  OpSchema s;
+  s.op_type = "ConvTranspose";
+  s.infer = infer_conv_transpose;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ConvTransposeKernel>(n); };
+  return s;
+}
+
+}  // namespace onnxtrain::ops::nn

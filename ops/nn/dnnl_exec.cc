@@ -1,0 +1,87 @@
+// DnnlWindowPrimitive: primitive creation with layout fallback, reorders through scratch.
+#include "ops/nn/dnnl_exec.h"
+
+#include <cstddef>
+#include <unordered_map>
+
+namespace onnxtrain::ops::nn {
+
+bool DnnlWindowPrimitive::init(const UserDescs& user, bool prefer_blocked, const PdFactory& make) {
+  prim_.reset();
+  if (prefer_blocked && try_init(user, true, make)) return true;
+  return try_init(user, false, make);
+}
+
+bool DnnlWindowPrimitive::try_init(const UserDescs& user, bool blocked, const PdFactory& make) {
+  using dnnl::memory;
+  try {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    auto any = [](const memory::desc& d) {
+      return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
+    };
+    dnnl::primitive_desc pd = blocked ? make(any(user.x), any(user.w), any(user.y), attr)
+                                      : make(user.x, user.w, user.y, attr);
+    user_ = user;
+    x_md_ = pd.src_desc();
+    w_md_ = pd.weights_desc();
+    y_md_ = pd.dst_desc();
+    pad_md_ = pd.scratchpad_desc();
+    const dnnl::engine& eng = cpu_engine();
+    x_reorder_.reset();
+    w_reorder_.reset();
+    y_reorder_.reset();
+    ScratchPlan plan;
+    if (x_md_ != user.x) {
+      x_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user.x, eng, x_md_));
+      x_off_ = plan.add(x_md_.get_size());
+    }
+    if (w_md_ != user.w) {
+      // Weights change every training step, so they are reordered per run (cheap next to the
+      // convolution itself) rather than cached.
+      w_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user.w, eng, w_md_));
+      w_off_ = plan.add(w_md_.get_size());
+    }
+    if (y_md_ != user.y) {
+      y_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, y_md_, eng, user.y));
+      y_off_ = plan.add(y_md_.get_size());
+    }
+    pad_off_ = plan.add(pad_md_.get_size());
+    scratch_bytes_ = plan.total();
+    prim_ = dnnl::primitive(pd);
+    stream_ = dnnl::stream(eng);
+    impl_ = pd.impl_info_str();
+    blocked_ = blocked;
+    return true;
+  } catch (const dnnl::error&) {
+    prim_.reset();
+    return false;
+  }
+}
+
+void DnnlWindowPrimitive::execute(KernelContext& ctx, const void* x, const void* w, const void* b,
+                                  void* y) {
+  using dnnl::memory;
+  const dnnl::engine& eng = cpu_engine();
+  auto* scratch = static_cast<std::byte*>(scratch_bytes_ ? ctx.scratch(scratch_bytes_) : nullptr);
+  // oneDNN takes non-const handles; inputs are only read.
+  memory x_user(user_.x, eng, const_cast<void*>(x));
+  memory w_user(user_.w, eng, const_cast<void*>(w));
+  memory y_user(user_.y, eng, y);
+  memory x_mem = x_reorder_ ? memory(x_md_, eng, scratch + x_off_) : x_user;
+  memory w_mem = w_reorder_ ? memory(w_md_, eng, scratch + w_off_) : w_user;
+  memory y_mem = y_reorder_ ? memory(y_md_, eng, scratch + y_off_) : y_user;
+  dnnl::stream& s = *stream_;
+  if (x_reorder_) x_reorder_->execute(s, x_user, x_mem);
+  if (w_reorder_) w_reorder_->execute(s, w_user, w_mem);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
+  if (user_.has_bias) args.emplace(DNNL_ARG_BIAS, memory(user_.b, eng, const_cast<void*>(b)));
+  if (pad_md_.get_size())
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(pad_md_, eng, scratch + pad_off_));
+  prim_->execute(s, args);
+  if (y_reorder_) y_reorder_->execute(s, y_mem, y_user);
+  s.wait();
+}
+
+}  // namespace onnxtrain::ops::nn

@@ -1,0 +1,49 @@
+// Runs a oneDNN src/weights/(bias)/dst primitive (convolution, deconvolution) directly on the
+// runtime's plain row-major buffers, or through blocked layouts with per-run reorders via the
+// kernel's scratch when the primitive is faster that way.
+#pragma once
+
+#include <functional>
+#include <optional>
+
+#include "ops/nn/nn_util.h"
+
+namespace onnxtrain::ops::nn {
+
+// The runtime's buffers as plain descs (weights may be strided, e.g. ConvTranspose's io order).
+struct UserDescs {
+  dnnl::memory::desc x, w, b, y;
+  bool has_bias = false;
+};
+
+// Builds a primitive desc for the given x/w/dst descs (either the user's or format `any`).
+using PdFactory = std::function<dnnl::primitive_desc(
+    const dnnl::memory::desc& x, const dnnl::memory::desc& w, const dnnl::memory::desc& y,
+    const dnnl::primitive_attr& attr)>;
+
+class DnnlWindowPrimitive {
+ public:
+  // Tries blocked layouts first when `prefer_blocked`, then the plain ones. Returns false (and
+  // stays unusable) when oneDNN has no implementation; callers then use their reference loop.
+  bool init(const UserDescs& user, bool prefer_blocked, const PdFactory& make);
+  void reset() { prim_.reset(); }
+  bool ready() const { return prim_.has_value(); }
+  const char* impl() const { return impl_.c_str(); }
+  bool blocked() const { return blocked_; }
+  // x, w, b (may be null without bias), y: the runtime's buffers in the user layouts.
+  void execute(KernelContext& ctx, const void* x, const void* w, const void* b, void* y);
+
+ private:
+  bool try_init(const UserDescs& user, bool blocked, const PdFactory& make);
+
+  UserDescs user_;
+  std::optional<dnnl::primitive> prim_;
+  std::optional<dnnl::stream> stream_;
+  dnnl::memory::desc x_md_, w_md_, y_md_, pad_md_;
+  std::optional<dnnl::reorder> x_reorder_, w_reorder_, y_reorder_;
+  size_t x_off_ = 0, w_off_ = 0, y_off_ = 0, pad_off_ = 0, scratch_bytes_ = 0;
+  std::string impl_;
+  bool blocked_ = false;
+};
+
+}  // namespace onnxtrain::ops::nn

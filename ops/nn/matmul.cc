@@ -1,0 +1,469 @@
+// Gemm (alpha, beta, transA, transB, broadcast C) and MatMul (numpy semantics: batched with
+// broadcasting, 1-D operands promoted and dropped): oneDNN matmul in f32, a reference loop for
+// f64 and the integer types ONNX allows.
+#include <algorithm>
+#include <type_traits>
+#include <unordered_map>
+
+#include "graph/printer.h"
+#include "ops/nn/nn_util.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::nn {
+namespace {
+
+using dnnl::memory;
+
+// A oneDNN matmul over the runtime's buffers; weights/src may be strided (transposed views).
+class DnnlMatmul {
+ public:
+  bool init(const memory::desc& a, const memory::desc& b, const memory::desc& c, float alpha,
+            bool accumulate) {
+    prim_.reset();
+    try {
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+      a_ = a;
+      b_ = b;
+      c_ = c;
+      pad_ = pd.scratchpad_desc();
+      prim_ = dnnl::matmul(pd);
+      stream_ = dnnl::stream(cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      prim_.reset();
+      return false;
+    }
+  }
+  bool ready() const { return prim_.has_value(); }
+  void reset() { prim_.reset(); }
+  void execute(KernelContext& ctx, const void* a, const void* b, void* c) {
+    const dnnl::engine& eng = cpu_engine();
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(a_, eng, const_cast<void*>(a))},
+                                         {DNNL_ARG_WEIGHTS, memory(b_, eng, const_cast<void*>(b))},
+                                         {DNNL_ARG_DST, memory(c_, eng, c)}};
+    if (size_t bytes = pad_.get_size())
+      args.emplace(DNNL_ARG_SCRATCHPAD, memory(pad_, eng, ctx.scratch(bytes)));
+    prim_->execute(*stream_, args);
+    stream_->wait();
+  }
+
+ private:
+  memory::desc a_, b_, c_, pad_;
+  std::optional<dnnl::primitive> prim_;
+  std::optional<dnnl::stream> stream_;
+};
+
+template <typename F>
+void dispatch_numeric(DataType t, const std::string& where, F&& f) {
+  switch (t) {
+    case DataType::kFloat:
+      f(float{});
+      return;
+    case DataType::kDouble:
+      f(double{});
+      return;
+    case DataType::kInt32:
+      f(int32_t{});
+      return;
+    case DataType::kInt64:
+      f(int64_t{});
+      return;
+    case DataType::kUInt32:
+      f(uint32_t{});
+      return;
+    case DataType::kUInt64:
+      f(uint64_t{});
+      return;
+    default:
+      fail(where, ": dtype ", graph::dtype_short_name(t), " not supported");
+  }
+}
+
+// Floats accumulate in double; integers in their own (wrapping) width.
+template <typename T>
+using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
+
+void check_same_dtype(const std::string& where, const TensorView& a, const TensorView& b,
+                      const char* name) {
+  OT_CHECK(a.dtype == b.dtype, where, ": ", name, " is ", graph::dtype_short_name(b.dtype),
+           ", A is ", graph::dtype_short_name(a.dtype));
+}
+
+// ---------------------------------------------------------------- Gemm
+
+struct GemmDims {
+  int64_t m = 0, k = 0, n = 0;
+};
+
+GemmDims gemm_dims(std::span<const int64_t> a, std::span<const int64_t> b, bool ta, bool tb,
+                   const std::string& where) {
+  OT_CHECK(a.size() == 2, where, ": A must have rank 2, got rank ", a.size());
+  OT_CHECK(b.size() == 2, where, ": B must have rank 2, got rank ", b.size());
+  GemmDims d{ta ? a[1] : a[0], ta ? a[0] : a[1], tb ? b[0] : b[1]};
+  int64_t kb = tb ? b[1] : b[0];
+  OT_CHECK(d.k == kb, where, ": A is ", join_dims(a), " (transA=", ta, "), B is ", join_dims(b),
+           " (transB=", tb, "): inner dims ", d.k, " and ", kb, " differ");
+  return d;
+}
+
+void check_gemm_c(std::span<const int64_t> c, int64_t m, int64_t n, const std::string& where) {
+  bool ok = c.size() <= 2;
+  if (ok && !c.empty()) ok = c.back() == 1 || c.back() == n;
+  if (ok && c.size() == 2) ok = c[0] == 1 || c[0] == m;
+  OT_CHECK(ok, where, ": C of shape ", join_dims(c), " does not broadcast to ", m, "x", n);
+}
+
+void infer_gemm(InferenceContext& ctx) {
+  const std::string where = ctx.where();
+  const ValueType& a = tensor_input(ctx, 0);
+  const ValueType& b = tensor_input(ctx, 1);
+  const bool ta = ctx.node.attr_int("transA", 0) != 0, tb = ctx.node.attr_int("transB", 0) != 0;
+  if (a.shape)
+    OT_CHECK(a.shape->size() == 2, where, ": A must have rank 2, got rank ", a.shape->size());
+  if (b.shape)
+    OT_CHECK(b.shape->size() == 2, where, ": B must have rank 2, got rank ", b.shape->size());
+  Dim m = a.shape ? (*a.shape)[ta ? 1 : 0] : Dim{};
+  Dim n = b.shape ? (*b.shape)[tb ? 0 : 1] : Dim{};
+  auto ad = known_dims(a), bd = known_dims(b);
+  if (ad && bd) {
+    GemmDims d = gemm_dims(*ad, *bd, ta, tb, where);
+    if (const ValueType* c = ctx.input_type(2))
+      if (auto cd = known_dims(*c)) check_gemm_c(*cd, d.m, d.n, where);
+  }
+  set_output(ctx, 0, a.dtype, Shape{m, n});
+}
+
+// y = alpha * A' B' + beta * C; y is pre-filled with beta*C so that oneDNN accumulates into it.
+template <typename T>
+void gemm_reference(const T* a, const T* b, T* y, const GemmDims& d, bool ta, bool tb, T alpha,
+                    const KernelContext& ctx) {
+  ctx.parallel_for(d.m, 1, [&](int64_t begin, int64_t end) {
+    std::vector<Acc<T>> row(d.n);
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(row.begin(), row.end(), Acc<T>{});
+      for (int64_t p = 0; p < d.k; ++p) {
+        const Acc<T> av = ta ? a[p * d.m + i] : a[i * d.k + p];
+        for (int64_t j = 0; j < d.n; ++j) row[j] += av * (tb ? b[j * d.k + p] : b[p * d.n + j]);
+      }
+      for (int64_t j = 0; j < d.n; ++j)
+        y[i * d.n + j] = static_cast<T>(static_cast<Acc<T>>(alpha) * row[j] + y[i * d.n + j]);
+    }
+  });
+}
+
+// a: (M,K) or (K,M) with transA, b: (K,N) or (N,K) with transB, c: broadcastable to (M,N)
+//   -> y: (M,N)
+class GemmKernel final : public Kernel {
+ public:
+  explicit GemmKernel(const graph::Node& node)
+      : where_(node.describe()),
+        alpha_(node.attr_float("alpha", 1.0f)),
+        beta_(node.attr_float("beta", 1.0f)),
+        ta_(node.attr_int("transA", 0) != 0),
+        tb_(node.attr_int("transB", 0) != 0) {}
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* a = ctx.input(0);
+    const TensorView* b = ctx.input(1);
+    const TensorView* c = ctx.input(2);
+    OT_CHECK(a && b, where_, ": inputs A and B are required");
+    check_same_dtype(where_, *a, *b, "B");
+    d_ = gemm_dims(a->dims, b->dims, ta_, tb_, where_);
+    if (c) {
+      check_same_dtype(where_, *a, *c, "C");
+      check_gemm_c(c->dims, d_.m, d_.n, where_);
+    }
+    a_dims_ = a->dims;
+    b_dims_ = b->dims;
+    c_dims_ = c ? std::optional(c->dims) : std::nullopt;
+    dnnl_.reset();
+    if (a->dtype != DataType::kFloat || d_.m == 0 || d_.n == 0 || d_.k == 0) return;
+    std::vector<int64_t> ad{d_.m, d_.k}, bd{d_.k, d_.n};
+    std::vector<int64_t> as = ta_ ? std::vector<int64_t>{1, d_.m} : std::vector<int64_t>{d_.k, 1};
+    std::vector<int64_t> bs = tb_ ? std::vector<int64_t>{1, d_.k} : std::vector<int64_t>{d_.n, 1};
+    ThreadBudget budget(ctx.num_threads());
+    dnnl_.init(strided_desc(ad, as), strided_desc(bd, bs), plain_desc(std::vector{d_.m, d_.n}),
+               alpha_, uses_c());
+  }
+
+  void run(KernelContext& ctx) override {
+    const TensorView* a = ctx.input(0);
+    const TensorView* b = ctx.input(1);
+    const TensorView* c = ctx.input(2);
+    if (!a || !b || a->dims != a_dims_ || b->dims != b_dims_ ||
+        (c ? std::optional(c->dims) : std::nullopt) != c_dims_)
+      prepare(ctx);
+    TensorView& y = ctx.output(0, std::vector<int64_t>{d_.m, d_.n});
+    dispatch_numeric(a->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      if (!dnnl_.ready() || uses_c()) fill_c<T>(c, y.as<T>());
+      if (dnnl_.ready()) {
+        ThreadBudget budget(ctx.num_threads());
+        dnnl_.execute(ctx, a->data, b->data, y.data);
+      } else {
+        gemm_reference<T>(a->as<T>(), b->as<T>(), y.as<T>(), d_, ta_, tb_, static_cast<T>(alpha_),
+                          ctx);
+      }
+    });
+  }
+
+ private:
+  bool uses_c() const { return c_dims_ && beta_ != 0.0f; }
+
+  // y = beta * C broadcast to (M, N), or zeros.
+  template <typename T>
+  void fill_c(const TensorView* c, T* y) const {
+    const int64_t total = d_.m * d_.n;
+    if (!c || !uses_c()) {
+      std::fill(y, y + total, T{});
+      return;
+    }
+    std::vector<int64_t> cd = c->dims;
+    while (cd.size() < 2) cd.insert(cd.begin(), 1);
+    const T* cp = c->as<T>();
+    const T beta = static_cast<T>(beta_);
+    for (int64_t i = 0; i < d_.m; ++i)
+      for (int64_t j = 0; j < d_.n; ++j)
+        y[i * d_.n + j] = beta * cp[(cd[0] == 1 ? 0 : i) * cd[1] + (cd[1] == 1 ? 0 : j)];
+  }
+
+  std::string where_;
+  float alpha_, beta_;
+  bool ta_, tb_;
+  GemmDims d_;
+  std::vector<int64_t> a_dims_, b_dims_;
+  std::optional<std::vector<int64_t>> c_dims_;
+  DnnlMatmul dnnl_;
+};
+
+// ---------------------------------------------------------------- MatMul
+
+// The batched problem after numpy's 1-D promotion.
+struct MatMulDims {
+  std::vector<int64_t> a_batch, b_batch, batch;  // a/b batch padded to batch's rank
+  int64_t m = 1, k = 1, n = 1;
+  std::vector<int64_t> y_dims;
+};
+
+MatMulDims matmul_dims(std::span<const int64_t> a, std::span<const int64_t> b,
+                       const std::string& where) {
+  OT_CHECK(!a.empty() && !b.empty(), where, ": MatMul operands must have rank >= 1");
+  MatMulDims d;
+  std::vector<int64_t> ad(a.begin(), a.end()), bd(b.begin(), b.end());
+  const bool a_vec = ad.size() == 1, b_vec = bd.size() == 1;
+  if (a_vec) ad.insert(ad.begin(), 1);
+  if (b_vec) bd.push_back(1);
+  d.m = ad[ad.size() - 2];
+  d.k = ad.back();
+  d.n = bd.back();
+  const int64_t kb = bd[bd.size() - 2];
+  OT_CHECK(d.k == kb, where, ": A is ", join_dims(a), ", B is ", join_dims(b), ": inner dims ", d.k,
+           " and ", kb, " differ");
+  d.a_batch.assign(ad.begin(), ad.end() - 2);
+  d.b_batch.assign(bd.begin(), bd.end() - 2);
+  d.batch = broadcast_dims(d.a_batch, d.b_batch, where);
+  while (d.a_batch.size() < d.batch.size()) d.a_batch.insert(d.a_batch.begin(), 1);
+  while (d.b_batch.size() < d.batch.size()) d.b_batch.insert(d.b_batch.begin(), 1);
+  d.y_dims = d.batch;
+  if (!a_vec) d.y_dims.push_back(d.m);
+  if (!b_vec) d.y_dims.push_back(d.n);
+  return d;
+}
+
+void infer_matmul(InferenceContext& ctx) {
+  const std::string where = ctx.where();
+  const ValueType& a = tensor_input(ctx, 0);
+  const ValueType& b = tensor_input(ctx, 1);
+  if (!a.shape || !b.shape) {
+    set_output(ctx, 0, a.dtype, std::nullopt);
+    return;
+  }
+  Shape as = *a.shape, bs = *b.shape;
+  OT_CHECK(!as.empty() && !bs.empty(), where, ": MatMul operands must have rank >= 1");
+  const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
+  if (a_vec) as.insert(as.begin(), Dim::known(1));
+  if (b_vec) bs.push_back(Dim::known(1));
+  const Dim& k = as.back();
+  const Dim& kb = bs[bs.size() - 2];
+  OT_CHECK(!k.is_known() || !kb.is_known() || k.value == kb.value, where, ": A is ",
+           graph::format_shape(a.shape), ", B is ", graph::format_shape(b.shape), ": inner dims ",
+           k.value, " and ", kb.value, " differ");
+  auto batch =
+      broadcast_shapes(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2), where);
+  Shape out = *batch;
+  if (!a_vec) out.push_back(as[as.size() - 2]);
+  if (!b_vec) out.push_back(bs.back());
+  set_output(ctx, 0, a.dtype, out);
+}
+
+template <typename T>
+void matmul_reference(const MatMulDims& d, const T* a, const T* b, T* y, const KernelContext& ctx) {
+  const int64_t batches = product(d.batch);
+  const size_t r = d.batch.size();
+  std::vector<int64_t> a_stride(r), b_stride(r);  // 0 along broadcast dims
+  int64_t as = d.m * d.k, bs = d.k * d.n;
+  for (size_t i = r; i-- > 0;) {
+    a_stride[i] = d.a_batch[i] == 1 ? 0 : as;
+    b_stride[i] = d.b_batch[i] == 1 ? 0 : bs;
+    as *= d.a_batch[i];
+    bs *= d.b_batch[i];
+  }
+  ctx.parallel_for(batches * d.m, 1, [&](int64_t begin, int64_t end) {
+    std::vector<Acc<T>> row(d.n);
+    for (int64_t bm = begin; bm < end; ++bm) {
+      const int64_t batch = bm / d.m, i = bm % d.m;
+      int64_t a_off = 0, b_off = 0, rest = batch;
+      for (size_t x = r; x-- > 0;) {
+        const int64_t coord = rest % d.batch[x];
+        rest /= d.batch[x];
+        a_off += coord * a_stride[x];
+        b_off += coord * b_stride[x];
+      }
+      const T* ap = a + a_off + i * d.k;
+      const T* bp = b + b_off;
+      std::fill(row.begin(), row.end(), Acc<T>{});
+      for (int64_t p = 0; p < d.k; ++p) {
+        const Acc<T> av = ap[p];
+        for (int64_t j = 0; j < d.n; ++j) row[j] += av * bp[p * d.n + j];
+      }
+      T* yp = y + bm * d.n;
+      for (int64_t j = 0; j < d.n; ++j) yp[j] = static_cast<T>(row[j]);
+    }
+  });
+}
+
+// a: (..., M, K) or (K), b: (..., K, N) or (K) -> y: (broadcast(...), M, N), 1-D dims dropped
+class MatMulKernel final : public Kernel {
+ public:
+  explicit MatMulKernel(const graph::Node& node) : where_(node.describe()) {}
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* a = ctx.input(0);
+    const TensorView* b = ctx.input(1);
+    OT_CHECK(a && b, where_, ": inputs A and B are required");
+    check_same_dtype(where_, *a, *b, "B");
+    d_ = matmul_dims(a->dims, b->dims, where_);
+    a_dims_ = a->dims;
+    b_dims_ = b->dims;
+    dnnl_.reset();
+    const size_t rank = d_.batch.size() + 2;
+    if (a->dtype != DataType::kFloat || rank > DNNL_MAX_NDIMS || product(d_.y_dims) == 0 ||
+        d_.k == 0)
+      return;
+    std::vector<int64_t> ad = d_.a_batch, bd = d_.b_batch, yd = d_.batch;
+    ad.insert(ad.end(), {d_.m, d_.k});
+    bd.insert(bd.end(), {d_.k, d_.n});
+    yd.insert(yd.end(), {d_.m, d_.n});
+    ThreadBudget budget(ctx.num_threads());
+    dnnl_.init(plain_desc(ad), plain_desc(bd), plain_desc(yd), 1.0f, false);
+  }
+
+  void run(KernelContext& ctx) override {
+    const TensorView* a = ctx.input(0);
+    const TensorView* b = ctx.input(1);
+    if (!a || !b || a->dims != a_dims_ || b->dims != b_dims_) prepare(ctx);
+    TensorView& y = ctx.output(0, d_.y_dims);
+    if (dnnl_.ready()) {
+      ThreadBudget budget(ctx.num_threads());
+      dnnl_.execute(ctx, a->data, b->data, y.data);
+      return;
+    }
+    dispatch_numeric(a->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      matmul_reference<T>(d_, a->as<T>(), b->as<T>(), y.as<T>(), ctx);
+    });
+  }
+
+ private:
+  std::string where_;
+  MatMulDims d_;
+  std::vector<int64_t> a_dims_, b_dims_;
+  DnnlMatmul dnnl_;
+};
+
+// ---------------------------------------------------------------- MatMulInteger
+
+void infer_matmul_integer(InferenceContext& ctx) {
+  infer_matmul(ctx);
+  ctx.output_types[0].dtype = DataType::kInt32;
+}
+
+int32_t int8_value(const TensorView& t, int64_t i, const std::string& where) {
+  switch (t.dtype) {
+    case DataType::kUInt8:
+      return t.as<uint8_t>()[i];
+    case DataType::kInt8:
+      return t.as<int8_t>()[i];
+    default:
+      fail(where, ": dtype ", graph::dtype_short_name(t.dtype), " not supported (int8/uint8)");
+  }
+}
+
+// a: (..., M, K) u8/i8, b: (..., K, N) u8/i8, a_zero_point: scalar or (M), b_zero_point: scalar
+//   or (N) -> y: (..., M, N) i32. Exact in the int32 reference loop.
+class MatMulIntegerKernel final : public Kernel {
+ public:
+  explicit MatMulIntegerKernel(const graph::Node& node) : where_(node.describe()) {}
+
+  void run(KernelContext& ctx) override {
+    const TensorView* a = ctx.input(0);
+    const TensorView* b = ctx.input(1);
+    OT_CHECK(a && b, where_, ": inputs A and B are required");
+    MatMulDims d = matmul_dims(a->dims, b->dims, where_);
+    // Zero points: one value, or one per row of A / column of B.
+    auto shifted = [&](const TensorView& v, const TensorView* zp, int64_t per, bool by_column) {
+      const int64_t count = zp ? zp->numel() : 0;
+      OT_CHECK(count <= 1 || count == per, where_, ": zero point has ", count,
+               " entries, expected 1 or ", per);
+      std::vector<int32_t> out(static_cast<size_t>(v.numel()));
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        int64_t at = count <= 1 ? 0 : by_column ? i % per : (i / d.k) % per;
+        out[i] = int8_value(v, i, where_) - (count ? int8_value(*zp, at, where_) : 0);
+      }
+      return out;
+    };
+    std::vector<int32_t> as = shifted(*a, ctx.input(2), d.m, false);
+    std::vector<int32_t> bs = shifted(*b, ctx.input(3), d.n, true);
+    TensorView& y = ctx.output(0, d.y_dims);
+    matmul_reference<int32_t>(d, as.data(), bs.data(), y.as<int32_t>(), ctx);
+  }
+
+ private:
+  std::string where_;
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(nn_matmul_integer) {
+  OpSchema s;
+  s.op_type = "MatMulInteger";
+  s.infer = infer_matmul_integer;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<MatMulIntegerKernel>(n); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_gemm) {
+  OpSchema s;
+  s.op_type = "Gemm";
+  s.infer = infer_gemm;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<GemmKernel>(n); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_matmul) {
+  OpSchema s;
+  s.op_type = "MatMul";
+  s.infer = infer_matmul;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<MatMulKernel>(n); };
+  return s;
+}
+
+}  // namespace onnxtrain::ops::nn

@@ -1,0 +1,123 @@
+// Shared pieces of the nn op family (Conv, ConvTranspose, pools, BatchNormalization, Gemm,
+// MatMul): window attributes and output-size rules, oneDNN engine/threading glue, dtype dispatch.
+#pragma once
+
+#include <cstdint>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ops/op_api.h"
+
+namespace onnxtrain::ops::nn {
+
+enum class AutoPad { kNotSet, kSameUpper, kSameLower, kValid };
+
+// The sliding-window attributes of Conv / ConvTranspose / MaxPool / AveragePool, read once from
+// the node and validated against the spatial rank. pads are ONNX order: all begins, then ends.
+struct WindowAttrs {
+  std::vector<int64_t> kernel, strides, dilations, pads;
+  AutoPad auto_pad = AutoPad::kNotSet;
+  bool ceil_mode = false;
+};
+
+// kernel_from_weights: the weight's spatial dims (Conv/ConvTranspose), used when kernel_shape is
+// absent and checked against it when present; nullopt for pools (kernel_shape required).
+WindowAttrs read_window_attrs(const graph::Node& n, size_t spatial_rank,
+                              const std::optional<std::vector<int64_t>>& kernel_from_weights,
+                              const std::string& where);
+
+// One spatial axis resolved against its input size: output size and the pads actually applied.
+struct AxisWindow {
+  int64_t out = -1;
+  int64_t pad_begin = 0, pad_end = 0;
+};
+
+// Conv and pools: explicit pads, SAME_UPPER/SAME_LOWER (out = ceil(in/stride)), VALID, and
+// ceil_mode (a last window that would start in the end padding is dropped, as in PyTorch/ONNX).
+AxisWindow forward_axis(const WindowAttrs& a, size_t axis, int64_t in, const std::string& where);
+
+// ConvTranspose: out = stride*(in-1) + output_padding + (k-1)*dilation + 1 - pads, or the
+// requested output_shape / SAME size with the total padding split as the ONNX reference does
+// (floor division, so a negative total padding extends the end).
+AxisWindow transpose_axis(const WindowAttrs& a, size_t axis, int64_t in, int64_t output_padding,
+                          std::optional<int64_t> output_size, const std::string& where);
+
+// Concrete geometry of a window op over (N, C, spatial...) -> (N, M, spatial...).
+struct WindowGeom {
+  std::vector<int64_t> in, out, kernel, strides, dilations, pad_begin, pad_end;
+  int64_t in_size = 1, out_size = 1, kernel_size = 1;  // spatial element counts
+  void finish();                                       // computes the sizes
+};
+
+// A tap of a window: flat kernel index and flat spatial input index.
+struct Tap {
+  int64_t k, i;
+};
+// Forward window (input = out*stride - pad_begin + k*dilation) of output position o, keeping taps
+// inside the input; `transposed` instead gathers ConvTranspose's (out + pad_begin - k*dilation) /
+// stride where divisible.
+void collect_taps(const WindowGeom& g, int64_t o, bool transposed, std::vector<Tap>& taps);
+
+// ---------------------------------------------------------------- oneDNN glue
+
+const dnnl::engine& cpu_engine();
+
+// oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP ICV
+// (omp_get_max_threads), not from the runtime's intra-op budget. Replica executors each hold a
+// share of the cores, so the budget is applied to this thread's ICV around primitive creation
+// (some implementations fix their work split there) and execution, then restored.
+class ThreadBudget {
+ public:
+  explicit ThreadBudget(int threads);
+  ~ThreadBudget();
+  ThreadBudget(const ThreadBudget&) = delete;
+  ThreadBudget& operator=(const ThreadBudget&) = delete;
+
+ private:
+  int previous_;
+};
+
+dnnl::memory::dims to_dnnl(std::span<const int64_t> v);
+// f32 (or `type`) memory desc with the given dims and row-major strides.
+dnnl::memory::desc plain_desc(std::span<const int64_t> dims,
+                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+dnnl::memory::desc strided_desc(std::span<const int64_t> dims, std::span<const int64_t> strides);
+std::vector<int64_t> row_major_strides(std::span<const int64_t> dims);
+
+// Carves one ctx.scratch() block into 64-byte aligned pieces.
+class ScratchPlan {
+ public:
+  size_t add(size_t bytes);  // offset of a new piece
+  size_t total() const { return total_; }
+
+ private:
+  size_t total_ = 0;
+};
+
+// ---------------------------------------------------------------- misc
+
+int64_t product(std::span<const int64_t> v);
+std::string join_dims(std::span<const int64_t> v);  // "2x3x4"
+
+// Calls f(T{}) for float / double, fails naming the node for anything else.
+template <typename F>
+void dispatch_float(DataType t, const std::string& where, F&& f) {
+  switch (t) {
+    case DataType::kFloat:
+      f(float{});
+      return;
+    case DataType::kDouble:
+      f(double{});
+      return;
+    default:
+      fail(where, ": dtype ", graph::dtype_short_name(t), " not supported");
+  }
+}
+
+// Float dtypes the shape inference of these ops accepts (the kernels support f32 and f64).
+void check_float_input(const InferenceContext& ctx, size_t i);
+
+}  // namespace onnxtrain::ops::nn

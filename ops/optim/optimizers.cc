@@ -1,0 +1,214 @@
+// ai.onnx.preview.training optimizers (opset 1): Adam, Momentum (standard / Nesterov), Adagrad.
+// Each takes (R, T, X_1..X_n, G_1..G_n, S1_1..S1_n, ...) and returns (X_new_1..n, S1_new_1..n,
+// ...): one elementwise rule applied to every parameter group, in double, cast back.
+#include <cmath>
+
+#include "ops/reduce/reduce_engine.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::optim {
+
+namespace {
+
+constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
+
+float required_float(const graph::Node& node, const char* name) {
+  const graph::Attribute* a = node.find_attr(name);
+  OT_CHECK(a && a->type == graph::AttrType::kFloat, node.describe(), ": attribute '", name,
+           "' (float) is required");
+  return a->f();
+}
+
+// Step values shared by every element: the learning rate R and the iteration count T.
+struct Step {
+  double r = 0;
+  int64_t t = 0;
+};
+
+// g_reg = norm_coefficient * x + g; v = alpha v + (1 - alpha) g_reg;
+// h = beta h + (1 - beta) g_reg^2; x -= r_adj v / (sqrt(h) + eps); x *= 1 - norm_coefficient_post
+// with r_adj = r sqrt(1 - beta^T) / (1 - alpha^T) for T > 0, r otherwise.
+struct AdamRule {
+  static constexpr int kStates = 2;
+  double alpha, beta, eps, norm, norm_post, r_adj;
+  AdamRule(const graph::Node& node, Step s)
+      : alpha(node.attr_float("alpha", 0.9f)),
+        beta(node.attr_float("beta", 0.999f)),
+        eps(node.attr_float("epsilon", 1e-6f)),
+        norm(node.attr_float("norm_coefficient", 0.0f)),
+        norm_post(node.attr_float("norm_coefficient_post", 0.0f)),
+        r_adj(s.t > 0 ? s.r * std::sqrt(1 - std::pow(beta, static_cast<double>(s.t))) /
+                            (1 - std::pow(alpha, static_cast<double>(s.t)))
+                      : s.r) {}
+  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
+    const double gr = norm * x + g;
+    s_new[0] = alpha * s[0] + (1 - alpha) * gr;
+    s_new[1] = beta * s[1] + (1 - beta) * gr * gr;
+    x_new = (1 - norm_post) * (x - r_adj * (s_new[0] / (std::sqrt(s_new[1]) + eps)));
+  }
+};
+
+// g_reg = norm_coefficient * x + g; v = alpha v + beta_adj g_reg (beta_adj = 1 at T = 0);
+// standard: x -= r v; nesterov: x -= r (g_reg + alpha v).
+struct MomentumRule {
+  static constexpr int kStates = 1;
+  double alpha, beta_adj, norm, r;
+  bool nesterov;
+  MomentumRule(const graph::Node& node, Step s)
+      : alpha(required_float(node, "alpha")),
+        beta_adj(s.t > 0 ? required_float(node, "beta") : 1.0),
+        norm(required_float(node, "norm_coefficient")),
+        r(s.r),
+        nesterov(mode(node)) {}
+  static bool mode(const graph::Node& node) {
+    const std::string m = node.attr_string("mode", "");
+    OT_CHECK(m == "standard" || m == "nesterov", node.describe(),
+             ": mode must be 'standard' or 'nesterov', got '", m, "'");
+    return m == "nesterov";
+  }
+  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
+    const double gr = norm * x + g;
+    s_new[0] = alpha * s[0] + beta_adj * gr;
+    x_new = x - r * (nesterov ? gr + alpha * s_new[0] : s_new[0]);
+  }
+};
+
+// r' = r / (1 + T decay_factor); g_reg = norm_coefficient * x + g; h += g_reg^2;
+// x -= r' g_reg / (sqrt(h) + eps).
+struct AdagradRule {
+  static constexpr int kStates = 1;
+  double eps, norm, r_adj;
+  AdagradRule(const graph::Node& node, Step s)
+      : eps(node.attr_float("epsilon", 1e-6f)),
+        norm(node.attr_float("norm_coefficient", 0.0f)),
+        r_adj(s.r / (1 + static_cast<double>(s.t) * node.attr_float("decay_factor", 0.0f))) {}
+  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
+    const double gr = norm * x + g;
+    s_new[0] = s[0] + gr * gr;
+    x_new = x - r_adj * gr / (std::sqrt(s_new[0]) + eps);
+  }
+};
+
+// Number of parameter groups; inputs are R, T, then (2 + kStates) blocks of n tensors.
+int64_t groups(const graph::Node& node, size_t num_inputs, size_t num_outputs, int states) {
+  const auto blocks = static_cast<size_t>(2 + states);
+  OT_CHECK(num_inputs > 2 && (num_inputs - 2) % blocks == 0, node.describe(), ": expected 2 + ",
+           blocks, " * n inputs (R, T, X, G, states), got ", num_inputs);
+  const size_t n = (num_inputs - 2) / blocks;
+  OT_CHECK(num_outputs <= static_cast<size_t>(1 + states) * n, node.describe(),
+           ": expected at most ", (1 + states) * n, " outputs, got ", num_outputs);
+  return static_cast<int64_t>(n);
+}
+
+// Input slot of block b (0 = X, 1 = G, 2.. = states) of group i; output block b' (0 = X_new,
+// 1.. = new states) of group i reads the type of input block (b' == 0 ? 0 : b' + 1).
+size_t input_slot(int64_t n, int block, int64_t i) {
+  return static_cast<size_t>(2 + block * n + i);
+}
+int input_block_of_output(int out_block) {
+  return out_block == 0 ? 0 : out_block + 1;
+}
+
+template <typename Rule>
+void infer_optimizer(InferenceContext& ctx) {
+  const size_t outs = ctx.node.outputs().size();
+  const int64_t n = groups(ctx.node, ctx.node.inputs().size(), outs, Rule::kStates);
+  for (size_t o = 0; o < outs; ++o) {
+    const int block = input_block_of_output(static_cast<int>(static_cast<int64_t>(o) / n));
+    const ValueType& t = tensor_input(ctx, input_slot(n, block, static_cast<int64_t>(o) % n));
+    set_output(ctx, o, t.dtype, t.shape);
+  }
+}
+
+double scalar_of(const TensorView& v, const std::string& where) {
+  OT_CHECK(v.numel() == 1, where, ": R and T must be scalars");
+  switch (v.dtype) {
+    case DataType::kFloat:
+      return *v.as<float>();
+    case DataType::kDouble:
+      return *v.as<double>();
+    case DataType::kInt64:
+      return static_cast<double>(*v.as<int64_t>());
+    default:
+      fail(where, ": R must be float/double and T int64, got ", graph::dtype_short_name(v.dtype));
+  }
+}
+
+// R: (), T: (), X_i, G_i, S_ji: same dims each -> X_new_i, S_new_ji: dims of X_i
+template <typename Rule>
+class OptimizerKernel final : public Kernel {
+ public:
+  explicit OptimizerKernel(const graph::Node& node) : node_(node) {}
+  void run(KernelContext& ctx) override {
+    constexpr int kS = Rule::kStates;
+    const std::string where = node_.describe();
+    const int64_t n = groups(node_, static_cast<size_t>(ctx.num_inputs()),
+                             static_cast<size_t>(ctx.num_outputs()), kS);
+    OT_CHECK(ctx.input(0) && ctx.input(1), where, ": R and T are required");
+    Step step{scalar_of(*ctx.input(0), where),
+              static_cast<int64_t>(scalar_of(*ctx.input(1), where))};
+    const Rule rule(node_, step);
+    for (int64_t i = 0; i < n; ++i) {
+      const TensorView* in[2 + kS];
+      for (int b = 0; b < 2 + kS; ++b) {
+        in[b] = ctx.input(static_cast<int>(input_slot(n, b, i)));
+        OT_CHECK(in[b] && in[b]->dims == in[0]->dims && in[b]->dtype == in[0]->dtype, where,
+                 ": X, G and state tensors of group ", i, " must have one shape and type");
+      }
+      TensorView* out[1 + kS];
+      for (int b = 0; b < 1 + kS; ++b) {
+        const int slot = static_cast<int>(b * n + i);
+        out[b] = ctx.has_output(slot) ? &ctx.output(slot, in[0]->dims) : nullptr;
+      }
+      reduce::dispatch<reduce::FloatTypes>(in[0]->dtype, where, [&]<typename T>() {
+        update<T>(rule, in, out, in[0]->numel(), ctx);
+      });
+    }
+  }
+
+ private:
+  template <typename T>
+  static void update(const Rule& rule, const TensorView* const* in, TensorView* const* out,
+                     int64_t count, const KernelContext& ctx) {
+    constexpr int kS = Rule::kStates;
+    ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        double s[kS], s_new[kS], x_new = 0;
+        for (int j = 0; j < kS; ++j) s[j] = static_cast<double>(in[2 + j]->as<T>()[k]);
+        rule.apply(static_cast<double>(in[0]->as<T>()[k]), static_cast<double>(in[1]->as<T>()[k]),
+                   s, x_new, s_new);
+        if (out[0]) out[0]->as<T>()[k] = static_cast<T>(x_new);
+        for (int j = 0; j < kS; ++j)
+          if (out[1 + j]) out[1 + j]->as<T>()[k] = static_cast<T>(s_new[j]);
+      }
+    });
+  }
+  const graph::Node& node_;
+};
+
+template <typename Rule>
+OpSchema optimizer_schema(const char* op_type) {
+  OpSchema s;
+  s.domain = kTrainingDomain;
+  s.op_type = op_type;
+  s.since_version = 1;
+  s.infer = infer_optimizer<Rule>;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<OptimizerKernel<Rule>>(n); };
+  // Parameters and states are often initializers the trainer rebinds every step: never fold.
+  s.foldable = false;
+  return s;
+}
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(adam) {
+  return optimizer_schema<AdamRule>("Adam");
+}
+ONNXTRAIN_REGISTER_OP(momentum) {
+  return optimizer_schema<MomentumRule>("Momentum");
+}
+ONNXTRAIN_REGISTER_OP(adagrad) {
+  return optimizer_schema<AdagradRule>("Adagrad");
+}
+
+}  // namespace onnxtrain::ops::optim

@@ -1,0 +1,202 @@
+// Index-driven copies: Gather (whole slices along an axis), GatherElements (one element per
+// index), GatherND (slices addressed by index tuples), Compress (slices where a mask is true).
+// Indices are int32 or int64, negative ones count from the end, out-of-range ones are an error
+// naming the node.
+#include <algorithm>
+
+#include "ops/shape/args.h"
+#include "ops/shape/copy.h"
+#include "ops/shape/fold.h"
+#include "ops/shape/indexing.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::shape {
+namespace {
+
+// Indices as int64 in [0, n), checked.
+std::vector<int64_t> checked_indices(const TensorView& idx, int64_t n, const std::string& where) {
+  std::vector<int64_t> v = view_ints(idx, where);
+  for (int64_t& i : v) i = checked_index(i, n, where);
+  return v;
+}
+
+// ---- Gather: data (r), indices (q) -> (data[:axis], indices dims, data[axis+1:])
+
+void infer_gather(InferenceContext& ctx) {
+  const ValueType& data = tensor_input(ctx, 0);
+  const ValueType& idx = tensor_input(ctx, 1);
+  std::optional<Shape> out;
+  if (data.shape && idx.shape) {
+    const auto& d = *data.shape;
+    const auto axis = static_cast<size_t>(
+        normalize_axis(ctx.node.attr_int("axis", 0), static_cast<int64_t>(d.size()), ctx.where()));
+    out.emplace(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(axis));
+    out->insert(out->end(), idx.shape->begin(), idx.shape->end());
+    out->insert(out->end(), d.begin() + static_cast<std::ptrdiff_t>(axis) + 1, d.end());
+  }
+  set_output(ctx, 0, data.dtype, out);
+  fold_small_outputs(ctx);
+}
+
+int64_t product(std::span<const int64_t> dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t k = begin; k < end; ++k) p *= dims[k];
+  return p;
+}
+
+class GatherKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const TensorView& data = *ctx.input(0);
+    const TensorView& indices = *ctx.input(1);
+    const std::string where = ctx.node().describe();
+    const auto axis =
+        static_cast<size_t>(normalize_axis(ctx.node().attr_int("axis", 0), data.rank(), where));
+    auto idx = checked_indices(indices, data.dims[axis], where);
+    std::vector<int64_t> dims(data.dims.begin(), data.dims.begin() + axis);
+    dims.insert(dims.end(), indices.dims.begin(), indices.dims.end());
+    dims.insert(dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+    checked_output_elements(data.dtype, dims, where);
+    gather_rows(ctx, addressable_elem(data.dtype, where), elems(data),
+                out_elems(ctx.output(0, dims)), axis_offsets(data.dims, axis, idx),
+                product(data.dims, axis + 1, data.dims.size()));
+  }
+};
+
+// ---- GatherElements: data (r), indices (r) -> (indices dims); y[i] = data[i, axis := idx[i]]
+
+void infer_gather_elements(InferenceContext& ctx) {
+  const ValueType& data = tensor_input(ctx, 0);
+  const ValueType& idx = tensor_input(ctx, 1);
+  set_output(ctx, 0, data.dtype, idx.shape);
+  fold_small_outputs(ctx);
+}
+
+class GatherElementsKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const TensorView& data = *ctx.input(0);
+    const TensorView& indices = *ctx.input(1);
+    const std::string where = ctx.node().describe();
+    const auto axis =
+        static_cast<size_t>(normalize_axis(ctx.node().attr_int("axis", 0), data.rank(), where));
+    auto offsets = element_offsets(data.dims, indices, axis, where);
+    gather_rows(ctx, addressable_elem(data.dtype, where), elems(data),
+                out_elems(ctx.output(0, indices.dims)), offsets, 1);
+  }
+};
+
+// ---- GatherND: data (b.., r-b), indices (b.., q-b-1, m) -> (b.., q-b-1, data[b+m:])
+
+int64_t batch_dims_of(const graph::Node& node) {
+  return node.attr_int("batch_dims", 0);
+}
+
+void infer_gather_nd(InferenceContext& ctx) {
+  const ValueType& data = tensor_input(ctx, 0);
+  const ValueType& idx = tensor_input(ctx, 1);
+  std::optional<Shape> out;
+  const auto b = static_cast<size_t>(batch_dims_of(ctx.node));
+  if (data.shape && idx.shape && !idx.shape->empty() && idx.shape->back().is_known()) {
+    const auto m = static_cast<size_t>(idx.shape->back().value);
+    OT_CHECK(b + m <= data.shape->size(), ctx.where(), ": index tuples of length ", m, " after ", b,
+             " batch dims exceed the data rank ", data.shape->size());
+    out.emplace(idx.shape->begin(), idx.shape->end() - 1);
+    out->insert(out->end(), data.shape->begin() + static_cast<std::ptrdiff_t>(b + m),
+                data.shape->end());
+  }
+  set_output(ctx, 0, data.dtype, out);
+  fold_small_outputs(ctx);
+}
+
+class GatherNDKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const TensorView& data = *ctx.input(0);
+    const TensorView& indices = *ctx.input(1);
+    const std::string where = ctx.node().describe();
+    const auto b = static_cast<size_t>(batch_dims_of(ctx.node()));
+    TupleOffsets t = tuple_offsets(data.dims, indices, b, where);
+    std::vector<int64_t> dims(indices.dims.begin(), indices.dims.end() - 1);
+    dims.insert(dims.end(),
+                data.dims.begin() + static_cast<std::ptrdiff_t>(b + indices.dims.back()),
+                data.dims.end());
+    checked_output_elements(data.dtype, dims, where);
+    gather_rows(ctx, addressable_elem(data.dtype, where), elems(data),
+                out_elems(ctx.output(0, dims)), t.offsets, t.block);
+  }
+};
+
+// ---- Compress: x (d..), condition (k) bool [, axis] -> x's slices (or, without axis, the
+// flattened elements) where condition is true; entries past min(k, dim) count as false.
+
+std::vector<int64_t> selected(const uint8_t* cond, int64_t k, int64_t dim) {
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < std::min(k, dim); ++j)
+    if (cond[j]) out.push_back(j);
+  return out;
+}
+
+void infer_compress(InferenceContext& ctx) {
+  const ValueType& x = tensor_input(ctx, 0);
+  const graph::Attribute* axis = ctx.node.find_attr("axis");
+  const graph::Tensor* cond = ctx.input_value(1);
+  std::optional<Shape> out;
+  if (!axis) {
+    out = Shape(1);
+    auto dims = known_dims(x);
+    if (cond && dims)
+      (*out)[0] = Dim::known(static_cast<int64_t>(
+          selected(cond->data_as<uint8_t>(), cond->numel(), numel(*dims)).size()));
+  } else if (x.shape) {
+    out = *x.shape;
+    const auto a = normalize_axis(axis->i(), static_cast<int64_t>(out->size()), ctx.where());
+    Dim& d = (*out)[a];
+    d = cond && d.is_known()
+            ? Dim::known(static_cast<int64_t>(
+                  selected(cond->data_as<uint8_t>(), cond->numel(), d.value).size()))
+            : Dim{};
+  }
+  set_output(ctx, 0, x.dtype, out);
+  fold_small_outputs(ctx);
+}
+
+class CompressKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const TensorView& x = *ctx.input(0);
+    const TensorView& cond = *ctx.input(1);
+    const std::string where = ctx.node().describe();
+    OT_CHECK(cond.dtype == DataType::kBool && cond.rank() == 1, where,
+             ": condition must be a 1-D bool tensor");
+    const auto* c = static_cast<const uint8_t*>(cond.data);
+    const graph::Attribute* axis_attr = ctx.node().find_attr("axis");
+    // Without an axis: the flattened input, i.e. axis 0 of a 1-D view.
+    const std::vector<int64_t> flat{x.numel()};
+    const std::vector<int64_t>& in_dims = axis_attr ? x.dims : flat;
+    const auto axis =
+        axis_attr ? static_cast<size_t>(normalize_axis(axis_attr->i(), x.rank(), where)) : 0;
+    auto idx = selected(c, cond.numel(), in_dims[axis]);
+    std::vector<int64_t> dims = in_dims;
+    dims[axis] = static_cast<int64_t>(idx.size());
+    gather_rows(ctx, addressable_elem(x.dtype, where), elems(x), out_elems(ctx.output(0, dims)),
+                axis_offsets(in_dims, axis, idx), product(in_dims, axis + 1, in_dims.size()));
+  }
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(shape_compress) {
+  return make_op("Compress", infer_compress, factory_of<CompressKernel>());
+}
+ONNXTRAIN_REGISTER_OP(shape_gather) {
+  return make_op("Gather", infer_gather, factory_of<GatherKernel>());
+}
+ONNXTRAIN_REGISTER_OP(shape_gather_elements) {
+  return make_op("GatherElements", infer_gather_elements, factory_of<GatherElementsKernel>());
+}
+ONNXTRAIN_REGISTER_OP(shape_gather_nd) {
+  return make_op("GatherND", infer_gather_nd, factory_of<GatherNDKernel>());
+}
+
+}  // namespace onnxtrain::ops::shape
