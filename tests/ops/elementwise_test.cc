@@ -14,6 +14,7 @@
 #include "graph/ir.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
+#include "tests/ops/op_test_util.h"
 
 namespace onnxtrain {
 namespace {
@@ -22,73 +23,22 @@ using graph::Attribute;
 using graph::DataType;
 using graph::Tensor;
 
-template <typename T>
-Tensor make(DataType dt, std::vector<int64_t> dims, std::vector<T> v) {
-  return Tensor::from_vector(dt, std::move(dims), v);
-}
-Tensor f32(std::vector<int64_t> dims, std::vector<float> v) {
-  return make(DataType::kFloat, std::move(dims), std::move(v));
-}
-Tensor f64(std::vector<int64_t> dims, std::vector<double> v) {
-  return make(DataType::kDouble, std::move(dims), std::move(v));
-}
-Tensor i64(std::vector<int64_t> dims, std::vector<int64_t> v) {
-  return make(DataType::kInt64, std::move(dims), std::move(v));
-}
-Tensor i32(std::vector<int64_t> dims, std::vector<int32_t> v) {
-  return make(DataType::kInt32, std::move(dims), std::move(v));
-}
-Tensor i8(std::vector<int64_t> dims, std::vector<int8_t> v) {
-  return make(DataType::kInt8, std::move(dims), std::move(v));
-}
-Tensor boolean(std::vector<int64_t> dims, std::vector<uint8_t> v) {
-  return make(DataType::kBool, std::move(dims), std::move(v));
-}
-
-struct OpCall {
-  std::string op;
-  std::vector<std::optional<Tensor>> inputs;  // nullopt = omitted optional input
-  std::vector<Attribute> attrs;
-  int64_t opset;
-};
+using optest::boolean;
+using optest::f32;
+using optest::f64;
+using optest::i32;
+using optest::i64;
+using optest::i8;
+using optest::values;
 
 // Runs a one-node model with every input fed at run time; returns output 0.
 Tensor run(std::string op, std::vector<std::optional<Tensor>> inputs,
            std::vector<Attribute> attrs = {}, int64_t opset = 17) {
-  const OpCall call{std::move(op), std::move(inputs), std::move(attrs), opset};
-  auto model = std::make_unique<graph::Model>();
-  model->set_opset("", call.opset);
-  graph::Graph& g = *model->graph;
-  std::vector<graph::Value*> ins;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < call.inputs.size(); ++i) {
-    if (!call.inputs[i]) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    std::string name = "x" + std::to_string(i);
-    const Tensor& t = *call.inputs[i];
-    ins.push_back(
-        g.add_input(name, graph::ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
-    feeds[name] = t;
-  }
-  graph::Node* n = g.add_node(call.op, ins, {"y"}, "n0");
-  for (const auto& a : call.attrs) n->set_attr(a);
-  g.add_output(n->output(0));
-  runtime::SessionOptions opts;
-  opts.threads = 2;
-  runtime::InferenceSession session(std::move(model), opts);
-  auto outs = session.run(feeds);
-  EXPECT_EQ(outs.size(), 1u);
-  return outs.at(0);
+  optest::NodeCall call{std::move(op), {}, std::move(attrs), 1, opset, "", 2};
+  for (auto& t : inputs) call.inputs.push_back({std::move(t)});
+  return optest::run_node(call).outputs.at(0);
 }
 
-template <typename T>
-std::vector<T> values(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  if (!v.empty()) std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
 
 void expect_f32(const Tensor& t, std::vector<int64_t> dims, std::vector<float> want,
                 float tol = 1e-6f) {

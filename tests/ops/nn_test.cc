@@ -14,6 +14,7 @@
 #include "graph/error.h"
 #include "graph/ir.h"
 #include "runtime/session.h"
+#include "tests/ops/op_test_util.h"
 
 namespace onnxtrain {
 namespace {
@@ -35,34 +36,13 @@ struct NodeCase {
 };
 
 std::vector<Tensor> run(const NodeCase& c) {
-  auto m = std::make_unique<graph::Model>();
-  m->set_opset("", c.opset);
-  graph::Graph& g = *m->graph;
-  std::vector<graph::Value*> ins;
-  std::map<std::string, Tensor> feeds;
+  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, "", c.threads};
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
-    if (t.dtype() == DataType::kUndefined) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    const std::string name = cat("in", i);
-    if (c.constant_weights && i > 0) {
-      ins.push_back(g.add_initializer(name, t));
-      continue;
-    }
-    ins.push_back(g.add_input(name, ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
-    feeds[name] = t;
+    call.inputs.push_back({t.dtype() == DataType::kUndefined ? std::nullopt : std::optional<Tensor>(t),
+                           c.constant_weights && i > 0});
   }
-  std::vector<std::string> outs;
-  for (int i = 0; i < c.outputs; ++i) outs.push_back(cat("out", i));
-  graph::Node* n = g.add_node(c.op, ins, outs, "n1");
-  for (const Attribute& a : c.attrs) n->set_attr(a);
-  for (graph::Value* v : n->outputs()) g.add_output(v);
-  runtime::SessionOptions opts;
-  opts.threads = c.threads;
-  runtime::InferenceSession s(std::move(m), opts);
-  return s.run(feeds);
+  return optest::run_node(call).outputs;
 }
 
 std::mt19937& rng() {
@@ -98,28 +78,7 @@ Tensor random_tensor(DataType dtype, const std::vector<int64_t>& dims,
   return t;
 }
 
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    switch (t.dtype()) {
-      case DataType::kFloat:
-        v[i] = t.data_as<float>()[i];
-        break;
-      case DataType::kDouble:
-        v[i] = t.data_as<double>()[i];
-        break;
-      case DataType::kInt64:
-        v[i] = static_cast<double>(t.data_as<int64_t>()[i]);
-        break;
-      case DataType::kUInt8:
-        v[i] = t.data_as<uint8_t>()[i];
-        break;
-      default:
-        ADD_FAILURE() << "unexpected dtype";
-    }
-  }
-  return v;
-}
+using optest::values_of;
 
 void expect_near(const Tensor& got, const std::vector<int64_t>& dims,
                  const std::vector<double>& want, double tol, const std::string& what) {
@@ -336,7 +295,7 @@ TEST(Conv, ErrorsNameTheNode) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(
-        std::string(e.what()).find("'n1' (Conv): weight has 3 input channels, x has 4 (group 1)"),
+        std::string(e.what()).find("'n0' (Conv): weight has 3 input channels, x has 4 (group 1)"),
         std::string::npos)
         << e.what();
   }

@@ -11,6 +11,7 @@
 #include "graph/error.h"
 #include "graph/ir.h"
 #include "runtime/session.h"
+#include "tests/ops/op_test_util.h"
 
 namespace onnxtrain {
 namespace {
@@ -43,42 +44,15 @@ struct NodeCase {
 };
 
 std::vector<Tensor> run(const NodeCase& c) {
-  auto m = std::make_unique<graph::Model>();
-  m->set_opset("", c.opset);
-  if (!c.domain.empty()) m->set_opset(c.domain, 1);
-  graph::Graph& g = *m->graph;
-  std::vector<graph::Value*> ins;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Tensor& t = c.inputs[i];
-    if (t.dtype() == DataType::kUndefined) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    const std::string name = cat("in", i);
-    ins.push_back(g.add_input(name, ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
-    feeds[name] = t;
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < c.outputs; ++i) outs.push_back(cat("out", i));
-  graph::Node* n = g.add_node(c.op, ins, outs, "node", c.domain);
-  for (const Attribute& a : c.attrs) n->set_attr(a);
-  for (graph::Value* v : n->outputs()) g.add_output(v);
-  runtime::SessionOptions opts;
-  opts.threads = c.threads;
-  runtime::InferenceSession s(std::move(m), opts);
-  return s.run(feeds);
+  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, c.domain, c.threads};
+  for (const Tensor& t : c.inputs)
+    call.inputs.push_back({t.dtype() == DataType::kUndefined ? std::nullopt : std::optional<Tensor>(t)});
+  return optest::run_node(call).outputs;
 }
 
-Tensor f32(std::vector<int64_t> dims, const std::vector<float>& v) {
-  return Tensor::from_vector<float>(DataType::kFloat, std::move(dims), v);
-}
-Tensor f64(std::vector<int64_t> dims, const std::vector<double>& v) {
-  return Tensor::from_vector<double>(DataType::kDouble, std::move(dims), v);
-}
-Tensor i64(std::vector<int64_t> dims, const std::vector<int64_t>& v) {
-  return Tensor::from_vector<int64_t>(DataType::kInt64, std::move(dims), v);
-}
+using optest::f32;
+using optest::f64;
+using optest::i64;
 Tensor scalar_f32(float v) {
   return f32({}, {v});
 }
@@ -94,28 +68,7 @@ std::vector<double> random_values(size_t n, double lo, double hi, unsigned seed)
   return v;
 }
 
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    switch (t.dtype()) {
-      case DataType::kFloat:
-        v[i] = t.data_as<float>()[i];
-        break;
-      case DataType::kDouble:
-        v[i] = t.data_as<double>()[i];
-        break;
-      case DataType::kInt64:
-        v[i] = static_cast<double>(t.data_as<int64_t>()[i]);
-        break;
-      case DataType::kInt32:
-        v[i] = t.data_as<int32_t>()[i];
-        break;
-      default:
-        ADD_FAILURE() << "unexpected dtype";
-    }
-  }
-  return v;
-}
+using optest::values_of;
 
 void expect_near(const Tensor& got, const std::vector<int64_t>& dims,
                  const std::vector<double>& want, double rtol, const std::string& what) {

@@ -16,6 +16,7 @@
 #include "graph/ir.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
+#include "tests/ops/op_test_util.h"
 
 namespace onnxtrain {
 namespace {
@@ -24,22 +25,13 @@ using graph::Attribute;
 using graph::DataType;
 using graph::Tensor;
 
-template <typename T>
-Tensor make(DataType dt, std::vector<int64_t> dims, std::vector<T> v) {
-  return Tensor::from_vector(dt, std::move(dims), v);
-}
-Tensor f32(std::vector<int64_t> dims, std::vector<float> v) {
-  return make(DataType::kFloat, std::move(dims), std::move(v));
-}
-Tensor i64(std::vector<int64_t> dims, std::vector<int64_t> v) {
-  return make(DataType::kInt64, std::move(dims), std::move(v));
-}
-Tensor i32(std::vector<int64_t> dims, std::vector<int32_t> v) {
-  return make(DataType::kInt32, std::move(dims), std::move(v));
-}
-Tensor boolean(std::vector<int64_t> dims, std::vector<uint8_t> v) {
-  return make(DataType::kBool, std::move(dims), std::move(v));
-}
+using optest::boolean;
+using optest::f32;
+using optest::i32;
+using optest::i64;
+using optest::make;
+using optest::values;
+
 Tensor strings(std::vector<int64_t> dims, std::vector<std::string> v) {
   Tensor t(DataType::kString, std::move(dims));
   t.mutable_strings() = std::move(v);
@@ -73,37 +65,11 @@ struct Result {
 // Runs one node with `num_outputs` outputs; nullopt inputs are omitted optional inputs.
 Result run_op(const std::string& op, std::vector<std::optional<Arg>> inputs,
               std::vector<Attribute> attrs = {}, int64_t opset = 17, int num_outputs = 1) {
-  auto model = std::make_unique<graph::Model>();
-  model->set_opset("", opset);
-  graph::Graph& g = *model->graph;
-  std::vector<graph::Value*> ins;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i]) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    const std::string name = "x" + std::to_string(i);
-    const Tensor& t = inputs[i]->t;
-    if (inputs[i]->constant) {
-      ins.push_back(g.add_initializer(name, t));
-    } else {
-      ins.push_back(
-          g.add_input(name, graph::ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
-      feeds[name] = t;
-    }
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outputs; ++i) outs.push_back("y" + std::to_string(i));
-  graph::Node* n = g.add_node(op, ins, outs, "n0");
-  for (const auto& a : attrs) n->set_attr(a);
-  for (int i = 0; i < num_outputs; ++i) g.add_output(n->output(i));
-  runtime::SessionOptions opts;
-  opts.threads = 2;
-  runtime::InferenceSession session(std::move(model), opts);
-  Result r{session.run(feeds), session.last_plan_stats()};
-  EXPECT_EQ(r.outputs.size(), static_cast<size_t>(num_outputs));
-  return r;
+  optest::NodeCall call{op, {}, std::move(attrs), num_outputs, opset, "", 2};
+  for (auto& in : inputs)
+    call.inputs.push_back(in ? optest::NodeInput{in->t, in->constant} : optest::NodeInput{});
+  auto r = optest::run_node(call);
+  return Result{std::move(r.outputs), r.stats};
 }
 
 Tensor run1(const std::string& op, std::vector<std::optional<Arg>> inputs,
@@ -111,12 +77,6 @@ Tensor run1(const std::string& op, std::vector<std::optional<Arg>> inputs,
   return run_op(op, std::move(inputs), std::move(attrs), opset)[0];
 }
 
-template <typename T>
-std::vector<T> values(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  if (!v.empty()) std::memcpy(v.data(), t.data(), v.size() * sizeof(T));
-  return v;
-}
 
 void expect_f32(const Tensor& t, std::vector<int64_t> dims, std::vector<float> want) {
   ASSERT_EQ(t.dtype(), DataType::kFloat);
