@@ -112,16 +112,9 @@ ConvSetup conv_setup(const graph::Node& node, const TensorView& x, const TensorV
   s.y_dims = {s.n, s.m};
   for (size_t i = 0; i < spatial; ++i) {
     AxisWindow aw = forward_axis(a, i, x.dims[i + 2], where);
-    g.in.push_back(x.dims[i + 2]);
-    g.out.push_back(aw.out);
-    g.pad_begin.push_back(aw.pad_begin);
-    g.pad_end.push_back(aw.pad_end);
-    s.y_dims.push_back(aw.out);
+    s.y_dims.push_back(g.add_axis(x.dims[i + 2], aw.out, aw.pad_begin, aw.pad_end));
   }
-  g.kernel = kernel;
-  g.strides = a.strides;
-  g.dilations = a.dilations;
-  g.finish();
+  g.finish(kernel, a.strides, a.dilations);
   return s;
 }
 

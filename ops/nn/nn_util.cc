@@ -138,6 +138,22 @@ AxisWindow transpose_axis(const WindowAttrs& a, size_t axis, int64_t in, int64_t
   return w;
 }
 
+int64_t WindowGeom::add_axis(int64_t in_dim, int64_t out_dim, int64_t begin, int64_t end) {
+  in.push_back(in_dim);
+  out.push_back(out_dim);
+  pad_begin.push_back(begin);
+  pad_end.push_back(end);
+  return out_dim;
+}
+
+void WindowGeom::finish(std::vector<int64_t> kernel_dims, std::vector<int64_t> strides_,
+                        std::vector<int64_t> dilations_) {
+  kernel = std::move(kernel_dims);
+  strides = std::move(strides_);
+  dilations = std::move(dilations_);
+  finish();
+}
+
 void WindowGeom::finish() {
   in_size = product(in);
   out_size = product(out);

@@ -49,6 +49,11 @@ AxisWindow transpose_axis(const WindowAttrs& a, size_t axis, int64_t in, int64_t
 struct WindowGeom {
   std::vector<int64_t> in, out, kernel, strides, dilations, pad_begin, pad_end;
   int64_t in_size = 1, out_size = 1, kernel_size = 1;  // spatial element counts
+  // Appends one spatial axis of input size `in` with its window; returns its output size.
+  int64_t add_axis(int64_t in, int64_t out, int64_t begin, int64_t end);
+  // Kernel, strides and dilations, then the sizes.
+  void finish(std::vector<int64_t> kernel_dims, std::vector<int64_t> strides_,
+              std::vector<int64_t> dilations_);
   void finish();                                       // computes the sizes
 };
 

@@ -54,11 +54,7 @@ PoolSetup pool_setup(const graph::Node& node, const TensorView& x, const std::st
   for (size_t i = 0; i < spatial; ++i) {
     const int64_t in = x.dims[i + 2];
     AxisWindow aw = forward_axis(a, i, in, where);
-    g.in.push_back(in);
-    g.out.push_back(aw.out);
-    g.pad_begin.push_back(aw.pad_begin);
-    g.pad_end.push_back(aw.pad_end);
-    s.y_dims.push_back(aw.out);
+    s.y_dims.push_back(g.add_axis(in, aw.out, aw.pad_begin, aw.pad_end));
     const int64_t extent = (a.kernel[i] - 1) * a.dilations[i] + 1;
     int64_t pe = aw.pad_end;
     if ((in + aw.pad_begin + pe - extent) / a.strides[i] + 1 != aw.out)
@@ -66,10 +62,7 @@ PoolSetup pool_setup(const graph::Node& node, const TensorView& x, const std::st
     s.overhang |= pe > aw.pad_end;
     s.dnnl_pad_end.push_back(pe);
   }
-  g.kernel = a.kernel;
-  g.strides = a.strides;
-  g.dilations = a.dilations;
-  g.finish();
+  g.finish(a.kernel, a.strides, a.dilations);
   return s;
 }
 
