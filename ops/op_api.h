@@ -66,7 +66,8 @@ class KernelContext {
   virtual TensorView& output(int i, std::span<const int64_t> dims) = 0;
   // Output i with the dims the plan inferred; throws if the plan could not infer them.
   virtual TensorView& output(int i) = 0;
-  // Per-node scratch memory valid until run() returns, 64-byte aligned.
+  // Per-node scratch memory, 64-byte aligned, kept across runs; a larger request in the same
+  // run() may move it, so request the total once.
   virtual void* scratch(size_t bytes) = 0;
   virtual DeviceKind device() const = 0;
   // The device stream (cudaStream_t on CUDA, nullptr on CPU).

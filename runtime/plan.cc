@@ -56,8 +56,8 @@ ops::TensorView view_of(const Tensor& t) {
 
 class StepContext final : public ops::KernelContext {
  public:
-  StepContext(Plan& plan, Step& step, int threads, bool preparing)
-      : plan_(plan), step_(step), threads_(threads), preparing_(preparing) {}
+  StepContext(Plan& plan, Step& step, int threads)
+      : plan_(plan), step_(step), threads_(threads) {}
 
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
@@ -76,7 +76,7 @@ class StepContext final : public ops::KernelContext {
     Slot& slot = plan_.slots_[s];
     Plan::Binding& b = plan_.bindings_[s];
     std::vector<int64_t> d(dims.begin(), dims.end());
-    if (slot.is_static && slot.arena_offset >= 0 && !preparing_) {
+    if (slot.is_static && slot.arena_offset >= 0) {
       auto planned = concrete(slot.type);
       if (planned && *planned == d) {
         b.owned = Tensor();
@@ -86,10 +86,6 @@ class StepContext final : public ops::KernelContext {
         b.view.strings = nullptr;
         return b.view;
       }
-    }
-    if (preparing_) {
-      b.view.dims = d;
-      return b.view;
     }
     // Off-plan: a fresh buffer, checked against the same cap as the loader.
     auto count = graph::checked_element_count(d, node().describe() + " output");
@@ -110,12 +106,15 @@ class StepContext final : public ops::KernelContext {
              " shape is only known at run time; the kernel must pass dims");
     return output(i, *dims);
   }
+  // Grows the step's buffer; a second call in the same run() may move it.
   void* scratch(size_t bytes) override {
-    if (bytes > scratch_bytes_) {
-      scratch_.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kAlign})));
-      scratch_bytes_ = bytes;
+    if (bytes > step_.scratch_bytes) {
+      auto* p = static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kAlign}));
+      step_.scratch = std::shared_ptr<std::byte[]>(
+          p, [](std::byte* q) { ::operator delete[](q, std::align_val_t{kAlign}); });
+      step_.scratch_bytes = bytes;
     }
-    return scratch_.get();
+    return step_.scratch.get();
   }
   ops::DeviceKind device() const override { return ops::DeviceKind::kCpu; }
   void* stream() const override { return nullptr; }
@@ -146,15 +145,9 @@ class StepContext final : public ops::KernelContext {
   }
 
  private:
-  struct AlignedDelete {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kAlign}); }
-  };
   Plan& plan_;
   Step& step_;
   int threads_;
-  bool preparing_;
-  std::unique_ptr<std::byte[], AlignedDelete> scratch_;
-  size_t scratch_bytes_ = 0;
 };
 
 // ---------------------------------------------------------------- construction
@@ -387,7 +380,7 @@ void Plan::prepare_kernels() {
         bindings_[s].view.dtype = slots_[s].type.dtype;
         bindings_[s].view.dims = *concrete(slots_[s].type);
       }
-    StepContext ctx(*this, step, threads, false);
+    StepContext ctx(*this, step, threads);
     try {
       step.kernel->prepare(ctx);
     } catch (const Error& e) {
@@ -425,14 +418,14 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
       if (step.out[i] >= 0 && i < ictx.output_types.size() &&
           ictx.output_types[i].dtype != DataType::kUndefined)
         slots_[step.out[i]].type = ictx.output_types[i];
-    StepContext prep(*this, step, threads, false);
+    StepContext prep(*this, step, threads);
     step.kernel->prepare(prep);
   }
   if (at_plan_time) {
-    StepContext prep(*this, step, threads, false);
+    StepContext prep(*this, step, threads);
     step.kernel->prepare(prep);
   }
-  StepContext ctx(*this, step, threads, false);
+  StepContext ctx(*this, step, threads);
   bool profile = !session_.opts_.profile_path.empty() && !at_plan_time;
   int64_t t0 = profile ? now_us() : 0;
   step.kernel->run(ctx);

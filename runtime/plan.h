@@ -35,6 +35,9 @@ struct Step {
   std::unique_ptr<ops::Kernel> kernel;
   std::vector<int> in, out;  // slot ids, -1 for omitted
   bool dynamic = false;      // output dims only known at run time
+  // Kernel scratch, kept across runs so steady-state steps do not allocate.
+  std::shared_ptr<std::byte[]> scratch;
+  size_t scratch_bytes = 0;
 };
 
 class Plan {
