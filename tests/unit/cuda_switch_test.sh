@@ -19,7 +19,8 @@ expect "OFF configures without CUDA" "grep -q 'CUDA backend OFF' $work/off.log"
 configure none -DONNXTRAIN_CUDA=AUTO -DONNXTRAIN_CUDA_ROOT=$work/no-cuda
 expect "AUTO without a toolkit configures without CUDA" "grep -q 'CUDA backend OFF' $work/none.log"
 configure req -DONNXTRAIN_CUDA=ON -DONNXTRAIN_CUDA_ROOT=$work/no-cuda
-expect "ON without a toolkit fails" "[ $? -ne 0 ] && grep -q 'ONNXTRAIN_CUDA=ON but no CUDA compiler' $work/req.log"
+req_rc=$?
+expect "ON without a toolkit fails" "[ $req_rc -ne 0 ] && grep -q 'ONNXTRAIN_CUDA=ON but no CUDA compiler' $work/req.log"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   configure auto -DONNXTRAIN_CUDA=AUTO
   expect "AUTO with /usr/local/cuda enables CUDA" "grep -q 'CUDA backend ON' $work/auto.log"
