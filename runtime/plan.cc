@@ -12,6 +12,7 @@
 
 #include "graph/error.h"
 #include "graph/printer.h"
+#include "ops/infer.h"
 
 namespace onnxtrain::runtime {
 namespace {
@@ -231,7 +232,7 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   step.schema = schema;
   ops::InferenceContext ictx{n, opset, {}, {}, {}, {}};
   infer_step(n, step.in, ictx);
-  if (schema->infer) schema->infer(ictx);
+  ops::run_inference(*schema, ictx);
   OT_CHECK(ictx.output_types.size() >= n.outputs().size(), n.describe(),
            ": inference produced too few outputs");
 
@@ -413,7 +414,7 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
     }
     ictx.output_types.resize(step.out.size());
     ictx.output_values.resize(step.out.size());
-    if (step.schema->infer) step.schema->infer(ictx);
+    ops::run_inference(*step.schema, ictx);
     for (size_t i = 0; i < step.out.size(); ++i)
       if (step.out[i] >= 0 && i < ictx.output_types.size() &&
           ictx.output_types[i].dtype != DataType::kUndefined)

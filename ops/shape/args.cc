@@ -2,7 +2,6 @@
 #include "ops/shape/args.h"
 
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {
@@ -44,13 +43,11 @@ InferFn infer_by_rule(ShapeRule rule) {
   return [rule](InferenceContext& ctx) {
     const ValueType& x = tensor_input(ctx, 0);
     set_output(ctx, 0, x.dtype, rule(x.shape, InferArgs(ctx)));
-    fold_small_outputs(ctx);
   };
 }
 
 void infer_like_input(InferenceContext& ctx) {
   propagate_type(ctx);
-  fold_small_outputs(ctx);
 }
 
 std::vector<int64_t> dims_by_rule(ShapeRule rule, const KernelContext& ctx) {

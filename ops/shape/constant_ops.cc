@@ -7,7 +7,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {
@@ -153,7 +152,6 @@ void infer_constant_of_shape(InferenceContext& ctx) {
   auto dims = const_ints(ctx, 0);
   if (dims) checked_output_elements(value.dtype(), *dims, ctx.where());
   set_output_dims(ctx, 0, value.dtype(), dims, InferArgs(ctx).static_length(0).value_or(-1));
-  fold_small_outputs(ctx);
 }
 
 class ConstantOfShapeKernel : public Kernel {
@@ -239,7 +237,6 @@ void infer_range(InferenceContext& ctx) {
     checked_output_elements(start.dtype, *dims, ctx.where());
   }
   set_output_dims(ctx, 0, start.dtype, dims, 1);
-  fold_small_outputs(ctx);
 }
 
 class RangeKernel : public Kernel {

@@ -6,7 +6,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape/indexing.h"
 #include "ops/shape_util.h"
 
@@ -35,7 +34,6 @@ void infer_gather(InferenceContext& ctx) {
     out->insert(out->end(), d.begin() + static_cast<std::ptrdiff_t>(axis) + 1, d.end());
   }
   set_output(ctx, 0, data.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 int64_t product(std::span<const int64_t> dims, size_t begin, size_t end) {
@@ -69,7 +67,6 @@ void infer_gather_elements(InferenceContext& ctx) {
   const ValueType& data = tensor_input(ctx, 0);
   const ValueType& idx = tensor_input(ctx, 1);
   set_output(ctx, 0, data.dtype, idx.shape);
-  fold_small_outputs(ctx);
 }
 
 class GatherElementsKernel : public Kernel {
@@ -106,7 +103,6 @@ void infer_gather_nd(InferenceContext& ctx) {
                 data.shape->end());
   }
   set_output(ctx, 0, data.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 class GatherNDKernel : public Kernel {
@@ -158,7 +154,6 @@ void infer_compress(InferenceContext& ctx) {
             : Dim{};
   }
   set_output(ctx, 0, x.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 class CompressKernel : public Kernel {

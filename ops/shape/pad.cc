@@ -6,7 +6,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {

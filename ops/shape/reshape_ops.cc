@@ -5,7 +5,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {

@@ -7,7 +7,6 @@
 #include "ops/elementwise/dtypes.h"  // dtype dispatch for reductions and value reads
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape/indexing.h"
 #include "ops/shape_util.h"
 
@@ -140,7 +139,6 @@ void infer_onehot(InferenceContext& ctx) {
     out->insert(out->begin() + axis, depth);
   }
   set_output(ctx, 0, values.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 class OneHotKernel : public Kernel {
@@ -182,7 +180,6 @@ void infer_nonzero(InferenceContext& ctx) {
   if (x.shape)
     out = Shape{Dim::known(std::max<int64_t>(1, static_cast<int64_t>(x.shape->size()))), Dim{}};
   set_output(ctx, 0, DataType::kInt64, out);
-  fold_small_outputs(ctx);
 }
 
 class NonZeroKernel : public Kernel {

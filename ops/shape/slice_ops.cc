@@ -4,7 +4,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {
@@ -104,7 +103,6 @@ void infer_slice(InferenceContext& ctx) {
     }
   }
   set_output(ctx, 0, x.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 // x: (d0..dn), starts/ends/axes/steps: (k) -> y: (count0..countn)
@@ -185,7 +183,6 @@ void infer_concat(InferenceContext& ctx) {
     (*out)[axis] = total >= 0 ? Dim::known(total) : Dim{};
   }
   set_output(ctx, 0, first.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 // inputs: (d0..a_i..dn) each -> y: (d0..sum a_i..dn)
@@ -273,7 +270,6 @@ void infer_split(InferenceContext& ctx) {
     s[axis] = sizes ? Dim::known((*sizes)[i]) : Dim{};
     set_output(ctx, i, x.dtype, s);
   }
-  fold_small_outputs(ctx);
 }
 
 // x: (d0..a..dn), split: (outputs) -> y_i: (d0..split[i]..dn)

@@ -6,7 +6,6 @@
 
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
-#include "ops/shape/fold.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::shape {
@@ -40,7 +39,6 @@ void infer_transpose(InferenceContext& ctx) {
     for (int64_t p : perm) out->push_back((*x.shape)[p]);
   }
   set_output(ctx, 0, x.dtype, out);
-  fold_small_outputs(ctx);
 }
 
 // x: (d0..dn) -> y: (d[perm[0]]..d[perm[n]])

@@ -1,12 +1,11 @@
-// Host evaluation of small constant nodes during inference (see fold.h).
-#include "ops/shape/fold.h"
+// Node inference with small-value propagation (see infer.h).
+#include "ops/infer.h"
 
 #include <memory>
 
-#include "ops/shape/copy.h"
 #include "ops/shape_util.h"
 
-namespace onnxtrain::ops::shape {
+namespace onnxtrain::ops {
 namespace {
 
 // A single-threaded KernelContext over host tensors.
@@ -79,9 +78,8 @@ class HostContext : public KernelContext {
   std::vector<std::unique_ptr<std::byte[]>> scratch_;
 };
 
-bool worth_folding(const InferenceContext& ctx, const OpSchema*& schema) {
-  schema = OpRegistry::global().find(ctx.node.domain, ctx.node.op_type, ctx.opset);
-  if (!schema || !schema->foldable || !schema->cpu_kernel) return false;
+bool worth_folding(const InferenceContext& ctx, const OpSchema& schema) {
+  if (!schema.foldable || !schema.cpu_kernel) return false;
   for (size_t i = 0; i < ctx.node.inputs().size(); ++i)
     if (ctx.node.input(i) && !ctx.input_value(i)) return false;
   int64_t total = 0;
@@ -90,7 +88,7 @@ bool worth_folding(const InferenceContext& ctx, const OpSchema*& schema) {
     if (i >= ctx.output_types.size()) return false;
     const ValueType& t = ctx.output_types[i];
     auto dims = known_dims(t);
-    if (!t.is_tensor() || !dims || elem_kind(t.dtype).bytes == 0) return false;
+    if (!t.is_tensor() || !dims || graph::dtype_bits(t.dtype) < 8) return false;
     int64_t n = 1;
     for (int64_t d : *dims)
       if (__builtin_mul_overflow(n, d, &n)) return false;
@@ -102,16 +100,18 @@ bool worth_folding(const InferenceContext& ctx, const OpSchema*& schema) {
 
 }  // namespace
 
-void fold_small_outputs(InferenceContext& ctx) {
-  const OpSchema* schema = nullptr;
-  if (!worth_folding(ctx, schema)) return;
+void run_inference(const OpSchema& schema, InferenceContext& ctx) {
+  if (schema.infer) schema.infer(ctx);
+  bool already = !ctx.output_values.empty();
+  for (const auto& v : ctx.output_values) already = already && v.has_value();
+  if (already || !worth_folding(ctx, schema)) return;
   std::vector<graph::Tensor> outputs;
   HostContext host(ctx, outputs);
-  std::unique_ptr<Kernel> kernel = schema->cpu_kernel(ctx.node);
+  std::unique_ptr<Kernel> kernel = schema.cpu_kernel(ctx.node);
   kernel->run(host);
   ctx.output_values.resize(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i)
     if (ctx.node.output(i)) ctx.output_values[i] = std::move(outputs[i]);
 }
 
-}  // namespace onnxtrain::ops::shape
+}  // namespace onnxtrain::ops
