@@ -38,6 +38,8 @@ class HostContext : public KernelContext {
     if (i < 0 || i >= num_inputs() || !ictx_.node.input(i)) return nullptr;
     return &inputs_[i];
   }
+  // Every input here is a constant, but the kernel runs once: nothing to pre-pack.
+  bool input_is_constant(int) const override { return false; }
   int num_outputs() const override { return static_cast<int>(outputs_.size()); }
   bool has_output(int i) const override {
     return i >= 0 && i < num_outputs() && ictx_.node.output(i) != nullptr;

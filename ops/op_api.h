@@ -20,7 +20,7 @@
 
 namespace onnxtrain::ops {
 
-inline constexpr int kOpApiVersion = 1;
+inline constexpr int kOpApiVersion = 2;
 
 using graph::DataType;
 
@@ -58,6 +58,10 @@ class KernelContext {
   virtual int num_inputs() const = 0;
   // nullptr for an omitted optional input or an index past the end.
   virtual const TensorView* input(int i) const = 0;
+  // True when input i holds the same contents at the same address in every run of this plan
+  // (an initializer nothing writes, a folded value). Its data is readable already in
+  // prepare(), so a kernel may pre-pack it once (oneDNN weight reorders).
+  virtual bool input_is_constant(int i) const = 0;
   virtual int num_outputs() const = 0;
   // True when output i is requested by the graph (not an omitted optional output).
   virtual bool has_output(int i) const = 0;
@@ -115,8 +119,53 @@ struct InferenceContext {
 using InferFn = std::function<void(InferenceContext&)>;
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const graph::Node&)>;
 
-// Filled by the autodiff issue: emits backward nodes for one forward node.
-struct GradientBuilder;
+// What an op's gradient rule sees. Autodiff calls the rule once for every forward node on a
+// path from a trainable parameter to the loss, in reverse topological order. The rule reads
+// the gradients of the node's outputs and emits backward nodes (standard ONNX ops where they
+// exist, ai.onnxtrain grad ops such as ConvGrad otherwise) that compute the gradients of the
+// inputs autodiff asks for. Shapes of emitted values need not be set: a shape-inference pass
+// runs over the whole training graph afterwards, and at plan time every dim is concrete.
+// Rules must not depend on static shapes (the batch dim is usually symbolic): read shapes at
+// run time with Shape, or use ai.onnxtrain.SumToShapeOf for broadcast reductions.
+class GradientBuilder {
+ public:
+  virtual ~GradientBuilder() = default;
+  virtual const graph::Node& node() const = 0;
+  // ai.onnx opset version the model imports.
+  virtual int64_t opset() const = 0;
+  // Forward values (backward nodes may read them; autodiff keeps them alive).
+  graph::Value* input(int i) const { return node().input(static_cast<size_t>(i)); }
+  graph::Value* output(int i) const { return node().output(static_cast<size_t>(i)); }
+  int num_inputs() const { return static_cast<int>(node().inputs().size()); }
+  int num_outputs() const { return static_cast<int>(node().outputs().size()); }
+  // dLoss/d(output i), same shape and dtype as output i; nullptr when no gradient reaches it
+  // (an output that does not lead to the loss). At least one output has a gradient.
+  virtual graph::Value* output_grad(int i) const = 0;
+  // True when autodiff wants dLoss/d(input i): a float input on a path from a trainable
+  // parameter. Integer inputs (indices, shapes) never need one.
+  virtual bool needs_input_grad(int i) const = 0;
+  // Records dLoss/d(input i) (same shape and dtype as input i). Ignored for inputs that need
+  // no gradient. Autodiff sums the contributions of every use of a value.
+  virtual void set_input_grad(int i, graph::Value* grad) = 0;
+  // Emits a backward node and returns its num_outputs outputs (fresh names derived from the
+  // forward node's name). A nullptr input is an omitted optional input.
+  virtual std::vector<graph::Value*> emit(const std::string& op_type,
+                                          const std::vector<graph::Value*>& inputs,
+                                          int num_outputs,
+                                          std::vector<graph::Attribute> attributes = {},
+                                          const std::string& domain = "") = 0;
+  graph::Value* emit1(const std::string& op_type, const std::vector<graph::Value*>& inputs,
+                      std::vector<graph::Attribute> attributes = {},
+                      const std::string& domain = "") {
+    return emit(op_type, inputs, 1, std::move(attributes), domain)[0];
+  }
+  // A constant value (an initializer that is never trained), e.g. a scalar 1 or an axes list.
+  virtual graph::Value* constant(graph::Tensor value, const std::string& name_hint) = 0;
+};
+
+// Domain of onnxtrain's own ops (grad ops, SGD, AllReduce, ...).
+inline constexpr const char* kOnnxtrainDomain = "ai.onnxtrain";
+
 using GradientFn = std::function<void(GradientBuilder&)>;
 
 struct OpSchema {
@@ -127,6 +176,8 @@ struct OpSchema {
   InferFn infer;
   KernelFactory cpu_kernel;
   KernelFactory cuda_kernel;
+  // Reverse-mode rule; empty for ops that are not differentiable (autodiff then names the op
+  // when it lies on a path to the loss).
   GradientFn gradient;
   // True when the op's result may be computed once at plan time from constant inputs.
   bool foldable = true;

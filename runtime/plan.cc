@@ -67,6 +67,9 @@ class StepContext final : public ops::KernelContext {
     if (i < 0 || i >= num_inputs() || step_.in[i] < 0) return nullptr;
     return &plan_.bindings_[step_.in[i]].view;
   }
+  bool input_is_constant(int i) const override {
+    return i >= 0 && i < num_inputs() && step_.in[i] >= 0 && plan_.slots_[step_.in[i]].is_constant;
+  }
   int num_outputs() const override { return static_cast<int>(step_.out.size()); }
   bool has_output(int i) const override {
     return i >= 0 && i < num_outputs() && step_.out[i] >= 0;

@@ -1,0 +1,115 @@
+// Graph -> graph rewrites that turn an inference model into a training graph. One pass per
+// file (passes/<name>.cc), one entry point each, declared here; passes/pipeline.cc is the only
+// place that fixes their order. Passes never call the runtime.
+//
+// Training-graph conventions (docs/ARCHITECTURE.md "Training graph"):
+//   inputs   the model's own inputs (the batch), then
+//            `labels`      int64 (N)           cross-entropy targets (attach_loss)
+//            `targets`     float, output shape MSE targets (attach_loss)
+//            `loss_scale`  float scalar        the runtime feeds 1/global_batch
+//            `lr`          float scalar        learning rate of this step (runtime schedule)
+//   outputs  `loss`        float scalar        sum over the batch x loss_scale
+//            `correct`     float scalar        examples whose ArgMax equals the label (CE only)
+//            `<state>.updated` for every piece of graph state S an update node rewrites
+//            (weights, BN running statistics, optimizer moments, step counters): the
+//            runtime writes it back into S after the step.
+//   values   dLoss/dW of a value W is `W_grad`; onnxtrain's own ops use domain ai.onnxtrain.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace onnxtrain::passes {
+
+// ---- infer_shapes.cc
+// Static type/shape inference over the main graph in topological order with the op registry
+// (symbolic dims stay unknown). Fills Value::type where it was unset or less precise; throws
+// on an op the registry lacks or an inconsistent graph, naming the node.
+void infer_shapes(graph::Model& model);
+
+// ---- prepare_training.cc
+struct TrainableOptions {
+  std::string freeze_regex;     // parameters whose name matches are not trained
+  std::string trainable_regex;  // when set, only matching parameters are trained
+};
+struct PreparedModel {
+  std::vector<std::string> params;  // trainable initializers, graph order
+  std::vector<std::string> bn_running_stats;  // BN running mean/var initializers (state)
+  std::string logits;               // the output the loss attaches to (pre-softmax if any)
+};
+// Picks the trainable parameters (float initializers on a differentiable path to the trained
+// output, never BN running statistics or shape constants), switches BatchNormalization and
+// Dropout to training mode (running statistics wired back through `<stat>.updated` outputs).
+// `output` names the model output to train ("" = the only/first float output).
+PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts,
+                               const std::string& output = "");
+
+// ---- attach_loss.cc
+enum class LossKind { kAuto, kCrossEntropy, kMse };
+struct LossInfo {
+  LossKind kind = LossKind::kCrossEntropy;  // resolved (never kAuto)
+  std::string loss = "loss";
+  std::string correct;  // "correct" for cross-entropy, "" for MSE
+};
+// Adds the loss on `logits` (PreparedModel::logits): SoftmaxCrossEntropyLoss(sum) with int64
+// `labels`, or MSE with `targets`; both x `loss_scale`. kAuto: cross-entropy when the output
+// is (N, classes) with classes > 1 (or ends in Softmax), MSE otherwise.
+LossInfo attach_loss(graph::Model& model, const std::string& logits, LossKind kind);
+
+// ---- autodiff.cc
+struct GradientInfo {
+  std::map<std::string, std::string> grads;  // value name -> its gradient value (`<name>_grad`)
+  int backward_nodes = 0;
+};
+// Reverse mode from scalar `loss` w.r.t. `wrt` (any float values: initializers, graph inputs).
+// Before rewriting anything, collects every op on a path from `wrt` to `loss` without a
+// gradient rule and throws one error naming them all. Values in `wrt` that do not reach the
+// loss get a zero gradient (and are reported by name in GradientInfo only through that).
+GradientInfo autodiff(graph::Model& model, const std::string& loss,
+                      const std::vector<std::string>& wrt);
+
+// ---- attach_optimizer.cc
+enum class OptimizerKind { kSgd, kMomentum, kAdam, kAdamW, kAdagrad };
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  float momentum = 0.9f;      // kMomentum (and kSgd when > 0 is requested explicitly)
+  bool nesterov = false;
+  float weight_decay = 0.0f;  // L2 for SGD/momentum/Adam/Adagrad, decoupled for AdamW
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-7f;  // Keras' Adam epsilon
+  float clip_global_norm = 0.0f;  // > 0: scale all gradients so their global L2 norm <= this
+};
+struct OptimizerInfo {
+  std::vector<std::string> state;  // optimizer state initializers added (moments, step count)
+  int update_nodes = 0;
+};
+// Adds one update per parameter reading `<p>_grad` and the scalar `lr` input, producing
+// `<p>.updated` (and `<state>.updated` for its moments) as graph outputs.
+OptimizerInfo attach_optimizer(graph::Model& model, const std::vector<std::string>& params,
+                               const OptimizerOptions& opts);
+
+// ---- dce.cc
+// Removes nodes whose outputs reach no graph output, then unused initializers. Returns the
+// number of nodes removed.
+int dce(graph::Model& model);
+
+// ---- pipeline.cc
+struct TrainingOptions {
+  TrainableOptions trainable;
+  std::string output;  // model output to train ("" = auto)
+  LossKind loss = LossKind::kAuto;
+  OptimizerOptions optimizer;
+};
+struct TrainingGraphInfo {
+  PreparedModel prepared;
+  LossInfo loss;
+  GradientInfo gradients;
+  OptimizerInfo optimizer;
+};
+// infer_shapes -> prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce.
+TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
+
+}  // namespace onnxtrain::passes

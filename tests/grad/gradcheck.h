@@ -1,0 +1,55 @@
+// Finite-difference gradient checks for one op's gradient rule.
+//
+// check_gradient builds a one-node model (the op under test, its inputs as graph inputs or
+// initializers), a scalar loss = sum_k ReduceSum(output_k * R_k) with fixed random R_k for
+// every float output, runs passes::autodiff w.r.t. the checked inputs, executes the backward
+// graph with the runtime and compares each analytic gradient element with the central
+// difference (L(x + eps) - L(x - eps)) / 2eps of the forward graph. float64 inputs use
+// eps 1e-6 and tight tolerances; float32 inputs eps 1e-3 and looser ones.
+// Every rule checked is recorded; the test binary's main prints "gradcheck: N gradient rules
+// checked" and fails when a registered gradient rule was never checked.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/tensor.h"
+
+namespace onnxtrain::testing {
+
+struct GradInput {
+  std::optional<graph::Tensor> value;  // nullopt: an omitted optional input
+  bool check = true;      // compare its gradient (float inputs only)
+  bool constant = false;  // an initializer (shape/axes inputs) rather than a graph input
+};
+
+struct GradCase {
+  std::string op_type;
+  std::string domain;  // "" = ai.onnx
+  int64_t opset = 17;
+  std::vector<graph::Attribute> attributes;
+  std::vector<GradInput> inputs;
+  int num_outputs = 1;
+  std::vector<int> loss_outputs;  // outputs that enter the loss; empty = every float output
+  double eps = 0;                 // 0: by dtype
+  double rtol = 0, atol = 0;      // 0: by dtype
+  std::string label;              // shown on failure, e.g. "Conv 3x3 stride 2 group 2"
+};
+
+struct GradReport {
+  int elements_checked = 0;
+  double max_abs_err = 0, max_rel_err = 0;
+};
+
+// Runs the check; ADD_FAILURE()s (gtest) with the worst element on a mismatch and returns
+// the report. Throws onnxtrain::Error when the graph cannot be built or run.
+GradReport check_gradient(const GradCase& c);
+
+// Random tensors for cases (deterministic per seed).
+graph::Tensor random_tensor(graph::DataType dt, std::vector<int64_t> dims, uint64_t seed,
+                            double lo = -1.0, double hi = 1.0);
+graph::Tensor int64_tensor(std::vector<int64_t> dims, std::vector<int64_t> values);
+
+}  // namespace onnxtrain::testing
