@@ -1,0 +1,57 @@
+// Shared pieces of the elementwise gradient rules: the broadcast reduction every broadcasting
+// rule ends with, typed scalar constants, and the kernel template of the small fused grad ops
+// (dX = f(dY, Z) with Z the forward input or output, e.g. ReluGrad(dY, Y)).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ops/elementwise/kernels.h"
+
+namespace onnxtrain::ops::ew {
+
+// dLoss/d(input i) from `full`, a gradient of the broadcast output's shape: reduced with
+// SumToShapeOf unless the two are statically the same shape. Records it with set_input_grad.
+void set_broadcast_grad(GradientBuilder& b, int i, graph::Value* full);
+
+// Scalar constant `v` with the dtype of `like` (a float value; its dtype is set once inference
+// has run over the forward graph).
+graph::Value* scalar_like(GradientBuilder& b, graph::Value* like, double v,
+                          const std::string& name_hint);
+
+// Emits op_type(inputs...) in ai.onnxtrain with the forward node's attributes (grad functors
+// read the same attribute names as the forward ones).
+graph::Value* emit_grad_op(GradientBuilder& b, const std::string& op_type,
+                           const std::vector<graph::Value*>& inputs);
+
+// dy: D, z: D (forward X or Y) -> dx: D. Fn(dy, z) is the scalar rule; float32/float64.
+template <typename Fn>
+class GradKernel final : public Kernel {
+ public:
+  explicit GradKernel(const graph::Node& n) : fn_(make_fn<Fn>(n)) {}
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = required_input(ctx, 0);
+    const TensorView& z = required_input(ctx, 1);
+    check_same_dtype(ctx, 1, dy.dtype);
+    TensorView& dx = ctx.output(0, broadcast_dims(dy.dims, z.dims, ctx.node().describe()));
+    dispatch(FloatTypes{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      broadcast_apply<T>(ctx, dx, fn_, operand<T>(dy), operand<T>(z));
+    });
+  }
+
+ private:
+  Fn fn_;
+};
+
+// Schema of an ai.onnxtrain grad op served by GradKernel<Fn>; not foldable (gradients are
+// never constant in a training step).
+template <typename Fn>
+OpSchema grad_op(std::string op_type) {
+  OpSchema s = make_schema(std::move(op_type), infer_broadcast_same, factory<GradKernel<Fn>>());
+  s.domain = kOnnxtrainDomain;
+  s.foldable = false;
+  return s;
+}
+
+}  // namespace onnxtrain::ops::ew
