@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
 
@@ -200,22 +201,104 @@ OpSchema reduce_schema(const char* op_type) {
   return s;
 }
 
+
+// ---- gradient rules. Every Reduce* gradient broadcasts dY back over the reduced axes, so it
+// first brings a reduced value (dY, Y) into the keepdims layout, which broadcasts against X.
+
+using graph::Value;
+
+// v (shaped like the node's output) in the keepdims layout.
+Value* keepdims_layout(GradientBuilder& b, Value* v) {
+  const graph::Node& n = b.node();
+  if (keepdims(n)) return v;
+  // The axes input exists only from opset 13, where Unsqueeze takes its axes as an input too.
+  // An empty run-time axes list leaves v as it is (a scalar, or X itself with noop).
+  if (n.input(1)) return b.emit1("Unsqueeze", {v, n.input(1)});
+  const std::vector<int64_t> axes = n.attr_ints("axes");
+  if (axes.empty()) return v;  // reduced over every axis (a scalar) or over none (noop)
+  return grad::unsqueeze(b, v, axes);
+}
+
+// ReduceSum(v) over the node's axes with keepdims=1, in the form this opset expects.
+Value* reduce_sum_like_node(GradientBuilder& b, Value* v) {
+  const graph::Node& n = b.node();
+  std::vector<graph::Attribute> attrs{
+      graph::Attribute::make_int("keepdims", 1),
+      graph::Attribute::make_int("noop_with_empty_axes", n.attr_int("noop_with_empty_axes", 0))};
+  if (n.input(1)) return b.emit1("ReduceSum", {v, n.input(1)}, attrs);
+  const std::vector<int64_t> axes = n.attr_ints("axes");
+  if (axes.empty()) return b.emit1("ReduceSum", {v}, attrs);
+  if (b.opset() >= 13) return b.emit1("ReduceSum", {v, grad::i64_const(b, axes, "axes")}, attrs);
+  attrs.push_back(graph::Attribute::make_ints("axes", axes));
+  return b.emit1("ReduceSum", {v}, attrs);
+}
+
+// dX = broadcast(dY)
+void reduce_sum_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  Value* dy = keepdims_layout(b, b.output_grad(0));
+  b.set_input_grad(0, b.emit1("Expand", {dy, grad::shape_of(b, b.input(0))}));
+}
+
+// dX = broadcast(dY) * size(Y) / size(X)
+void reduce_mean_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const DataType t = grad::dtype_of(b, b.input(0));
+  Value* ny = grad::cast_to(b, b.emit1("Size", {b.output(0)}), t);
+  Value* nx = grad::cast_to(b, b.emit1("Size", {b.input(0)}), t);
+  Value* dy = b.emit1("Mul", {keepdims_layout(b, b.output_grad(0)), b.emit1("Div", {ny, nx})});
+  b.set_input_grad(0, b.emit1("Expand", {dy, grad::shape_of(b, b.input(0))}));
+}
+
+// dX = 2 X dY
+void reduce_sum_square_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  Value* xdy = b.emit1("Mul", {b.input(0), keepdims_layout(b, b.output_grad(0))});
+  b.set_input_grad(0, b.emit1("Add", {xdy, xdy}));
+}
+
+// dX = X dY / Y
+void reduce_l2_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  Value* ratio = b.emit1("Div", {keepdims_layout(b, b.output_grad(0)),
+                                 keepdims_layout(b, b.output(0))});
+  b.set_input_grad(0, b.emit1("Mul", {b.input(0), ratio}));
+}
+
+// dX = dY where X equals the extremum, shared evenly between ties; 0 elsewhere.
+void reduce_extremum_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  Value* x = b.input(0);
+  Value* hit = b.emit1("Equal", {x, keepdims_layout(b, b.output(0))});
+  Value* mask = grad::cast_to(b, hit, grad::dtype_of(b, x));
+  Value* share = b.emit1("Div", {keepdims_layout(b, b.output_grad(0)),
+                                 reduce_sum_like_node(b, mask)});
+  b.set_input_grad(0, b.emit1("Mul", {mask, share}));
+}
+
+template <typename Family>
+OpSchema reduce_schema(const char* op_type, GradientFn gradient) {
+  OpSchema s = reduce_schema<Family>(op_type);
+  s.gradient = std::move(gradient);
+  return s;
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(reduce_sum) {
-  return reduce_schema<SumFamily<Identity, PlainSum>>("ReduceSum");
+  return reduce_schema<SumFamily<Identity, PlainSum>>("ReduceSum", reduce_sum_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_mean) {
-  return reduce_schema<SumFamily<Identity, MeanOf>>("ReduceMean");
+  return reduce_schema<SumFamily<Identity, MeanOf>>("ReduceMean", reduce_mean_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_sum_square) {
-  return reduce_schema<SumFamily<Square, PlainSum>>("ReduceSumSquare");
+  return reduce_schema<SumFamily<Square, PlainSum>>("ReduceSumSquare", reduce_sum_square_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_l1) {
   return reduce_schema<SumFamily<Abs, PlainSum>>("ReduceL1");
 }
 ONNXTRAIN_REGISTER_OP(reduce_l2) {
-  return reduce_schema<SumFamily<Square, SqrtOf>>("ReduceL2");
+  return reduce_schema<SumFamily<Square, SqrtOf>>("ReduceL2", reduce_l2_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_log_sum) {
   return reduce_schema<SumFamily<Identity, LogOf>>("ReduceLogSum");
@@ -227,10 +310,10 @@ ONNXTRAIN_REGISTER_OP(reduce_prod) {
   return reduce_schema<Family<ProdPolicy>>("ReduceProd");
 }
 ONNXTRAIN_REGISTER_OP(reduce_max) {
-  return reduce_schema<Family<MaxPolicy>>("ReduceMax");
+  return reduce_schema<Family<MaxPolicy>>("ReduceMax", reduce_extremum_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_min) {
-  return reduce_schema<Family<MinPolicy>>("ReduceMin");
+  return reduce_schema<Family<MinPolicy>>("ReduceMin", reduce_extremum_grad);
 }
 ONNXTRAIN_REGISTER_OP(arg_max) {
   return reduce_schema<ArgFamily<true>>("ArgMax");

@@ -1,7 +1,9 @@
 // Softmax and LogSoftmax: before opset 13 the input is coerced to 2-D at `axis` (default 1);
-// from 13 the op runs along the single axis `axis` (default -1).
+// from 13 the op runs along the single axis `axis` (default -1). Their gradients are the
+// ai.onnxtrain SoftmaxGrad / LogSoftmaxGrad ops, which read the forward output Y.
 #include "ops/reduce/softmax.h"
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::reduce {
@@ -46,16 +48,88 @@ template void softmax_lanes<double>(const Lanes&, const double*, double*, bool,
 
 namespace {
 
+// Lanes of a (Log)Softmax node's tensor: the 2-D coercion before opset 13, one axis after.
+Lanes softmax_lanes_of(const graph::Node& node, std::span<const int64_t> dims, bool coerce_2d) {
+  const int64_t axis = normalize_axis(node.attr_int("axis", coerce_2d ? 1 : -1),
+                                      static_cast<int64_t>(dims.size()), node.describe());
+  return coerce_2d ? lanes_split(dims, axis) : lanes_around(dims, axis);
+}
+
+// Softmax:    dX = Y * (dY - sum(dY * Y))
+// LogSoftmax: dX = dY - exp(Y) * sum(dY)
+template <typename T>
+void softmax_grad_lanes(const Lanes& l, const T* dy, const T* y, T* dx, bool log,
+                        const KernelContext& ctx) {
+  for_each_lane_block(l, kBlock, 3 * l.n, ctx, [&](int64_t o, int64_t i0, int64_t m) {
+    double sum[kBlock];
+    const int64_t base = o * l.n * l.inner + i0;
+    for (int64_t j = 0; j < m; ++j) sum[j] = 0;
+    for (int64_t r = 0; r < l.n; ++r) {
+      const int64_t at = base + r * l.inner;
+      for (int64_t j = 0; j < m; ++j)
+        sum[j] += log ? static_cast<double>(dy[at + j])
+                      : static_cast<double>(dy[at + j]) * static_cast<double>(y[at + j]);
+    }
+    for (int64_t r = 0; r < l.n; ++r) {
+      const int64_t at = base + r * l.inner;
+      for (int64_t j = 0; j < m; ++j) {
+        const double g = static_cast<double>(dy[at + j]), v = static_cast<double>(y[at + j]);
+        dx[at + j] = static_cast<T>(log ? g - std::exp(v) * sum[j] : v * (g - sum[j]));
+      }
+    }
+  });
+}
+
+// dY: (d0..dk), Y: (d0..dk) -> dX: (d0..dk); lanes as the forward node's (attributes axis and
+// coerce_2d copied from it by the gradient rule)
+class SoftmaxGradKernel final : public Kernel {
+ public:
+  SoftmaxGradKernel(const graph::Node& node, bool log) : node_(node), log_(log) {}
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& y = *ctx.input(1);
+    OT_CHECK(dy.dims == y.dims && dy.dtype == y.dtype, node_.describe(),
+             ": dY and Y differ in shape or type");
+    const Lanes l = softmax_lanes_of(node_, y.dims, node_.attr_int("coerce_2d", 0) != 0);
+    TensorView& dx = ctx.output(0, y.dims);
+    dispatch<FloatTypes>(y.dtype, node_.describe(), [&]<typename T>() {
+      softmax_grad_lanes(l, dy.as<T>(), y.as<T>(), dx.as<T>(), log_, ctx);
+    });
+  }
+
+ private:
+  const graph::Node& node_;
+  bool log_;
+};
+
+void softmax_gradient(GradientBuilder& b, const char* grad_op) {
+  if (!b.needs_input_grad(0)) return;
+  const bool coerce_2d = b.opset() < 13;
+  const int64_t axis = b.node().attr_int("axis", coerce_2d ? 1 : -1);
+  b.set_input_grad(0, b.emit1(grad_op, {b.output_grad(0), b.output(0)},
+                              {graph::Attribute::make_int("axis", axis),
+                               graph::Attribute::make_int("coerce_2d", coerce_2d ? 1 : 0)},
+                              kOnnxtrainDomain));
+}
+
+OpSchema softmax_grad_schema(const char* op_type, bool log) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = op_type;
+  s.infer = [](InferenceContext& ctx) { propagate_type(ctx, 0, 1); };
+  s.cpu_kernel = [log](const graph::Node& n) {
+    return std::make_unique<SoftmaxGradKernel>(n, log);
+  };
+  return s;
+}
+
 // x: (d0..dk) -> y: (d0..dk), normalized along `axis` (opset >= 13) or over dims[axis:] (< 13)
 class SoftmaxKernel final : public Kernel {
  public:
   SoftmaxKernel(const graph::Node& node, bool log) : node_(node), log_(log) {}
   void run(KernelContext& ctx) override {
     const TensorView& x = *ctx.input(0);
-    const bool coerce_2d = ctx.opset() < 13;
-    const int64_t axis =
-        normalize_axis(node_.attr_int("axis", coerce_2d ? 1 : -1), x.rank(), node_.describe());
-    const Lanes l = coerce_2d ? lanes_split(x.dims, axis) : lanes_around(x.dims, axis);
+    const Lanes l = softmax_lanes_of(node_, x.dims, ctx.opset() < 13);
     TensorView& y = ctx.output(0, x.dims);
     dispatch<FloatTypes>(x.dtype, node_.describe(),
                          [&]<typename T>() { softmax_lanes(l, x.as<T>(), y.as<T>(), log_, ctx); });
@@ -76,8 +150,9 @@ void infer_softmax(InferenceContext& ctx) {
   propagate_type(ctx);
 }
 
-OpSchema softmax_schema(const char* op_type, bool log) {
+OpSchema softmax_schema(const char* op_type, bool log, const char* grad_op) {
   OpSchema s;
+  s.gradient = [grad_op](GradientBuilder& b) { softmax_gradient(b, grad_op); };
   s.op_type = op_type;
   s.infer = infer_softmax;
   s.cpu_kernel = [log](const graph::Node& n) { return std::make_unique<SoftmaxKernel>(n, log); };
@@ -87,10 +162,16 @@ OpSchema softmax_schema(const char* op_type, bool log) {
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(softmax) {
-  return softmax_schema("Softmax", false);
+  return softmax_schema("Softmax", false, "SoftmaxGrad");
 }
 ONNXTRAIN_REGISTER_OP(log_softmax) {
-  return softmax_schema("LogSoftmax", true);
+  return softmax_schema("LogSoftmax", true, "LogSoftmaxGrad");
+}
+ONNXTRAIN_REGISTER_OP(softmax_grad) {
+  return softmax_grad_schema("SoftmaxGrad", false);
+}
+ONNXTRAIN_REGISTER_OP(log_softmax_grad) {
+  return softmax_grad_schema("LogSoftmaxGrad", true);
 }
 
 }  // namespace onnxtrain::ops::reduce
