@@ -3,6 +3,7 @@
 // 12+): keep = u >= ratio with u uniform in [0, 1), y = x * keep / (1 - ratio). u comes from an
 // mt19937 seeded by the `seed` attribute (random without it) and advancing across runs; its
 // doubles are drawn exactly like numpy's random_sample, so seed=0 reproduces the ONNX tests.
+// The gradient is ai.onnxtrain.DropoutGrad, which reads the forward node's mask.
 #include <cstring>
 #include <random>
 
@@ -100,13 +101,70 @@ class DropoutKernel : public Kernel {
   std::mt19937 gen_;
 };
 
+// dY: (any), mask: (dY dims, bool) [, ratio: (), training_mode: ()]
+//   -> dX = dY * mask / (1 - ratio) in training mode (0 for ratio 1), dY otherwise
+class DropoutGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& mask = *ctx.input(1);
+    OT_CHECK(mask.dtype == DataType::kBool && mask.dims == dy.dims, where,
+             ": mask must be a bool tensor of dY's dims");
+    double ratio = 0.5;
+    if (const TensorView* r = ctx.input(2); r && r->numel() > 0) ratio = scalar_value(*r, where);
+    bool training = false;
+    if (const TensorView* t = ctx.input(3); t && t->numel() > 0)
+      training = *static_cast<const uint8_t*>(t->data) != 0;
+    TensorView& dx = ctx.output(0, dy.dims);
+    if (!training) {
+      copy_all(ctx, dy, dx);
+      return;
+    }
+    const double scale = ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0;
+    const auto* keep = static_cast<const uint8_t*>(mask.data);
+    ew::dispatch(FloatTypes{}, dy.dtype, where, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using C = ew::compute_t<T>;
+      const T* in = static_cast<const T*>(dy.data);
+      T* out = static_cast<T*>(dx.data);
+      const C s = static_cast<C>(scale);
+      ctx.parallel_for(dy.numel(), 4096, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = T(keep[i] ? static_cast<C>(in[i]) * s : C(0));
+      });
+    });
+  }
+};
+
+// Inference-mode Dropout (before opset 12, or without training_mode) is the identity.
+void dropout_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const graph::Node& n = b.node();
+  if (b.opset() < 12 || !n.input(2)) {
+    b.set_input_grad(0, b.emit1("Identity", {b.output_grad(0)}));
+    return;
+  }
+  OT_CHECK(b.num_outputs() > 1 && b.output(1), n.describe(),
+           ": the gradient of training-mode Dropout needs its mask output");
+  b.set_input_grad(0, b.emit1("DropoutGrad", {b.output_grad(0), b.output(1), n.input(1), n.input(2)},
+                              {}, kOnnxtrainDomain));
+}
+
 }  // namespace
+
+ONNXTRAIN_REGISTER_OP(shape_dropout_grad) {
+  OpSchema s = make_op("DropoutGrad", [](InferenceContext& ctx) { propagate_type(ctx); },
+                       factory_of<DropoutGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  return s;
+}
 
 ONNXTRAIN_REGISTER_OP(shape_dropout) {
   OpSchema s = make_op("Dropout", infer_dropout, [](const graph::Node& node) {
     return std::make_unique<DropoutKernel>(node);
   });
   s.foldable = false;  // training mode draws random numbers
+  s.gradient = dropout_gradient;
   return s;
 }
 

@@ -4,6 +4,7 @@
 // naming the node.
 #include <algorithm>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape/indexing.h"
@@ -179,13 +180,80 @@ class CompressKernel : public Kernel {
   }
 };
 
+
+// Output 0 of a grad op that rebuilds a forward input of shape `shape_input` (a 1-D int64
+// Shape(X)) in dY's type: concrete dims once the shape is constant, the rank before that.
+void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
+  const ValueType& dy = tensor_input(ctx, 0);
+  int64_t rank = -1;
+  if (const ValueType* t = ctx.input_type(shape_input); t && t->shape && t->shape->size() == 1 &&
+                                                         (*t->shape)[0].is_known())
+    rank = (*t->shape)[0].value;
+  set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
+}
+
+// dY: (X[:axis], indices dims, X[axis+1:]), indices: (q), shape: (r) = Shape(X) -> dX: Shape(X),
+// dX[.., indices[k], ..] += dY[.., k, ..] (repeated indices accumulate), zeros elsewhere.
+class GatherGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& indices = *ctx.input(1);
+    const std::vector<int64_t> x_dims = view_ints(*ctx.input(2), where);
+    const auto rank = static_cast<int64_t>(x_dims.size());
+    const auto axis =
+        static_cast<size_t>(normalize_axis(ctx.node().attr_int("axis", 0), rank, where));
+    auto idx = checked_indices(indices, x_dims[axis], where);
+    const int64_t outer = product(x_dims, 0, axis), inner = product(x_dims, axis + 1, x_dims.size());
+    const auto count = static_cast<int64_t>(idx.size());
+    OT_CHECK(dy.numel() == outer * count * inner, where, ": dY does not match the gather");
+    checked_output_elements(dy.dtype, x_dims, where);
+    TensorView& dx = ctx.output(0, x_dims);
+    auto run_typed = [&](auto* out, const auto* in) {
+      std::fill_n(out, dx.numel(), 0);
+      // Each outer slab is independent; within one, indices accumulate in order.
+      ctx.parallel_for(outer, 1, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o)
+          for (int64_t k = 0; k < count; ++k) {
+            const auto* src = in + (o * count + k) * inner;
+            auto* dst = out + (o * x_dims[axis] + idx[static_cast<size_t>(k)]) * inner;
+            for (int64_t j = 0; j < inner; ++j) dst[j] += src[j];
+          }
+      });
+    };
+    if (dy.dtype == DataType::kFloat)
+      run_typed(dx.as<float>(), dy.as<float>());
+    else if (dy.dtype == DataType::kDouble)
+      run_typed(dx.as<double>(), dy.as<double>());
+    else
+      fail(where, ": dtype ", graph::dtype_short_name(dy.dtype), " not supported");
+  }
+};
+
+void gather_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  b.set_input_grad(0, b.emit1("GatherGrad",
+                              {b.output_grad(0), b.input(1), grad::shape_of(b, b.input(0))},
+                              {graph::Attribute::make_int("axis", b.node().attr_int("axis", 0))},
+                              kOnnxtrainDomain));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_compress) {
   return make_op("Compress", infer_compress, factory_of<CompressKernel>());
 }
 ONNXTRAIN_REGISTER_OP(shape_gather) {
-  return make_op("Gather", infer_gather, factory_of<GatherKernel>());
+  OpSchema s = make_op("Gather", infer_gather, factory_of<GatherKernel>());
+  s.gradient = gather_gradient;
+  return s;
+}
+ONNXTRAIN_REGISTER_OP(shape_gather_grad) {
+  OpSchema s = make_op("GatherGrad", [](InferenceContext& ctx) { infer_from_shape_input(ctx, 2); },
+                       factory_of<GatherGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_gather_elements) {
   return make_op("GatherElements", infer_gather_elements, factory_of<GatherElementsKernel>());

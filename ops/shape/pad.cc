@@ -4,6 +4,7 @@
 // the already filled part of the output, in numpy.pad's order so large pads match it too.
 #include <algorithm>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
@@ -198,10 +199,33 @@ class PadKernel : public Kernel {
   std::vector<int64_t> out_strides_;
 };
 
+// Constant mode: dX is dY with the padding cut off, i.e. dY padded by the negated pads (which
+// also zero-fills where the forward pads were negative and cropped X).
+void pad_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const graph::Node& n = b.node();
+  OT_CHECK(n.attr_string("mode", "constant") == "constant", n.describe(),
+           ": only constant-mode Pad has a gradient, got mode '", n.attr_string("mode", ""), "'");
+  graph::Value* dy = b.output_grad(0);
+  if (b.opset() < 11) {
+    const char* name = b.opset() < 2 ? "paddings" : "pads";
+    std::vector<int64_t> pads = n.attr_ints(name);
+    for (int64_t& p : pads) p = -p;
+    b.set_input_grad(0, b.emit1("Pad", {dy}, {graph::Attribute::make_ints(name, pads)}));
+    return;
+  }
+  graph::Value* neg = b.emit1("Neg", {n.input(1)});
+  std::vector<graph::Value*> ins{dy, neg};
+  if (n.input(3)) ins.insert(ins.end(), {nullptr, n.input(3)});
+  b.set_input_grad(0, b.emit1("Pad", ins));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_pad) {
-  return make_op("Pad", infer_by_rule(pad_rule), factory_of<PadKernel>());
+  OpSchema s = make_op("Pad", infer_by_rule(pad_rule), factory_of<PadKernel>());
+  s.gradient = pad_gradient;
+  return s;
 }
 
 }  // namespace onnxtrain::ops::shape

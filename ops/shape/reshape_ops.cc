@@ -3,6 +3,7 @@
 // kernel (concrete dims); the kernel itself is a plain copy.
 #include <algorithm>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
@@ -163,9 +164,16 @@ class ReshapeKernel : public Kernel {
   }
 };
 
+// The ops only relabel the shape: dX = Reshape(dY, Shape(X)).
+void reshape_gradient(GradientBuilder& b) {
+  if (b.needs_input_grad(0)) b.set_input_grad(0, grad::reshape_like(b, b.output_grad(0), b.input(0)));
+}
+
 template <ShapeRule rule>
 OpSchema reshape_like(const char* op_type) {
-  return make_op(op_type, infer_by_rule(rule), factory_of<ReshapeKernel<rule>>());
+  OpSchema s = make_op(op_type, infer_by_rule(rule), factory_of<ReshapeKernel<rule>>());
+  s.gradient = reshape_gradient;
+  return s;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // Each part is moved with one strided_copy between a tensor and a window of another.
 #include <algorithm>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
@@ -126,6 +127,60 @@ class SliceKernel : public Kernel {
                  advance(elems(x), e, offset), src_strides);
   }
 };
+
+
+// Output 0 of a grad op that rebuilds a forward input of shape `shape_input` (a 1-D int64
+// Shape(X)) in dY's type: concrete dims once the shape is constant, the rank before that.
+void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
+  const ValueType& dy = tensor_input(ctx, 0);
+  int64_t rank = -1;
+  if (const ValueType* t = ctx.input_type(shape_input); t && t->shape && t->shape->size() == 1 &&
+                                                         (*t->shape)[0].is_known())
+    rank = (*t->shape)[0].value;
+  set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
+}
+
+// dY: (count0..countn), starts/ends/axes/steps: Slice's, shape: (n+1) = Shape(X)
+//   -> dX: Shape(X), dY written into the slice's window, zeros elsewhere. The slice arguments sit
+//   at Slice's input positions 1-4 (and Slice's attributes are copied before opset 10), so
+//   slice_args reads them unchanged.
+class SliceGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const TensorView* shape = ctx.input(5);
+    OT_CHECK(shape, where, ": input 5 (the forward input's shape) is missing");
+    const std::vector<int64_t> x_dims = view_ints(*shape, where);
+    ElemKind e = addressable_elem(dy.dtype, where);
+    auto windows = slice_windows(*slice_args(KernelArgs(ctx), x_dims.size()), x_dims);
+    auto strides = contiguous_strides(x_dims);
+    std::vector<int64_t> dims, dst_strides;
+    int64_t offset = 0;
+    for (size_t k = 0; k < windows.size(); ++k) {
+      dims.push_back(windows[k].count);
+      dst_strides.push_back(strides[k] * windows[k].step);
+      offset += windows[k].start * strides[k];
+    }
+    OT_CHECK(dims == dy.dims, where, ": dY's dims do not match the slice of the input shape");
+    checked_output_elements(dy.dtype, x_dims, where);
+    TensorView& dx = ctx.output(0, x_dims);
+    alignas(16) std::byte zero[16];
+    scalar_bytes(dx.dtype, 0.0, zero, where);
+    fill_elems(&ctx, e, out_elems(dx), dx.numel(), zero);
+    if (dy.numel() == 0) return;
+    strided_copy(&ctx, e, dims, advance(out_elems(dx), e, offset), dst_strides, elems(dy),
+                 contiguous_strides(dims));
+  }
+};
+
+void slice_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  std::vector<graph::Value*> ins{b.output_grad(0)};
+  for (int i = 1; i <= 4; ++i) ins.push_back(b.input(i));
+  ins.push_back(grad::shape_of(b, b.input(0)));
+  b.set_input_grad(0, b.emit1("SliceGrad", ins, b.node().attributes, kOnnxtrainDomain));
+}
 
 // ---- Concat / Split: a part of size part_dims sits at `offset` along `axis` of `whole`.
 
@@ -294,16 +349,55 @@ class SplitKernel : public Kernel {
   }
 };
 
+// Concat: dX_i = Slice(dY) over input i's run-time extent [offset_i, offset_i + size_i) on the
+// axis (Gather on Shape accepts the axis as given, negative or not).
+void concat_gradient(GradientBuilder& b) {
+  const int64_t axis = b.node().attr_int("axis", b.opset() < 4 ? 1 : 0);
+  graph::Value* axis_list = grad::i64_const(b, {axis}, "axis");
+  graph::Value* offset = grad::i64_const(b, {0}, "offset");
+  for (int i = 0; i < b.num_inputs(); ++i) {
+    graph::Value* size = b.emit1("Gather", {grad::shape_of(b, b.input(i)), axis_list});
+    graph::Value* end = b.emit1("Add", {offset, size});
+    if (b.needs_input_grad(i))
+      b.set_input_grad(i, b.emit1("Slice", {b.output_grad(0), offset, end, axis_list}));
+    offset = end;
+  }
+}
+
+// Split: dX = Concat of the outputs' gradients, zeros for outputs that no gradient reaches.
+void split_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  std::vector<graph::Value*> parts;
+  for (int i = 0; i < b.num_outputs(); ++i) {
+    graph::Value* g = b.output_grad(i);
+    parts.push_back(g ? g : grad::zeros_like(b, b.output(i)));
+  }
+  b.set_input_grad(0, b.emit1("Concat", parts,
+                              {graph::Attribute::make_int("axis", b.node().attr_int("axis", 0))}));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_slice) {
-  return make_op("Slice", infer_slice, factory_of<SliceKernel>());
+  OpSchema s = make_op("Slice", infer_slice, factory_of<SliceKernel>());
+  s.gradient = slice_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_concat) {
-  return make_op("Concat", infer_concat, factory_of<ConcatKernel>());
+  OpSchema s = make_op("Concat", infer_concat, factory_of<ConcatKernel>());
+  s.gradient = concat_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_split) {
-  return make_op("Split", infer_split, factory_of<SplitKernel>());
+  OpSchema s = make_op("Split", infer_split, factory_of<SplitKernel>());
+  s.gradient = split_gradient;
+  return s;
+}
+ONNXTRAIN_REGISTER_OP(shape_slice_grad) {
+  OpSchema s = make_op("SliceGrad", [](InferenceContext& ctx) { infer_from_shape_input(ctx, 5); },
+                       factory_of<SliceGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  return s;
 }
 
 }  // namespace onnxtrain::ops::shape

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
@@ -135,16 +136,75 @@ class TileKernel : public Kernel {
   }
 };
 
+// ---- gradients
+
+// dX = Transpose(dY, inverse perm); without perm the reversal is its own inverse.
+void transpose_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  std::vector<graph::Attribute> attrs;
+  if (const graph::Attribute* p = b.node().find_attr("perm")) {
+    std::vector<int64_t> inverse(p->ints().size());
+    for (size_t k = 0; k < inverse.size(); ++k) {
+      const int64_t a = p->ints()[k];
+      OT_CHECK(a >= 0 && a < static_cast<int64_t>(inverse.size()), b.node().describe(),
+               ": perm entry ", a, " is out of range");
+      inverse[static_cast<size_t>(a)] = static_cast<int64_t>(k);
+    }
+    attrs.push_back(graph::Attribute::make_ints("perm", inverse));
+  }
+  b.set_input_grad(0, b.emit1("Transpose", {b.output_grad(0)}, attrs));
+}
+
+// dX = dY summed over the broadcast axes.
+void expand_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  b.set_input_grad(0, b.emit1("SumToShapeOf", {b.output_grad(0), b.input(0)}, {},
+                              kOnnxtrainDomain));
+}
+
+// Y viewed as (r0, x0, r1, x1, ..) holds r0*r1*.. copies of X: dX sums dY over the r axes.
+void tile_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  graph::Value* x = b.input(0);
+  OT_CHECK(x->shape(), b.node().describe(), ": Tile's gradient needs the rank of its input");
+  const auto rank = static_cast<int64_t>(x->shape()->size());
+  graph::Value* column = grad::i64_const(b, {-1, 1}, "column");
+  graph::Value* repeats = b.emit1("Reshape", {b.input(1), column});
+  graph::Value* dims = b.emit1("Reshape", {grad::shape_of(b, x), column});
+  graph::Value* pairs = b.emit1("Concat", {repeats, dims}, {graph::Attribute::make_int("axis", 1)});
+  graph::Value* split_shape = b.emit1("Reshape", {pairs, grad::i64_const(b, {-1}, "flat")});
+  graph::Value* dy = b.emit1("Reshape", {b.output_grad(0), split_shape});
+  std::vector<int64_t> axes;
+  for (int64_t k = 0; k < rank; ++k) axes.push_back(2 * k);
+  std::vector<graph::Attribute> attrs{graph::Attribute::make_int("keepdims", 0)};
+  graph::Value* dx = nullptr;
+  if (rank == 0) {
+    dx = dy;
+  } else if (b.opset() >= 13) {
+    dx = b.emit1("ReduceSum", {dy, grad::i64_const(b, axes, "axes")}, attrs);
+  } else {
+    attrs.push_back(graph::Attribute::make_ints("axes", axes));
+    dx = b.emit1("ReduceSum", {dy}, attrs);
+  }
+  b.set_input_grad(0, dx);
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_transpose) {
-  return make_op("Transpose", infer_transpose, factory_of<TransposeKernel>());
+  OpSchema s = make_op("Transpose", infer_transpose, factory_of<TransposeKernel>());
+  s.gradient = transpose_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_expand) {
-  return make_op("Expand", infer_by_rule(expand_rule), factory_of<ExpandKernel>());
+  OpSchema s = make_op("Expand", infer_by_rule(expand_rule), factory_of<ExpandKernel>());
+  s.gradient = expand_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_tile) {
-  return make_op("Tile", infer_by_rule(tile_rule), factory_of<TileKernel>());
+  OpSchema s = make_op("Tile", infer_by_rule(tile_rule), factory_of<TileKernel>());
+  s.gradient = tile_gradient;
+  return s;
 }
 
 }  // namespace onnxtrain::ops::shape
