@@ -5,6 +5,7 @@
 #include <limits>
 #include <numbers>
 
+#include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
 
 namespace onnxtrain::ops::ew {
@@ -206,48 +207,251 @@ void infer_same(InferenceContext& ctx) {
   propagate_type(ctx);
 }
 
+// ---------------------------------------------------------------- gradients
+// Grad functors take (dy, z) where z is the forward input x or output y (the op name's second
+// input says which); they read the forward attributes under the same names.
+
+struct ReluGradFn {  // (dy, y)
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return y > T{0} ? dy : T{0};
+  }
+};
+
+struct LeakyReluGradFn {  // (dy, x)
+  float alpha;
+  explicit LeakyReluGradFn(const graph::Node& n) : alpha(n.attr_float("alpha", 0.01f)) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return x < 0 ? static_cast<T>(alpha) * dy : dy;
+  }
+};
+
+struct EluGradFn {  // (dy, x)
+  float alpha;
+  explicit EluGradFn(const graph::Node& n) : alpha(n.attr_float("alpha", 1.0f)) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return x < 0 ? dy * static_cast<T>(alpha) * std::exp(x) : dy;
+  }
+};
+
+struct SeluGradFn {  // (dy, x)
+  SeluFn f;
+  explicit SeluGradFn(const graph::Node& n) : f(n) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    const T g = static_cast<T>(f.gamma);
+    return x > 0 ? g * dy : g * static_cast<T>(f.alpha) * std::exp(x) * dy;
+  }
+};
+
+struct SigmoidGradFn {  // (dy, y)
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return dy * y * (T{1} - y);
+  }
+};
+
+struct HardSigmoidGradFn {  // (dy, x): alpha inside the unclamped range, 0 outside
+  HardSigmoidFn f;
+  explicit HardSigmoidGradFn(const graph::Node& n) : f(n) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    const T v = static_cast<T>(f.alpha) * x + static_cast<T>(f.beta);
+    return v > T{0} && v < T{1} ? static_cast<T>(f.alpha) * dy : T{0};
+  }
+};
+
+struct TanhGradFn {  // (dy, y)
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return dy * (T{1} - y * y);
+  }
+};
+
+struct SoftplusGradFn {  // (dy, x): d softplus = sigmoid(x)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy * SigmoidFn{}(x);
+  }
+};
+
+struct GeluGradFn {  // (dy, x)
+  GeluFn f;
+  explicit GeluGradFn(const graph::Node& n) : f(n) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    if (f.tanh_approx) {
+      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+      const T c = T{0.044715};
+      const T t = std::tanh(k * (x + c * x * x * x));
+      return dy * (T{0.5} * (T{1} + t) + T{0.5} * x * (T{1} - t * t) * k * (T{1} + T{3} * c * x * x));
+    }
+    const T cdf = T{0.5} * (T{1} + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2)));
+    const T pdf = std::exp(T{-0.5} * x * x) * static_cast<T>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+// dy: X, x: X, slope: S (unidirectional onto X) -> dx: X, dslope_full: X (summed to S by the
+// rule).
+class PReluGradKernel final : public Kernel {
+ public:
+  explicit PReluGradKernel(const graph::Node&) {}
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = required_input(ctx, 0);
+    const TensorView& x = required_input(ctx, 1);
+    const TensorView& slope = required_input(ctx, 2);
+    check_same_dtype(ctx, 1, dy.dtype);
+    check_same_dtype(ctx, 2, dy.dtype);
+    dispatch(FloatTypes{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto dx_fn = [](T g, T v, T a) { return v < T{0} ? a * g : g; };
+      auto ds_fn = [](T g, T v, T) { return v < T{0} ? v * g : T{0}; };
+      broadcast_apply<T>(ctx, ctx.output(0, dy.dims), dx_fn, operand<T>(dy), operand<T>(x),
+                         operand<T>(slope));
+      if (ctx.num_outputs() > 1 && ctx.has_output(1))
+        broadcast_apply<T>(ctx, ctx.output(1, dy.dims), ds_fn, operand<T>(dy), operand<T>(x),
+                           operand<T>(slope));
+    });
+  }
+};
+
+void infer_prelu_grad(InferenceContext& ctx) {
+  propagate_type(ctx, 0, 0);
+  if (ctx.output_types.size() > 1) propagate_type(ctx, 1, 0);
+}
+
+// dy: X, x: X, min/max: optional scalars (attributes before opset 11) -> dx: X, dy where
+// min <= x <= max, 0 where x was clipped.
+class ClipGradKernel final : public Kernel {
+ public:
+  explicit ClipGradKernel(const graph::Node&) {}
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = required_input(ctx, 0);
+    const TensorView& x = required_input(ctx, 1);
+    check_same_dtype(ctx, 1, dy.dtype);
+    dispatch(FloatTypes{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T lo = clip_bound<T>(ctx, 2, "min", false);
+      const T hi = clip_bound<T>(ctx, 3, "max", true);
+      auto pass = [lo, hi](T g, T v) { return v >= lo && v <= hi ? g : T{0}; };
+      broadcast_apply<T>(ctx, ctx.output(0, dy.dims), pass, operand<T>(dy), operand<T>(x));
+    });
+  }
+};
+
+// A rule "dX = <op_type>(dY, X or Y)" with the forward attributes.
+template <bool kFromOutput>
+GradientFn fused_grad(std::string op_type) {
+  return [op_type = std::move(op_type)](GradientBuilder& b) {
+    if (!b.needs_input_grad(0)) return;
+    graph::Value* z = kFromOutput ? b.output(0) : b.input(0);
+    b.set_input_grad(0, emit_grad_op(b, op_type, {b.output_grad(0), z}));
+  };
+}
+
+void prelu_grad(GradientBuilder& b) {
+  std::vector<graph::Value*> g =
+      b.emit("PReluGrad", {b.output_grad(0), b.input(0), b.input(1)}, 2, {}, kOnnxtrainDomain);
+  if (b.needs_input_grad(0)) b.set_input_grad(0, g[0]);
+  set_broadcast_grad(b, 1, g[1]);
+}
+
+void clip_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  std::vector<graph::Value*> in{b.output_grad(0), b.input(0)};
+  for (int i = 1; i < b.num_inputs(); ++i) in.push_back(b.input(i));
+  b.set_input_grad(0, emit_grad_op(b, "ClipGrad", in));
+}
+
+OpSchema onnxtrain_op(OpSchema s) {
+  s.domain = kOnnxtrainDomain;
+  s.foldable = false;
+  return s;
+}
+
 }  // namespace
 
+ONNXTRAIN_REGISTER_OP(ew_relu_grad) {
+  return grad_op<ReluGradFn>("ReluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_leaky_relu_grad) {
+  return grad_op<LeakyReluGradFn>("LeakyReluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_elu_grad) {
+  return grad_op<EluGradFn>("EluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_selu_grad) {
+  return grad_op<SeluGradFn>("SeluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_sigmoid_grad) {
+  return grad_op<SigmoidGradFn>("SigmoidGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_hard_sigmoid_grad) {
+  return grad_op<HardSigmoidGradFn>("HardSigmoidGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_tanh_grad) {
+  return grad_op<TanhGradFn>("TanhGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_softplus_grad) {
+  return grad_op<SoftplusGradFn>("SoftplusGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_gelu_grad) {
+  return grad_op<GeluGradFn>("GeluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_prelu_grad) {
+  return onnxtrain_op(make_schema("PReluGrad", infer_prelu_grad, factory<PReluGradKernel>()));
+}
+ONNXTRAIN_REGISTER_OP(ew_clip_grad) {
+  return onnxtrain_op(make_schema("ClipGrad", infer_same, factory<ClipGradKernel>()));
+}
+
 ONNXTRAIN_REGISTER_OP(ew_relu) {
-  return unary_op<ReluFn, SignedTypes>("Relu");
+  return with_gradient(unary_op<ReluFn, SignedTypes>("Relu"), fused_grad<true>("ReluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_leaky_relu) {
-  return unary_op<LeakyReluFn, FloatTypes>("LeakyRelu");
+  return with_gradient(unary_op<LeakyReluFn, FloatTypes>("LeakyRelu"),
+                       fused_grad<false>("LeakyReluGrad"));
 }
 // PRelu's slope broadcasts onto x (unidirectional), so the output keeps x's shape.
 ONNXTRAIN_REGISTER_OP(ew_prelu) {
   using Types = decltype(FloatTypes{} + TypeList<int32_t, int64_t, uint32_t, uint64_t>{});
-  return binary_op<PReluFn, Types>("PRelu");
+  return with_gradient(binary_op<PReluFn, Types>("PRelu"), prelu_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_elu) {
-  return unary_op<EluFn, FloatTypes>("Elu");
+  return with_gradient(unary_op<EluFn, FloatTypes>("Elu"), fused_grad<false>("EluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_selu) {
-  return unary_op<SeluFn, FloatTypes>("Selu");
+  return with_gradient(unary_op<SeluFn, FloatTypes>("Selu"), fused_grad<false>("SeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_celu) {
   return unary_op<CeluFn, FloatTypes>("Celu", 12);
 }
 ONNXTRAIN_REGISTER_OP(ew_sigmoid) {
-  return unary_op<SigmoidFn, FloatTypes>("Sigmoid");
+  return with_gradient(unary_op<SigmoidFn, FloatTypes>("Sigmoid"),
+                       fused_grad<true>("SigmoidGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_hard_sigmoid) {
-  return unary_op<HardSigmoidFn, FloatTypes>("HardSigmoid");
+  return with_gradient(unary_op<HardSigmoidFn, FloatTypes>("HardSigmoid"),
+                       fused_grad<false>("HardSigmoidGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_hard_swish) {
   return unary_op<HardSwishFn, FloatTypes>("HardSwish", 14);
 }
 ONNXTRAIN_REGISTER_OP(ew_tanh) {
-  return unary_op<TanhFn, FloatTypes>("Tanh");
+  return with_gradient(unary_op<TanhFn, FloatTypes>("Tanh"), fused_grad<true>("TanhGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_softplus) {
-  return unary_op<SoftplusFn, FloatTypes>("Softplus");
+  return with_gradient(unary_op<SoftplusFn, FloatTypes>("Softplus"),
+                       fused_grad<false>("SoftplusGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_softsign) {
   return unary_op<SoftsignFn, FloatTypes>("Softsign");
 }
 ONNXTRAIN_REGISTER_OP(ew_gelu) {
-  return unary_op<GeluFn, FloatTypes>("Gelu", 20);
+  return with_gradient(unary_op<GeluFn, FloatTypes>("Gelu", 20), fused_grad<false>("GeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_thresholded_relu) {
   return unary_op<ThresholdedReluFn, FloatTypes>("ThresholdedRelu", 10);
@@ -256,7 +460,7 @@ ONNXTRAIN_REGISTER_OP(ew_shrink) {
   return unary_op<ShrinkFn, NumericTypes>("Shrink", 9);
 }
 ONNXTRAIN_REGISTER_OP(ew_clip) {
-  return make_schema("Clip", infer_same, factory<ClipKernel>());
+  return with_gradient(make_schema("Clip", infer_same, factory<ClipKernel>()), clip_grad);
 }
 
 }  // namespace onnxtrain::ops::ew

@@ -4,6 +4,7 @@
 #include <functional>
 #include <type_traits>
 
+#include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
 
 namespace onnxtrain::ops::ew {
@@ -145,38 +146,150 @@ void infer_pow(InferenceContext& ctx) {
   infer_broadcast(ctx, tensor_input(ctx, 0).dtype);
 }
 
+// ---------------------------------------------------------------- gradients
+// Every binary rule computes the gradient at the broadcast output's shape and reduces it back
+// to the input's shape with SumToShapeOf (set_broadcast_grad). Legacy (opset < 7) axis
+// broadcasting is not differentiated.
+
+void add_grad(GradientBuilder& b) {
+  set_broadcast_grad(b, 0, b.output_grad(0));
+  set_broadcast_grad(b, 1, b.output_grad(0));
+}
+
+void sub_grad(GradientBuilder& b) {
+  set_broadcast_grad(b, 0, b.output_grad(0));
+  if (b.needs_input_grad(1)) set_broadcast_grad(b, 1, b.emit1("Neg", {b.output_grad(0)}));
+}
+
+void mul_grad(GradientBuilder& b) {
+  graph::Value* dy = b.output_grad(0);
+  if (b.needs_input_grad(0)) set_broadcast_grad(b, 0, b.emit1("Mul", {dy, b.input(1)}));
+  if (b.needs_input_grad(1)) set_broadcast_grad(b, 1, b.emit1("Mul", {dy, b.input(0)}));
+}
+
+// y = a / b: da = dy / b, db = -dy * a / b^2 = -(dy / b) * y.
+void div_grad(GradientBuilder& b) {
+  graph::Value* dy_over_b = b.emit1("Div", {b.output_grad(0), b.input(1)});
+  set_broadcast_grad(b, 0, dy_over_b);
+  if (b.needs_input_grad(1))
+    set_broadcast_grad(b, 1, b.emit1("Neg", {b.emit1("Mul", {dy_over_b, b.output(0)})}));
+}
+
+// dz: Z, x: X, e: E (float like x, or int32/int64) -> dx: Z (and de: Z when requested),
+// dx = dz * e * x^(e-1), de = dz * x^e * log(x) (0 where x <= 0, where x^e has no real
+// derivative in e).
+class PowGradKernel final : public Kernel {
+ public:
+  explicit PowGradKernel(const graph::Node&) {}
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dz = required_input(ctx, 0);
+    const TensorView& x = required_input(ctx, 1);
+    const TensorView& e = required_input(ctx, 2);
+    check_same_dtype(ctx, 1, dz.dtype);
+    std::vector<std::span<const int64_t>> dims{dz.dims, x.dims, e.dims};
+    const std::vector<int64_t> out_dims = broadcast_all(dims, where);
+    dispatch(FloatTypes{}, dz.dtype, where, [&](auto xt) {
+      using T = typename decltype(xt)::type;
+      using ExponentTypes = decltype(FloatTypes{} + TypeList<int32_t, int64_t>{});
+      dispatch(ExponentTypes{}, e.dtype, where, [&](auto et) {
+        using U = typename decltype(et)::type;
+        auto dx_fn = [](T g, T a, U p) {
+          const T pt = static_cast<T>(p);
+          return g * pt * std::pow(a, pt - T{1});
+        };
+        broadcast_apply<T>(ctx, ctx.output(0, out_dims), dx_fn, operand<T>(dz), operand<T>(x),
+                           operand<U>(e));
+        if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
+          auto de_fn = [](T g, T a, U p) {
+            return a > T{0} ? g * std::pow(a, static_cast<T>(p)) * std::log(a) : T{0};
+          };
+          broadcast_apply<T>(ctx, ctx.output(1, out_dims), de_fn, operand<T>(dz), operand<T>(x),
+                             operand<U>(e));
+        }
+      });
+    });
+  }
+};
+
+void infer_pow_grad(InferenceContext& ctx) {
+  infer_broadcast(ctx, tensor_input(ctx, 0).dtype);
+  for (size_t i = 1; i < ctx.output_types.size(); ++i) ctx.output_types[i] = ctx.output_types[0];
+}
+
+void pow_grad(GradientBuilder& b) {
+  const bool de = b.needs_input_grad(1);
+  std::vector<graph::Value*> g = b.emit("PowGrad", {b.output_grad(0), b.input(0), b.input(1)},
+                                        de ? 2 : 1, {}, kOnnxtrainDomain);
+  set_broadcast_grad(b, 0, g[0]);
+  if (de) set_broadcast_grad(b, 1, g[1]);
+}
+
+// Min/Max route dY to the input that was selected. Ties go to the lowest-index input that
+// attains the result, so the gradients of all inputs still sum to dY.
+void select_grad(GradientBuilder& b) {
+  graph::Value* dy = b.output_grad(0);
+  graph::Value* zero = scalar_like(b, b.input(0), 0.0, "zero");
+  graph::Value* taken = nullptr;  // bool: an earlier input attains the result
+  for (int i = 0; i < b.num_inputs(); ++i) {
+    graph::Value* hit = b.emit1("Equal", {b.input(i), b.output(0)});
+    graph::Value* mine = taken ? b.emit1("And", {hit, b.emit1("Not", {taken})}) : hit;
+    if (b.needs_input_grad(i)) set_broadcast_grad(b, i, b.emit1("Where", {mine, dy, zero}));
+    if (i + 1 < b.num_inputs()) taken = taken ? b.emit1("Or", {taken, hit}) : hit;
+  }
+}
+
+void sum_grad(GradientBuilder& b) {
+  for (int i = 0; i < b.num_inputs(); ++i) set_broadcast_grad(b, i, b.output_grad(0));
+}
+
+void mean_grad(GradientBuilder& b) {
+  graph::Value* scale = scalar_like(b, b.input(0), 1.0 / b.num_inputs(), "inv_count");
+  graph::Value* dy = b.emit1("Mul", {b.output_grad(0), scale});
+  for (int i = 0; i < b.num_inputs(); ++i) set_broadcast_grad(b, i, dy);
+}
+
 }  // namespace
 
+ONNXTRAIN_REGISTER_OP(ew_pow_grad) {
+  OpSchema s = make_schema("PowGrad", infer_pow_grad, factory<PowGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  s.foldable = false;
+  return s;
+}
+
 ONNXTRAIN_REGISTER_OP(ew_add) {
-  return binary_op<Wrapping<std::plus<>>, NumericHalfTypes>("Add");
+  return with_gradient(binary_op<Wrapping<std::plus<>>, NumericHalfTypes>("Add"), add_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sub) {
-  return binary_op<Wrapping<std::minus<>>, NumericHalfTypes>("Sub");
+  return with_gradient(binary_op<Wrapping<std::minus<>>, NumericHalfTypes>("Sub"), sub_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_mul) {
-  return binary_op<Wrapping<std::multiplies<>>, NumericHalfTypes>("Mul");
+  return with_gradient(binary_op<Wrapping<std::multiplies<>>, NumericHalfTypes>("Mul"), mul_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_div) {
-  return binary_op<DivFn, NumericHalfTypes>("Div");
+  return with_gradient(binary_op<DivFn, NumericHalfTypes>("Div"), div_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_mod) {
   return binary_op<ModFn, NumericHalfTypes>("Mod", 10);
 }
 ONNXTRAIN_REGISTER_OP(ew_pow) {
-  return make_schema("Pow", infer_pow, factory<PowKernel>());
+  return with_gradient(make_schema("Pow", infer_pow, factory<PowKernel>()), pow_grad);
 }
 
 ONNXTRAIN_REGISTER_OP(ew_max) {
-  return variadic_op<MaxFn, NumericHalfTypes>("Max");
+  return with_gradient(variadic_op<MaxFn, NumericHalfTypes>("Max"), select_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_min) {
-  return variadic_op<MinFn, NumericHalfTypes>("Min");
+  return with_gradient(variadic_op<MinFn, NumericHalfTypes>("Min"), select_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sum) {
-  return variadic_op<Wrapping<std::plus<>>, NumericHalfTypes>("Sum");
+  return with_gradient(variadic_op<Wrapping<std::plus<>>, NumericHalfTypes>("Sum"), sum_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_mean) {
-  return variadic_op<Wrapping<std::plus<>>, decltype(FloatTypes{} + HalfTypes{}), true>("Mean");
+  return with_gradient(
+      variadic_op<Wrapping<std::plus<>>, decltype(FloatTypes{} + HalfTypes{}), true>("Mean"),
+      mean_grad);
 }
 
 ONNXTRAIN_REGISTER_OP(ew_bitshift) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
 
 namespace onnxtrain::ops::ew {
@@ -107,10 +108,19 @@ void infer_cast_like(InferenceContext& ctx) {
   set_output(ctx, 0, tensor_input(ctx, 1).dtype, tensor_input(ctx, 0).shape);
 }
 
+// The gradient casts back to the input's dtype (only float inputs ask for one).
+void cast_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const DataType to = b.input(0)->dtype();
+  OT_CHECK(to != DataType::kUndefined, b.node().describe(), ": input dtype is unknown");
+  b.set_input_grad(0, b.emit1("Cast", {b.output_grad(0)},
+                              {graph::Attribute::make_int("to", static_cast<int64_t>(to))}));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(ew_cast) {
-  return make_schema("Cast", infer_cast, factory<CastKernel>());
+  return with_gradient(make_schema("Cast", infer_cast, factory<CastKernel>()), cast_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_cast_like) {
   return make_schema("CastLike", infer_cast_like, factory<CastLikeKernel>(), 15);

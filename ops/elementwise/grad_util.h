@@ -24,6 +24,12 @@ graph::Value* scalar_like(GradientBuilder& b, graph::Value* like, double v,
 graph::Value* emit_grad_op(GradientBuilder& b, const std::string& op_type,
                            const std::vector<graph::Value*>& inputs);
 
+// The schema with its gradient rule set.
+inline OpSchema with_gradient(OpSchema s, GradientFn g) {
+  s.gradient = std::move(g);
+  return s;
+}
+
 // dy: D, z: D (forward X or Y) -> dx: D. Fn(dy, z) is the scalar rule; float32/float64.
 template <typename Fn>
 class GradKernel final : public Kernel {

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <functional>
 
+#include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
 
 namespace onnxtrain::ops::ew {
@@ -84,6 +85,18 @@ void infer_identity(InferenceContext& ctx) {
   ctx.output_types[0] = *t;
 }
 
+// The condition gets no gradient; x and y get dOut where they were selected.
+void where_grad(GradientBuilder& b) {
+  graph::Value* d = b.output_grad(0);
+  graph::Value* zero = scalar_like(b, b.input(1), 0.0, "zero");
+  if (b.needs_input_grad(1)) set_broadcast_grad(b, 1, b.emit1("Where", {b.input(0), d, zero}));
+  if (b.needs_input_grad(2)) set_broadcast_grad(b, 2, b.emit1("Where", {b.input(0), zero, d}));
+}
+
+void identity_grad(GradientBuilder& b) {
+  b.set_input_grad(0, b.output_grad(0));
+}
+
 using CompareTypes = NumericHalfTypes;
 using EqualTypes = decltype(NumericHalfTypes{} + BoolTypes{});
 
@@ -117,10 +130,11 @@ ONNXTRAIN_REGISTER_OP(ew_not) {
   return unary_bool_op<std::logical_not<>, BoolTypes>("Not");
 }
 ONNXTRAIN_REGISTER_OP(ew_where) {
-  return make_schema("Where", infer_where, factory<WhereKernel>(), 9);
+  return with_gradient(make_schema("Where", infer_where, factory<WhereKernel>(), 9), where_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_identity) {
-  return make_schema("Identity", infer_identity, factory<IdentityKernel>());
+  return with_gradient(make_schema("Identity", infer_identity, factory<IdentityKernel>()),
+                       identity_grad);
 }
 
 }  // namespace onnxtrain::ops::ew

@@ -1,7 +1,9 @@
 // Unary math: Sqrt, Exp, Log, Erf, Reciprocal, Neg, Abs, Sign, Floor, Ceil, Round, the
 // trigonometric and hyperbolic functions, IsNaN, IsInf.
 #include <cmath>
+#include <numbers>
 
+#include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
 
 namespace onnxtrain::ops::ew {
@@ -82,22 +84,91 @@ struct IsInfFn {
 
 using FloatHalfTypes = decltype(FloatTypes{} + HalfTypes{});
 
+// ---------------------------------------------------------------- gradients
+
+struct SqrtGradFn {  // (dy, y): d sqrt(x) = 1 / (2 sqrt(x))
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return dy / (T{2} * y);
+  }
+};
+
+struct ErfGradFn {  // (dy, x): d erf(x) = 2/sqrt(pi) exp(-x^2)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy * static_cast<T>(2 * std::numbers::inv_sqrtpi) * std::exp(-x * x);
+  }
+};
+
+struct AbsGradFn {  // (dy, x): sign(x), 0 at 0
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return x < T{0} ? -dy : (x > T{0} ? dy : T{0});
+  }
+};
+
+struct ReciprocalGradFn {  // (dy, y): d (1/x) = -1/x^2 = -y^2
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return -dy * y * y;
+  }
+};
+
+void sqrt_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, emit_grad_op(b, "SqrtGrad", {b.output_grad(0), b.output(0)}));
+}
+void erf_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, emit_grad_op(b, "ErfGrad", {b.output_grad(0), b.input(0)}));
+}
+void abs_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, emit_grad_op(b, "AbsGrad", {b.output_grad(0), b.input(0)}));
+}
+void reciprocal_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, emit_grad_op(b, "ReciprocalGrad", {b.output_grad(0), b.output(0)}));
+}
+void exp_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Mul", {b.output_grad(0), b.output(0)}));
+}
+void log_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Div", {b.output_grad(0), b.input(0)}));
+}
+void neg_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Neg", {b.output_grad(0)}));
+}
+
 }  // namespace
 
+ONNXTRAIN_REGISTER_OP(ew_sqrt_grad) {
+  return grad_op<SqrtGradFn>("SqrtGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_erf_grad) {
+  return grad_op<ErfGradFn>("ErfGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_abs_grad) {
+  return grad_op<AbsGradFn>("AbsGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_reciprocal_grad) {
+  return grad_op<ReciprocalGradFn>("ReciprocalGrad");
+}
+
 ONNXTRAIN_REGISTER_OP(ew_sqrt) {
-  return unary_op<SqrtFn, FloatTypes>("Sqrt");
+  return with_gradient(unary_op<SqrtFn, FloatTypes>("Sqrt"), sqrt_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_exp) {
-  return unary_op<ExpFn, FloatTypes>("Exp");
+  return with_gradient(unary_op<ExpFn, FloatTypes>("Exp"), exp_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_log) {
-  return unary_op<LogFn, FloatTypes>("Log");
+  return with_gradient(unary_op<LogFn, FloatTypes>("Log"), log_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_erf) {
-  return unary_op<ErfFn, FloatTypes>("Erf", 9);
+  return with_gradient(unary_op<ErfFn, FloatTypes>("Erf", 9), erf_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_reciprocal) {
-  return unary_op<ReciprocalFn, FloatTypes>("Reciprocal");
+  return with_gradient(unary_op<ReciprocalFn, FloatTypes>("Reciprocal"), reciprocal_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_floor) {
   return unary_op<FloorFn, FloatTypes>("Floor");
@@ -142,10 +213,10 @@ ONNXTRAIN_REGISTER_OP(ew_atanh) {
   return unary_op<AtanhFn, FloatTypes>("Atanh", 9);
 }
 ONNXTRAIN_REGISTER_OP(ew_neg) {
-  return unary_op<NegFn, SignedTypes>("Neg");
+  return with_gradient(unary_op<NegFn, SignedTypes>("Neg"), neg_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_abs) {
-  return unary_op<AbsFn, NumericTypes>("Abs");
+  return with_gradient(unary_op<AbsFn, NumericTypes>("Abs"), abs_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sign) {
   return unary_op<SignFn, NumericTypes>("Sign", 9);
