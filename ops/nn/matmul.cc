@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "graph/printer.h"
+#include "ops/elementwise/grad_util.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
 
@@ -440,6 +441,102 @@ class MatMulIntegerKernel final : public Kernel {
   std::string where_;
 };
 
+// ---------------------------------------------------------------- gradients
+// Both rules emit standard Gemm/MatMul/Transpose nodes, so the backward pass runs on the same
+// oneDNN kernels as the forward one. They need operand ranks (known after inference), never
+// dims.
+
+// y = alpha * A' B' + beta * C with A' = transA ? A^T : A (B' likewise).
+//   dA' = alpha dY B'^T, dB' = alpha A'^T dY; a transposed operand takes the transpose.
+void gemm_grad(GradientBuilder& b) {
+  const graph::Node& n = b.node();
+  const float alpha = n.attr_float("alpha", 1.0f), beta = n.attr_float("beta", 1.0f);
+  const bool ta = n.attr_int("transA", 0) != 0, tb = n.attr_int("transB", 0) != 0;
+  graph::Value* dy = b.output_grad(0);
+  auto gemm = [&](graph::Value* p, graph::Value* q, bool tp, bool tq) {
+    return b.emit1("Gemm", {p, q},
+                   {graph::Attribute::make_float("alpha", alpha),
+                    graph::Attribute::make_int("transA", tp), graph::Attribute::make_int("transB", tq)});
+  };
+  if (b.needs_input_grad(0)) {
+    // ta=0: dY B'^T; ta=1: (dY B'^T)^T = B' dY^T.
+    b.set_input_grad(0, ta ? gemm(b.input(1), dy, tb, true) : gemm(dy, b.input(1), false, !tb));
+  }
+  if (b.needs_input_grad(1)) {
+    // tb=0: A'^T dY; tb=1: (A'^T dY)^T = dY^T A'.
+    b.set_input_grad(1, tb ? gemm(dy, b.input(0), true, ta) : gemm(b.input(0), dy, !ta, false));
+  }
+  if (b.num_inputs() > 2 && b.input(2) && b.needs_input_grad(2)) {
+    graph::Value* dc = dy;
+    if (beta != 1.0f) dc = b.emit1("Mul", {dy, ew::scalar_like(b, b.input(0), beta, "beta")});
+    b.set_input_grad(2, b.emit1("SumToShapeOf", {dc, b.input(2)}, {}, kOnnxtrainDomain));
+  }
+}
+
+int64_t static_rank(const GradientBuilder& b, int i) {
+  const graph::Value* v = b.input(i);
+  OT_CHECK(v->shape(), b.node().describe(), ": the MatMul gradient needs the rank of '", v->name(),
+           "', which is unknown");
+  return static_cast<int64_t>(v->shape()->size());
+}
+
+graph::Value* unsqueeze(GradientBuilder& b, graph::Value* x, int64_t axis) {
+  if (b.opset() >= 13) {
+    graph::Value* axes = b.constant(
+        graph::Tensor::from_vector(DataType::kInt64, {1}, std::vector<int64_t>{axis}), "axes");
+    return b.emit1("Unsqueeze", {x, axes});
+  }
+  return b.emit1("Unsqueeze", {x}, {graph::Attribute::make_ints("axes", {axis})});
+}
+
+// x of rank r >= 2 with its last two dims swapped.
+graph::Value* transpose_last2(GradientBuilder& b, graph::Value* x, int64_t r) {
+  std::vector<int64_t> perm(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) perm[i] = i;
+  std::swap(perm[r - 2], perm[r - 1]);
+  return b.emit1("Transpose", {x}, {graph::Attribute::make_ints("perm", perm)});
+}
+
+// numpy matmul: 1-D operands are promoted (A: (K) -> (1,K), B: (K) -> (K,1)) and dY gets the
+// dropped dim back; dA = dY B^T and dB = A^T dY over the batch, summed back over the batch
+// dims broadcasting added (SumToShapeOf, whose numpy rule also drops the promoted 1).
+void matmul_grad(GradientBuilder& b) {
+  const int64_t ra = static_rank(b, 0), rb = static_rank(b, 1);
+  graph::Value* a = b.input(0);
+  graph::Value* bm = b.input(1);
+  graph::Value* dy = b.output_grad(0);
+  if (ra == 1 && rb == 1) {  // dot product: dY is a scalar
+    if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Mul", {dy, bm}));
+    if (b.needs_input_grad(1)) b.set_input_grad(1, b.emit1("Mul", {dy, a}));
+    return;
+  }
+  const int64_t ry = std::max(ra, rb) - ((ra == 1 || rb == 1) ? 1 : 0);
+  graph::Value* g = dy;  // (..., M, N)
+  if (ra == 1) g = unsqueeze(b, g, ry - 1);
+  if (rb == 1) g = unsqueeze(b, g, ry);
+  const int64_t rg = std::max<int64_t>(std::max(ra, rb), 2);
+  const bool plain = ra == 2 && rb == 2;  // no batch: results already have the operand shapes
+  auto reduce_to = [&](graph::Value* full, graph::Value* like) {
+    return plain ? full : b.emit1("SumToShapeOf", {full, like}, {}, kOnnxtrainDomain);
+  };
+  if (b.needs_input_grad(0)) {
+    graph::Value* bp = rb == 1 ? unsqueeze(b, bm, 1) : bm;                 // (..., K, N)
+    graph::Value* da = b.emit1("MatMul", {g, transpose_last2(b, bp, std::max<int64_t>(rb, 2))});
+    b.set_input_grad(0, reduce_to(da, a));                                 // (..., M, K)
+  }
+  if (b.needs_input_grad(1)) {
+    graph::Value* db;
+    if (rb == 1) {  // (..., 1, M) x (..., M, K) -> (..., 1, K), which sums to (K)
+      graph::Value* ap = ra == 1 ? unsqueeze(b, a, 0) : a;
+      db = b.emit1("MatMul", {transpose_last2(b, g, rg), ap});
+    } else {
+      graph::Value* ap = ra == 1 ? unsqueeze(b, a, 0) : a;                 // (..., M, K)
+      db = b.emit1("MatMul", {transpose_last2(b, ap, std::max<int64_t>(ra, 2)), g});
+    }
+    b.set_input_grad(1, reduce_to(db, bm));
+  }
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(nn_matmul_integer) {
@@ -455,6 +552,7 @@ ONNXTRAIN_REGISTER_OP(nn_gemm) {
   s.op_type = "Gemm";
   s.infer = infer_gemm;
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<GemmKernel>(n); };
+  s.gradient = gemm_grad;
   return s;
 }
 
@@ -463,6 +561,7 @@ ONNXTRAIN_REGISTER_OP(nn_matmul) {
   s.op_type = "MatMul";
   s.infer = infer_matmul;
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<MatMulKernel>(n); };
+  s.gradient = matmul_grad;
   return s;
 }
 
