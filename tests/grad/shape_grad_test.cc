@@ -1,0 +1,282 @@
+// Finite-difference checks of the shape ops' gradient rules (Reshape, Flatten, Squeeze,
+// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, Pad, Tile) over random shapes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/tensor.h"
+#include "tests/grad/gradcheck.h"
+
+namespace onnxtrain::testing {
+namespace {
+
+using graph::Attribute;
+using graph::DataType;
+using graph::Tensor;
+
+GradInput checked(Tensor t) {
+  return GradInput{std::move(t), true, false};
+}
+GradInput constant(Tensor t) {
+  return GradInput{std::move(t), false, true};
+}
+GradInput ints(std::vector<int64_t> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return constant(int64_tensor({n}, std::move(v)));
+}
+
+std::vector<int64_t> random_dims(std::mt19937& rng, int rank, int64_t lo = 1, int64_t hi = 4) {
+  std::uniform_int_distribution<int64_t> d(lo, hi);
+  std::vector<int64_t> dims;
+  for (int k = 0; k < rank; ++k) dims.push_back(d(rng));
+  return dims;
+}
+
+int64_t pick(std::mt19937& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+std::string dims_str(const std::vector<int64_t>& dims) {
+  std::string s = "(";
+  for (size_t k = 0; k < dims.size(); ++k) s += (k ? "," : "") + std::to_string(dims[k]);
+  return s + ")";
+}
+
+GradCase one_input(const char* op, Tensor x, int64_t opset, std::string label) {
+  GradCase c;
+  c.op_type = op;
+  c.opset = opset;
+  c.inputs = {checked(std::move(x))};
+  c.label = std::string(op) + " " + std::move(label);
+  return c;
+}
+
+TEST(ShapeGrad, Reshape) {
+  for (uint64_t s = 0; s < 4; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const auto dims = random_dims(rng, static_cast<int>(pick(rng, 1, 4)));
+    const int64_t n = std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<>());
+    GradCase c = one_input("Reshape", random_tensor(DataType::kDouble, dims, s), 14,
+                           dims_str(dims) + " -> (-1, 1)");
+    c.inputs.push_back(ints({n == 1 ? 1 : -1, 1}));
+    check_gradient(c);
+  }
+}
+
+TEST(ShapeGrad, Flatten) {
+  for (uint64_t s = 10; s < 14; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 4));
+    const auto dims = random_dims(rng, rank);
+    const int64_t axis = pick(rng, -rank, rank);
+    GradCase c = one_input("Flatten", random_tensor(DataType::kDouble, dims, s), 13,
+                           dims_str(dims) + " axis " + std::to_string(axis));
+    c.attributes = {Attribute::make_int("axis", axis)};
+    check_gradient(c);
+  }
+}
+
+TEST(ShapeGrad, SqueezeUnsqueeze) {
+  // Squeeze opset 13 (axes input) and 11 (attribute) of the size-1 dims.
+  for (int64_t opset : {11, 13}) {
+    GradCase c = one_input("Squeeze", random_tensor(DataType::kDouble, {2, 1, 3, 1}, 20), opset,
+                           "(2,1,3,1) axes (1,-1)");
+    if (opset >= 13)
+      c.inputs.push_back(ints({1, -1}));
+    else
+      c.attributes = {Attribute::make_ints("axes", {1, -1})};
+    check_gradient(c);
+    GradCase u = one_input("Unsqueeze", random_tensor(DataType::kDouble, {3, 2}, 21), opset,
+                           "(3,2) axes (0,-1)");
+    if (opset >= 13)
+      u.inputs.push_back(ints({0, -1}));
+    else
+      u.attributes = {Attribute::make_ints("axes", {0, -1})};
+    check_gradient(u);
+  }
+  check_gradient(one_input("Squeeze", random_tensor(DataType::kFloat, {1, 4, 1}, 22), 13,
+                           "(1,4,1) all"));
+}
+
+TEST(ShapeGrad, Transpose) {
+  for (uint64_t s = 30; s < 35; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 5));
+    const auto dims = random_dims(rng, rank);
+    std::vector<int64_t> perm(static_cast<size_t>(rank));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    GradCase c = one_input("Transpose", random_tensor(DataType::kDouble, dims, s), 13,
+                           dims_str(dims) + " perm " + dims_str(perm));
+    c.attributes = {Attribute::make_ints("perm", perm)};
+    check_gradient(c);
+  }
+  check_gradient(one_input("Transpose", random_tensor(DataType::kFloat, {2, 3, 4}, 36), 13,
+                           "(2,3,4) reversed"));
+}
+
+TEST(ShapeGrad, Concat) {
+  for (uint64_t s = 40; s < 45; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 3));
+    const auto base = random_dims(rng, rank);
+    const int64_t axis = pick(rng, -rank, rank - 1);
+    const auto a = static_cast<size_t>(axis < 0 ? axis + rank : axis);
+    GradCase c;
+    c.op_type = "Concat";
+    c.opset = s % 2 ? 13 : 11;
+    c.attributes = {Attribute::make_int("axis", axis)};
+    c.label = "Concat " + dims_str(base) + " axis " + std::to_string(axis);
+    for (int i = 0; i < 3; ++i) {
+      auto dims = base;
+      dims[a] = pick(rng, 1, 3);
+      c.inputs.push_back(checked(random_tensor(DataType::kDouble, dims, s * 10 + i)));
+    }
+    check_gradient(c);
+  }
+}
+
+TEST(ShapeGrad, Split) {
+  // Opset 13 with the split input; outputs 0 and 2 enter the loss, so output 1's gradient is
+  // missing and the rule fills zeros.
+  GradCase c = one_input("Split", random_tensor(DataType::kDouble, {2, 6, 3}, 50), 13,
+                         "(2,6,3) axis 1 split (1,3,2) outputs 0,2");
+  c.inputs.push_back(ints({1, 3, 2}));
+  c.attributes = {Attribute::make_int("axis", 1)};
+  c.num_outputs = 3;
+  c.loss_outputs = {0, 2};
+  check_gradient(c);
+  GradCase e = one_input("Split", random_tensor(DataType::kFloat, {4, 3}, 51), 11,
+                         "(4,3) axis -2 equal halves");
+  e.attributes = {Attribute::make_int("axis", -2)};
+  e.num_outputs = 2;
+  check_gradient(e);
+}
+
+TEST(ShapeGrad, Slice) {
+  for (uint64_t s = 60; s < 66; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 3));
+    const auto dims = random_dims(rng, rank, 2, 5);
+    std::vector<int64_t> starts, ends, axes, steps;
+    for (int k = 0; k < rank; ++k) {
+      if (rng() % 3 == 0) continue;  // leave some axes whole
+      const int64_t d = dims[static_cast<size_t>(k)];
+      const int64_t step = (rng() % 2 ? 1 : -1) * pick(rng, 1, 2);
+      if (step > 0) {
+        starts.push_back(pick(rng, -d, d - 1));
+        ends.push_back(rng() % 4 == 0 ? INT64_MAX : pick(rng, 0, d));
+      } else {
+        starts.push_back(pick(rng, 0, d - 1) + (rng() % 2 ? 0 : d));  // clamped when >= d
+        ends.push_back(rng() % 4 == 0 ? INT64_MIN : pick(rng, -d - 1, d - 1));
+      }
+      axes.push_back(rng() % 2 ? k : k - rank);
+      steps.push_back(step);
+    }
+    if (axes.empty()) {
+      starts = {1};
+      ends = {dims[0]};
+      axes = {0};
+      steps = {1};
+    }
+    GradCase c = one_input("Slice", random_tensor(DataType::kDouble, dims, s), 13,
+                           dims_str(dims) + " starts " + dims_str(starts) + " ends " +
+                               dims_str(ends) + " axes " + dims_str(axes) + " steps " +
+                               dims_str(steps));
+    c.inputs.push_back(ints(starts));
+    c.inputs.push_back(ints(ends));
+    c.inputs.push_back(ints(axes));
+    c.inputs.push_back(ints(steps));
+    check_gradient(c);
+  }
+  // Opset 9: starts/ends/axes as attributes.
+  GradCase old = one_input("Slice", random_tensor(DataType::kFloat, {3, 4}, 67), 9,
+                           "(3,4) opset 9 [1:3, 0:-1]");
+  old.attributes = {Attribute::make_ints("starts", {1, 0}), Attribute::make_ints("ends", {3, -1})};
+  check_gradient(old);
+}
+
+TEST(ShapeGrad, Gather) {
+  for (uint64_t s = 70; s < 75; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 3));
+    const auto dims = random_dims(rng, rank, 2, 4);
+    const int64_t axis = pick(rng, -rank, rank - 1);
+    const int64_t d = dims[static_cast<size_t>(axis < 0 ? axis + rank : axis)];
+    // Repeated and negative indices; a 2-D index tensor every other case.
+    std::vector<int64_t> idx_dims = s % 2 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{4};
+    std::vector<int64_t> idx;
+    const int64_t count = s % 2 ? 6 : 4;
+    for (int64_t k = 0; k < count; ++k) idx.push_back(pick(rng, -d, d - 1));
+    idx[1] = idx[0];
+    GradCase c = one_input("Gather", random_tensor(DataType::kDouble, dims, s), 13,
+                           dims_str(dims) + " axis " + std::to_string(axis) + " indices " +
+                               dims_str(idx));
+    c.attributes = {Attribute::make_int("axis", axis)};
+    c.inputs.push_back(constant(int64_tensor(idx_dims, idx)));
+    check_gradient(c);
+  }
+  GradCase scalar = one_input("Gather", random_tensor(DataType::kFloat, {3, 2}, 76), 13,
+                              "(3,2) scalar index");
+  scalar.inputs.push_back(constant(int64_tensor({}, {2})));
+  check_gradient(scalar);
+}
+
+TEST(ShapeGrad, Expand) {
+  GradCase a = one_input("Expand", random_tensor(DataType::kDouble, {3, 1}, 80), 13,
+                         "(3,1) -> (2,3,4)");
+  a.inputs.push_back(ints({2, 3, 4}));
+  check_gradient(a);
+  GradCase b = one_input("Expand", random_tensor(DataType::kDouble, {1, 4}, 81), 13,
+                         "(1,4) -> (3,1)");
+  b.inputs.push_back(ints({3, 1}));
+  check_gradient(b);
+  GradCase f = one_input("Expand", random_tensor(DataType::kFloat, {2, 1, 3}, 82), 13,
+                         "(2,1,3) -> (2,5,3)");
+  f.inputs.push_back(ints({2, 5, 3}));
+  check_gradient(f);
+}
+
+TEST(ShapeGrad, Tile) {
+  for (uint64_t s = 90; s < 94; ++s) {
+    std::mt19937 rng(static_cast<uint32_t>(s));
+    const int rank = static_cast<int>(pick(rng, 1, 3));
+    const auto dims = random_dims(rng, rank, 1, 3);
+    const auto repeats = random_dims(rng, rank, 1, 3);
+    GradCase c = one_input("Tile", random_tensor(DataType::kDouble, dims, s), s % 2 ? 13 : 11,
+                           dims_str(dims) + " repeats " + dims_str(repeats));
+    c.inputs.push_back(ints(repeats));
+    check_gradient(c);
+  }
+}
+
+TEST(ShapeGrad, Pad) {
+  // Positive pads, negative pads (crop) and mixed; pads as an input (13) and attribute (10).
+  GradCase a = one_input("Pad", random_tensor(DataType::kDouble, {2, 3}, 100), 13,
+                         "(2,3) pads (1,0,2,1)");
+  a.inputs.push_back(ints({1, 0, 2, 1}));
+  check_gradient(a);
+  GradCase b = one_input("Pad", random_tensor(DataType::kDouble, {3, 4, 2}, 101), 13,
+                         "(3,4,2) pads (-1,1,0,0,-2,1) value 0.5");
+  b.inputs.push_back(ints({-1, 1, 0, 0, -2, 1}));
+  b.inputs.push_back(constant(Tensor::from_vector(DataType::kDouble, {}, std::vector<double>{0.5})));
+  check_gradient(b);
+  GradCase c = one_input("Pad", random_tensor(DataType::kFloat, {2, 2}, 102), 10,
+                         "(2,2) opset 10 pads (0,1,1,0)");
+  c.attributes = {Attribute::make_ints("pads", {0, 1, 1, 0})};
+  check_gradient(c);
+  GradCase d = one_input("Pad", random_tensor(DataType::kDouble, {2, 3, 2}, 103), 18,
+                         "(2,3,2) opset 18 axes (-2) pads (2,1)");
+  d.inputs.push_back(ints({2, 1}));
+  d.inputs.push_back(GradInput{std::nullopt, false, false});
+  d.inputs.push_back(ints({-2}));
+  check_gradient(d);
+}
+
+}  // namespace
+}  // namespace onnxtrain::testing
