@@ -99,16 +99,19 @@ const std::vector<ShapePair>& broadcast_shapes() {
 TEST(ElementwiseGrad, AddSubMulBroadcasting) {
   uint64_t seed = 1;
   for (const char* op : {"Add", "Sub", "Mul"})
-    for (const ShapePair& s : broadcast_shapes())
-      run(binary(op, rnd(s.a, seed++), rnd(s.b, seed++), s.label));
+    for (const ShapePair& s : broadcast_shapes()) {
+      run(binary(op, rnd(s.a, seed), rnd(s.b, seed + 1), s.label));
+      seed += 2;
+    }
 }
 
 TEST(ElementwiseGrad, DivBroadcasting) {
   uint64_t seed = 100;
   for (const ShapePair& s : broadcast_shapes()) {
     // Divisor in +-[0.5, 1.5]: away from the pole at 0.
-    Tensor b = away(rnd(s.b, seed++, -1.5, 1.5), {0.0}, 0.5);
-    run(binary("Div", rnd(s.a, seed++), b, s.label));
+    Tensor b = away(rnd(s.b, seed, -1.5, 1.5), {0.0}, 0.5);
+    run(binary("Div", rnd(s.a, seed + 1), b, s.label));
+    seed += 2;
   }
 }
 
@@ -213,10 +216,11 @@ GradCase variadic(const std::string& op, std::vector<Tensor> xs, const std::stri
 TEST(ElementwiseGrad, SumMeanMinMax) {
   uint64_t seed = 80;
   for (const char* op : {"Sum", "Mean", "Min", "Max"}) {
-    run(variadic(op, {rnd({2, 3}, seed++)}, "one input"));
-    run(variadic(op, {rnd({2, 3}, seed++), rnd({2, 3}, seed++)}, "two (2,3)"));
-    run(variadic(op, {rnd({2, 3}, seed++), rnd({3}, seed++), rnd({2, 1}, seed++)},
+    run(variadic(op, {rnd({2, 3}, seed)}, "one input"));
+    run(variadic(op, {rnd({2, 3}, seed + 1), rnd({2, 3}, seed + 2)}, "two (2,3)"));
+    run(variadic(op, {rnd({2, 3}, seed + 3), rnd({3}, seed + 4), rnd({2, 1}, seed + 5)},
                  "(2,3), (3), (2,1)"));
+    seed += 6;
   }
 }
 
