@@ -1,6 +1,7 @@
-// ai.onnx.preview.training optimizers (opset 1): Adam, Momentum (standard / Nesterov), Adagrad.
-// Each takes (R, T, X_1..X_n, G_1..G_n, S1_1..S1_n, ...) and returns (X_new_1..n, S1_new_1..n,
-// ...): one elementwise rule applied to every parameter group, in double, cast back.
+// ai.onnx.preview.training optimizers (opset 1): Adam, Momentum (standard / Nesterov), Adagrad,
+// and ai.onnxtrain.AdamW (decoupled weight decay) in the same multi-tensor layout. Each takes
+// (R, T, X_1..X_n, G_1..G_n, S1_1..S1_n, ...) and returns (X_new_1..n, S1_new_1..n, ...): one
+// elementwise rule applied to every parameter group, in double, cast back.
 #include <cmath>
 
 #include "ops/reduce/reduce_engine.h"
@@ -86,6 +87,31 @@ struct AdagradRule {
     const double gr = norm * x + g;
     s_new[0] = s[0] + gr * gr;
     x_new = x - r_adj * gr / (std::sqrt(s_new[0]) + eps);
+  }
+};
+
+// ai.onnxtrain.AdamW (Loshchilov & Hutter): the gradient is not regularized; the decay is
+// applied to the weight directly, scaled by the learning rate (not by the adaptive step):
+// m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+// x -= r weight_decay x + r_adj m / (sqrt(v) + eps), r_adj as in AdamRule (T = 1-based step).
+// With weight_decay = 0 it equals preview Adam with norm_coefficient = 0 (the same epsilon-hat
+// form Keras uses), so Adam and AdamW differ only in where the decay enters.
+struct AdamWRule {
+  static constexpr int kStates = 2;
+  double beta1, beta2, eps, decay, r, r_adj;
+  AdamWRule(const graph::Node& node, Step s)
+      : beta1(node.attr_float("beta1", 0.9f)),
+        beta2(node.attr_float("beta2", 0.999f)),
+        eps(node.attr_float("epsilon", 1e-7f)),
+        decay(node.attr_float("weight_decay", 0.0f)),
+        r(s.r),
+        r_adj(s.t > 0 ? s.r * std::sqrt(1 - std::pow(beta2, static_cast<double>(s.t))) /
+                            (1 - std::pow(beta1, static_cast<double>(s.t)))
+                      : s.r) {}
+  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
+    s_new[0] = beta1 * s[0] + (1 - beta1) * g;
+    s_new[1] = beta2 * s[1] + (1 - beta2) * g * g;
+    x_new = x - r * decay * x - r_adj * (s_new[0] / (std::sqrt(s_new[1]) + eps));
   }
 };
 
@@ -187,9 +213,9 @@ class OptimizerKernel final : public Kernel {
 };
 
 template <typename Rule>
-OpSchema optimizer_schema(const char* op_type) {
+OpSchema optimizer_schema(const char* op_type, const char* domain = kTrainingDomain) {
   OpSchema s;
-  s.domain = kTrainingDomain;
+  s.domain = domain;
   s.op_type = op_type;
   s.since_version = 1;
   s.infer = infer_optimizer<Rule>;
@@ -209,6 +235,9 @@ ONNXTRAIN_REGISTER_OP(momentum) {
 }
 ONNXTRAIN_REGISTER_OP(adagrad) {
   return optimizer_schema<AdagradRule>("Adagrad");
+}
+ONNXTRAIN_REGISTER_OP(adamw) {
+  return optimizer_schema<AdamWRule>("AdamW", kOnnxtrainDomain);
 }
 
 }  // namespace onnxtrain::ops::optim

@@ -1,0 +1,122 @@
+// ai.onnxtrain.SGD: plain / momentum / Nesterov SGD with L2 weight decay, one parameter per node
+// (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed).
+#include "ops/reduce/reduce_engine.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::optim {
+
+namespace {
+
+struct SgdAttrs {
+  double momentum = 0, weight_decay = 0;
+  bool nesterov = false;
+};
+
+SgdAttrs sgd_attrs(const graph::Node& node) {
+  SgdAttrs a;
+  a.momentum = node.attr_float("momentum", 0.0f);
+  a.weight_decay = node.attr_float("weight_decay", 0.0f);
+  a.nesterov = node.attr_int("nesterov", 0) != 0;
+  OT_CHECK(a.momentum >= 0, node.describe(), ": momentum must be >= 0, got ", a.momentum);
+  OT_CHECK(!a.nesterov || a.momentum > 0, node.describe(), ": nesterov needs momentum > 0");
+  return a;
+}
+
+// Inputs (R, X, G[, V]); a velocity V is required exactly when momentum > 0.
+void check_arity(const graph::Node& node, const SgdAttrs& a, bool has_velocity, size_t outputs) {
+  OT_CHECK(has_velocity == (a.momentum > 0), node.describe(),
+           a.momentum > 0 ? ": momentum > 0 needs the velocity input V (R, X, G, V)"
+                          : ": a velocity input V needs momentum > 0");
+  OT_CHECK(outputs >= 1 && outputs <= (has_velocity ? 2u : 1u), node.describe(), ": expected ",
+           has_velocity ? "X_new and optionally V_new" : "one output X_new", ", got ", outputs,
+           " outputs");
+}
+
+void infer_sgd(InferenceContext& ctx) {
+  const SgdAttrs a = sgd_attrs(ctx.node);
+  const bool has_v = ctx.input_type(3) != nullptr;
+  check_arity(ctx.node, a, has_v, ctx.node.outputs().size());
+  const ValueType& r = tensor_input(ctx, 0);
+  if (auto d = known_dims(r))
+    OT_CHECK(numel(*d) == 1, ctx.where(), ": R (learning rate) must be a scalar");
+  const ValueType& x = tensor_input(ctx, 1);
+  const ValueType& g = tensor_input(ctx, 2);
+  OT_CHECK(g.dtype == x.dtype, ctx.where(), ": G must have the dtype of X");
+  set_output(ctx, 0, x.dtype, x.shape);
+  if (ctx.node.outputs().size() > 1) {
+    const ValueType& v = tensor_input(ctx, 3);
+    set_output(ctx, 1, v.dtype, v.shape);
+  }
+}
+
+double learning_rate(const TensorView& r, const std::string& where) {
+  OT_CHECK(r.numel() == 1, where, ": R (learning rate) must be a scalar");
+  if (r.dtype == DataType::kFloat) return *r.as<float>();
+  if (r.dtype == DataType::kDouble) return *r.as<double>();
+  fail(where, ": R must be float or double, got ", graph::dtype_short_name(r.dtype));
+}
+
+// R: (), X, G, V: same dims -> X_new, V_new: dims of X
+//   g' = g + weight_decay x; v = momentum v + g';
+//   x -= r g' (plain) | r v (momentum) | r (g' + momentum v) (Nesterov)
+class SgdKernel final : public Kernel {
+ public:
+  explicit SgdKernel(const graph::Node& node) : node_(node), a_(sgd_attrs(node)) {}
+  void run(KernelContext& ctx) override {
+    const std::string where = node_.describe();
+    const TensorView* r = ctx.input(0);
+    const TensorView* x = ctx.input(1);
+    const TensorView* g = ctx.input(2);
+    const TensorView* v = ctx.input(3);
+    check_arity(node_, a_, v != nullptr, static_cast<size_t>(ctx.num_outputs()));
+    OT_CHECK(r && x && g, where, ": R, X and G are required");
+    OT_CHECK(g->dims == x->dims && g->dtype == x->dtype && (!v || (v->dims == x->dims &&
+                                                                    v->dtype == x->dtype)),
+             where, ": X, G and V must have one shape and type");
+    const double lr = learning_rate(*r, where);
+    TensorView& x_new = ctx.output(0, x->dims);
+    TensorView* v_new = ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, x->dims)
+                                                                   : nullptr;
+    reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
+      update<T>(lr, x->as<T>(), g->as<T>(), v ? v->as<T>() : nullptr, x_new.as<T>(),
+                v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);
+    });
+  }
+
+ private:
+  template <typename T>
+  void update(double lr, const T* x, const T* g, const T* v, T* x_new, T* v_new, int64_t count,
+              const KernelContext& ctx) const {
+    const SgdAttrs a = a_;
+    ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const double xk = static_cast<double>(x[k]);
+        const double gr = static_cast<double>(g[k]) + a.weight_decay * xk;
+        double step = gr;
+        if (v) {
+          const double vk = a.momentum * static_cast<double>(v[k]) + gr;
+          if (v_new) v_new[k] = static_cast<T>(vk);
+          step = a.nesterov ? gr + a.momentum * vk : vk;
+        }
+        x_new[k] = static_cast<T>(xk - lr * step);
+      }
+    });
+  }
+  const graph::Node& node_;
+  SgdAttrs a_;
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(onnxtrain_sgd) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "SGD";
+  s.infer = infer_sgd;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<SgdKernel>(n); };
+  // Parameters and velocities are state the trainer rebinds every step: never fold.
+  s.foldable = false;
+  return s;
+}
+
+}  // namespace onnxtrain::ops::optim
