@@ -66,7 +66,8 @@ class ClipByGlobalNormKernel final : public Kernel {
                " is missing or has another dtype than input 0");
     reduce::dispatch<reduce::FloatTypes>(ctx.input(0)->dtype, where, [&]<typename T>() {
       double sq = 0;
-      for (int i = 0; i < n; ++i) sq += sum_of_squares(ctx.input(i)->as<T>(), ctx.input(i)->numel(), ctx);
+      for (int i = 0; i < n; ++i)
+        sq += sum_of_squares(ctx.input(i)->as<T>(), ctx.input(i)->numel(), ctx);
       const double scale = std::min(1.0, max_norm_ / (std::sqrt(sq) + kNormEpsilon));
       for (int i = 0; i < n; ++i) {
         if (!ctx.has_output(i)) continue;

@@ -70,13 +70,13 @@ class SgdKernel final : public Kernel {
     const TensorView* v = ctx.input(3);
     check_arity(node_, a_, v != nullptr, static_cast<size_t>(ctx.num_outputs()));
     OT_CHECK(r && x && g, where, ": R, X and G are required");
-    OT_CHECK(g->dims == x->dims && g->dtype == x->dtype && (!v || (v->dims == x->dims &&
-                                                                    v->dtype == x->dtype)),
+    OT_CHECK(g->dims == x->dims && g->dtype == x->dtype &&
+                 (!v || (v->dims == x->dims && v->dtype == x->dtype)),
              where, ": X, G and V must have one shape and type");
     const double lr = learning_rate(*r, where);
     TensorView& x_new = ctx.output(0, x->dims);
-    TensorView* v_new = ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, x->dims)
-                                                                   : nullptr;
+    TensorView* v_new =
+        ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, x->dims) : nullptr;
     reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
       update<T>(lr, x->as<T>(), g->as<T>(), v ? v->as<T>() : nullptr, x_new.as<T>(),
                 v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);
