@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph/verifier.h"
 #include "passes/passes.h"
 #include "tests/ops/op_test_util.h"
 
@@ -123,6 +124,27 @@ TEST(AttachOptimizer, MissingGradientNamesParameter) {
   // Checked before anything was added.
   EXPECT_EQ(m->graph->num_nodes(), nodes);
   EXPECT_EQ(m->graph->find_value("lr"), nullptr);
+}
+
+// Every kind's graph verifies and its new values get their types from the ops' inference.
+TEST(AttachOptimizer, GraphVerifiesAndInfers) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam,
+                             OptimizerKind::kAdamW, OptimizerKind::kAdagrad}) {
+    auto m = tiny_model();
+    OptimizerOptions o;
+    o.kind = kind;
+    o.clip_global_norm = 2.0f;
+    passes::attach_optimizer(*m, {"W", "b"}, o);
+    for (const auto& v : m->graph->values())
+      if (v->producer() && v->producer()->domain != "") v->type = {};  // forget the pass's types
+    graph::verify_model(*m);
+    passes::infer_shapes(*m);
+    const graph::Value* w = m->graph->find_value("W.updated");
+    ASSERT_TRUE(w->shape().has_value());
+    EXPECT_EQ(*w->shape(), graph::make_shape(kWDims));
+    EXPECT_EQ(w->dtype(), DataType::kFloat);
+    EXPECT_EQ(m->graph->find_value("W_grad_clipped")->dtype(), DataType::kFloat);
+  }
 }
 
 // ---- numerics: the pass's graph over several steps vs a double reference.
