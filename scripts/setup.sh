@@ -10,7 +10,7 @@ packages=(
   # ONNX protobuf schema, checker, shape inference
   libonnx-dev libprotobuf-dev protobuf-compiler
   # CPU kernels (oneDNN)
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev   # dnnl-config.cmake insists on finding OpenCL
   # multi-process / multi-machine
   libopenmpi-dev openmpi-bin
   # datasets
