@@ -32,7 +32,7 @@ class HostContext : public KernelContext {
   }
 
   const graph::Node& node() const override { return ictx_.node; }
-  int64_t opset() const override { return ictx_.opset; }
+  int64_t opset() const override { return ictx_.onnx_opset(); }
   int num_inputs() const override { return static_cast<int>(inputs_.size()); }
   const TensorView* input(int i) const override {
     if (i < 0 || i >= num_inputs() || !ictx_.node.input(i)) return nullptr;

@@ -105,6 +105,10 @@ struct InferenceContext {
   // Optional: values fully determined by the input types (Shape, Size, Constant). The planner
   // treats them as constants, which is how exporter shape subgraphs fold away.
   std::vector<std::optional<graph::Tensor>> output_values;
+  // The ai.onnx opset the model imports (what KernelContext::opset() returns); 0 = `opset`.
+  // ai.onnxtrain grad ops that copy a forward op's semantics read it through onnx_opset().
+  int64_t default_opset = 0;
+  int64_t onnx_opset() const { return default_opset > 0 ? default_opset : opset; }
 
   const graph::ValueType* input_type(size_t i) const {
     return i < input_types.size() ? input_types[i] : nullptr;

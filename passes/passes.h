@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "graph/ir.h"
+#include "graph/tensor.h"
 
 namespace onnxtrain::passes {
 
@@ -30,6 +31,12 @@ namespace onnxtrain::passes {
 // (symbolic dims stay unknown). Fills Value::type where it was unset or less precise; throws
 // on an op the registry lacks or an inconsistent graph, naming the node.
 void infer_shapes(graph::Model& model);
+// The per-node step of infer_shapes, for passes that add nodes one at a time: fills the types
+// of n's outputs and records small constant results (shape vectors) in `known`.
+using ConstantValues = std::map<const graph::Value*, graph::Tensor>;
+void infer_node(const graph::Model& model, graph::Node& n, ConstantValues& known);
+// Initializers that are not graph inputs (their values cannot change), typing them on the way.
+ConstantValues constant_initializers(graph::Graph& g);
 
 // ---- prepare_training.cc
 struct TrainableOptions {

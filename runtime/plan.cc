@@ -234,6 +234,7 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   step.node = &n;
   step.schema = schema;
   ops::InferenceContext ictx{n, opset, {}, {}, {}, {}};
+  ictx.default_opset = default_opset_;
   infer_step(n, step.in, ictx);
   ops::run_inference(*schema, ictx);
   OT_CHECK(ictx.output_types.size() >= n.outputs().size(), n.describe(),
@@ -402,6 +403,7 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
     // Re-infer with the actual dims so output(i) knows its shape where inference can tell.
     ops::InferenceContext ictx{*step.node, model_.opset_version(step.node->domain).value_or(1),
                                {}, {}, {}, {}};
+    ictx.default_opset = default_opset_;
     std::vector<ValueType> types;
     types.reserve(step.in.size());
     for (int s : step.in) {

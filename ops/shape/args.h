@@ -33,7 +33,7 @@ class InferArgs : public ArgSource {
  public:
   explicit InferArgs(const InferenceContext& ctx) : ctx_(ctx) {}
   const graph::Node& node() const override { return ctx_.node; }
-  int64_t opset() const override { return ctx_.opset; }
+  int64_t opset() const override { return ctx_.onnx_opset(); }
   bool present(size_t i) const override { return ctx_.input_type(i) != nullptr; }
   std::optional<std::vector<int64_t>> ints(size_t i) const override;
   std::optional<int64_t> static_length(size_t i) const override;

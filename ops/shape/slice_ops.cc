@@ -6,6 +6,7 @@
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
+#include "graph/printer.h"
 
 namespace onnxtrain::ops::shape {
 namespace {
@@ -162,7 +163,8 @@ class SliceGradKernel : public Kernel {
       dst_strides.push_back(strides[k] * windows[k].step);
       offset += windows[k].start * strides[k];
     }
-    OT_CHECK(dims == dy.dims, where, ": dY's dims do not match the slice of the input shape");
+    OT_CHECK(dims == dy.dims, where, ": dY has dims ", graph::format_shape(graph::make_shape(dy.dims)),
+             ", the slice of the input shape has ", graph::format_shape(graph::make_shape(dims)));
     checked_output_elements(dy.dtype, x_dims, where);
     TensorView& dx = ctx.output(0, x_dims);
     alignas(16) std::byte zero[16];

@@ -1,0 +1,281 @@
+// autodiff (passes.h): reverse-mode differentiation as a graph rewrite. Every forward node on a
+// path from a `wrt` value to the loss gets its op's gradient rule applied once, in reverse
+// topological order; the rules emit ordinary nodes, so the backward graph goes through the same
+// shape inference, planner and dump as the forward one.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+#include "graph/error.h"
+#include "ops/op_api.h"
+#include "passes/passes.h"
+
+namespace onnxtrain::passes {
+
+namespace {
+
+using graph::DataType;
+using graph::Graph;
+using graph::Node;
+using graph::Tensor;
+using graph::Value;
+
+bool differentiable(const Value* v) {
+  return v && (v->dtype() == DataType::kFloat || v->dtype() == DataType::kDouble);
+}
+
+std::string op_name(const Node& n) {
+  return n.domain.empty() || n.domain == "ai.onnx" ? n.op_type : n.domain + "." + n.op_type;
+}
+
+const ops::OpSchema* schema_of(const graph::Model& m, const Node& n) {
+  const int64_t opset = m.opset_version(n.domain).value_or(1);
+  return ops::OpRegistry::global().find(n.domain, n.op_type, opset);
+}
+
+// The state of one autodiff run: which values are on a path, the gradient contributions each
+// value received, and the constant values shape inference may read.
+class Differentiator {
+ public:
+  Differentiator(graph::Model& m, Value* loss, const std::vector<Value*>& wrt)
+      : model_(m), g_(*m.graph), loss_(loss) {
+    known_ = constant_initializers(g_);
+    order_ = g_.topological_order();
+    mark_active(wrt);
+  }
+
+  // Active nodes whose op has no gradient rule, as "Op 'name'" strings (sorted, unique).
+  std::vector<std::string> missing_rules() const {
+    std::set<std::string> missing;
+    for (const Node* n : order_) {
+      if (!active_nodes_.count(n)) continue;
+      const ops::OpSchema* s = schema_of(model_, *n);
+      if (!s || !s->gradient) missing.insert(cat(op_name(*n), " '", n->name, "'"));
+    }
+    return {missing.begin(), missing.end()};
+  }
+
+  void run() {
+    seed_loss();
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      Node* n = *it;
+      if (active_nodes_.count(n)) apply_rule(*n);
+    }
+  }
+
+  // dLoss/dw named `<w>_grad`; a zero tensor when w does not reach the loss.
+  Value* finish(Value* w) {
+    const std::string name = w->name() + "_grad";
+    Value* grad = active_.count(w) ? accumulated(w) : nullptr;
+    if (!grad) {
+      Value* shape = add("Shape", {w}, w->name() + "_shape", "")[0];
+      Node* zeros = g_.add_node("ConstantOfShape", {shape}, {name}, g_.fresh_name(name));
+      zeros->set_attr(graph::Attribute::make_tensor("value", scalar(w->dtype(), 0.0, {1})));
+      infer_node(model_, *zeros, known_);
+      ++backward_nodes_;
+      return zeros->output(0);
+    }
+    if (emitted_.count(grad) && owners_[grad] == 1 && !grad->is_graph_output()) {
+      g_.rename_value(grad, name);
+      return grad;
+    }
+    return add("Identity", {grad}, name, "", /*exact_name=*/true)[0];
+  }
+
+  int backward_nodes() const { return backward_nodes_; }
+
+  // ---- what the GradientBuilder of one node calls
+  Value* accumulated(Value* v) {
+    auto done = sums_.find(v);
+    if (done != sums_.end()) return done->second;
+    auto it = contributions_.find(v);
+    if (it == contributions_.end() || it->second.empty()) return nullptr;
+    std::vector<Value*>& parts = it->second;
+    Value* total = parts.size() == 1 ? parts[0] : add("Sum", parts, v->name() + "_grad_sum", "")[0];
+    sums_[v] = total;
+    ++owners_[total];
+    return total;
+  }
+  bool is_active(const Value* v) const { return v && active_.count(v); }
+  void contribute(Value* v, Value* grad) {
+    OT_CHECK(!sums_.count(v), "autodiff: internal error: gradient of '", v->name(),
+             "' received after it was summed");
+    contributions_[v].push_back(grad);
+  }
+  // Emits a backward node; output names derive from `base`.
+  std::vector<Value*> add(const std::string& op_type, const std::vector<Value*>& inputs,
+                          const std::string& base, const std::string& domain,
+                          bool exact_name = false, int num_outputs = 1,
+                          std::vector<graph::Attribute> attributes = {}) {
+    std::vector<std::string> outs;
+    for (int k = 0; k < num_outputs; ++k)
+      outs.push_back(exact_name && k == 0 ? base
+                                          : g_.fresh_name(num_outputs == 1 ? base : cat(base, "_", k)));
+    Node* n = g_.add_node(op_type, inputs, outs, g_.fresh_name(base + "/" + op_type), domain);
+    for (graph::Attribute& a : attributes) n->set_attr(std::move(a));
+    infer_node(model_, *n, known_);
+    ++backward_nodes_;
+    for (Value* out : n->outputs()) emitted_.insert(out);
+    return n->outputs();
+  }
+  Value* constant(Tensor t, const std::string& hint) {
+    Value* c = g_.add_initializer(g_.fresh_name(hint), std::move(t));
+    known_.emplace(c, c->initializer());
+    c->type = graph::ValueType::tensor(c->initializer().dtype(),
+                                       graph::make_shape(c->initializer().dims()));
+    return c;
+  }
+  graph::Model& model() { return model_; }
+
+ private:
+  static Tensor scalar(DataType dt, double v, std::vector<int64_t> dims) {
+    if (dt == DataType::kDouble) return Tensor::from_vector(dt, std::move(dims), std::vector<double>{v});
+    return Tensor::from_vector(DataType::kFloat, std::move(dims),
+                               std::vector<float>{static_cast<float>(v)});
+  }
+
+  // A value is active when it is float, depends on a wrt value and reaches the loss; a node is
+  // active when one of its outputs is.
+  void mark_active(const std::vector<Value*>& wrt) {
+    std::unordered_set<const Value*> forward(wrt.begin(), wrt.end());
+    for (const Node* n : order_) {
+      bool reached = false;
+      for (const Value* in : n->inputs()) reached |= differentiable(in) && forward.count(in);
+      if (!reached) continue;
+      for (const Value* out : n->outputs())
+        if (differentiable(out)) forward.insert(out);
+    }
+    std::unordered_set<const Value*> backward{loss_};
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      const Node* n = *it;
+      bool reaches = false;
+      for (const Value* out : n->outputs()) reaches |= out && backward.count(out);
+      if (!reaches) continue;
+      for (const Value* in : n->inputs())
+        if (in) backward.insert(in);
+    }
+    for (const Value* v : forward)
+      if (backward.count(v) && differentiable(v)) active_.insert(v);
+    for (const Node* n : order_)
+      for (const Value* out : n->outputs())
+        if (out && active_.count(out)) active_nodes_.insert(n);
+  }
+
+  void seed_loss() {
+    Value* seed;
+    if (loss_->shape() && loss_->shape()->empty()) {
+      seed = constant(scalar(loss_->dtype(), 1.0, {}), loss_->name() + "_grad");
+    } else {  // ones shaped like the loss, known only at run time
+      Value* shape = add("Shape", {loss_}, loss_->name() + "_shape", "")[0];
+      Node* ones = g_.add_node("ConstantOfShape", {shape}, {g_.fresh_name(loss_->name() + "_grad")},
+                               g_.fresh_name(loss_->name() + "_grad"));
+      ones->set_attr(graph::Attribute::make_tensor("value", scalar(loss_->dtype(), 1.0, {1})));
+      infer_node(model_, *ones, known_);
+      ++backward_nodes_;
+      seed = ones->output(0);
+    }
+    contributions_[loss_].push_back(seed);
+  }
+
+  void apply_rule(Node& n);
+
+  graph::Model& model_;
+  Graph& g_;
+  Value* loss_;
+  ConstantValues known_;
+  std::vector<Node*> order_;
+  std::unordered_set<const Value*> active_;
+  std::unordered_set<const Node*> active_nodes_;
+  std::map<Value*, std::vector<Value*>> contributions_;
+  std::map<Value*, Value*> sums_;     // value -> its summed gradient (fixed once read)
+  std::map<Value*, int> owners_;      // gradient value -> how many values it is the gradient of
+  std::unordered_set<const Value*> emitted_;
+  int backward_nodes_ = 0;
+};
+
+// The GradientBuilder one rule sees: the forward node, the summed gradients of its outputs, and
+// the Differentiator for everything it emits.
+class NodeGradientBuilder final : public ops::GradientBuilder {
+ public:
+  NodeGradientBuilder(Differentiator& d, Node& n) : d_(d), n_(n) {
+    base_ = (n.name.empty() ? n.op_type : n.name) + "/grad";
+  }
+  const Node& node() const override { return n_; }
+  int64_t opset() const override { return d_.model().opset_version("").value_or(1); }
+  Value* output_grad(int i) const override {
+    Value* out = n_.output(static_cast<size_t>(i));
+    return out && d_.is_active(out) ? d_.accumulated(out) : nullptr;
+  }
+  bool needs_input_grad(int i) const override {
+    return d_.is_active(n_.input(static_cast<size_t>(i)));
+  }
+  void set_input_grad(int i, Value* grad) override {
+    if (!needs_input_grad(i) || !grad) return;
+    Value* in = n_.input(static_cast<size_t>(i));
+    OT_CHECK(grad->dtype() == DataType::kUndefined || grad->dtype() == in->dtype(),
+             n_.describe(), ": gradient rule produced a ", graph::dtype_short_name(grad->dtype()),
+             " gradient for input ", i, " '", in->name(), "' of dtype ",
+             graph::dtype_short_name(in->dtype()));
+    d_.contribute(in, grad);
+  }
+  std::vector<Value*> emit(const std::string& op_type, const std::vector<Value*>& inputs,
+                           int num_outputs, std::vector<graph::Attribute> attributes,
+                           const std::string& domain) override {
+    return d_.add(op_type, inputs, base_, domain, false, num_outputs, std::move(attributes));
+  }
+  Value* constant(Tensor value, const std::string& name_hint) override {
+    return d_.constant(std::move(value), base_ + "/" + name_hint);
+  }
+
+ private:
+  Differentiator& d_;
+  Node& n_;
+  std::string base_;
+};
+
+void Differentiator::apply_rule(Node& n) {
+  bool any = false;
+  for (Value* out : n.outputs()) any |= out && active_.count(out) && accumulated(out);
+  if (!any) return;  // no gradient reached this node (a consumer's rule dropped it)
+  const ops::OpSchema* s = schema_of(model_, n);
+  NodeGradientBuilder b(*this, n);
+  s->gradient(b);
+}
+
+}  // namespace
+
+GradientInfo autodiff(graph::Model& model, const std::string& loss,
+                      const std::vector<std::string>& wrt) {
+  Graph& g = *model.graph;
+  Value* loss_value = g.find_value(loss);
+  OT_CHECK(loss_value, "autodiff: the loss '", loss, "' is not a value of the main graph");
+  OT_CHECK(differentiable(loss_value), "autodiff: the loss '", loss, "' has dtype ",
+           graph::dtype_short_name(loss_value->dtype()), "; it must be float or double");
+  std::vector<Value*> params;
+  for (const std::string& name : wrt) {
+    Value* v = g.find_value(name);
+    OT_CHECK(v, "autodiff: '", name, "' (to differentiate with respect to) is not a value of the "
+                "main graph");
+    OT_CHECK(differentiable(v), "autodiff: '", name, "' has dtype ",
+             graph::dtype_short_name(v->dtype()), "; only float/double values have gradients");
+    OT_CHECK(!g.lookup(name + "_grad"), "autodiff: the gradient name '", name,
+             "_grad' is already used by a value of the model");
+    params.push_back(v);
+  }
+  Differentiator d(model, loss_value, params);
+  const std::vector<std::string> missing = d.missing_rules();
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
+    fail(model.source_path.empty() ? "" : model.source_path + ": ", "autodiff: ", missing.size(),
+         " node(s) on a path to the loss have no gradient rule: ", list);
+  }
+  d.run();
+  GradientInfo info;
+  for (Value* p : params) info.grads[p->name()] = d.finish(p)->name();
+  info.backward_nodes = d.backward_nodes();
+  return info;
+}
+
+}  // namespace onnxtrain::passes

@@ -1,0 +1,28 @@
+// The one place that fixes the order of the training passes (passes.h), with the verifier
+// between stages so a broken rewrite is caught at the pass that made it.
+#include "graph/error.h"
+#include "graph/verifier.h"
+#include "passes/passes.h"
+
+namespace onnxtrain::passes {
+
+TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts) {
+  TrainingGraphInfo info;
+  auto stage = [&](const char* name) { graph::verify_graph(*model.graph, onnxtrain::cat("after ", name)); };
+  infer_shapes(model);
+  info.prepared = prepare_training(model, opts.trainable, opts.output);
+  stage("prepare_training");
+  info.loss = attach_loss(model, info.prepared.logits, opts.loss);
+  infer_shapes(model);
+  stage("attach_loss");
+  info.gradients = autodiff(model, info.loss.loss, info.prepared.params);
+  stage("autodiff");
+  info.optimizer = attach_optimizer(model, info.prepared.params, opts.optimizer);
+  infer_shapes(model);
+  stage("attach_optimizer");
+  dce(model);
+  stage("dce");
+  return info;
+}
+
+}  // namespace onnxtrain::passes

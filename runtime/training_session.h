@@ -1,0 +1,55 @@
+// Runs a training graph (passes::build_training_graph's output) step after step on one replica:
+// graph state (weights, BatchNormalization running statistics, optimizer moments and step count)
+// lives here across steps; every `<S>.updated` output of a step becomes the new S.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/tensor.h"
+#include "runtime/session.h"
+
+namespace onnxtrain::runtime {
+
+struct StepResult {
+  double loss = 0;     // the graph's `loss` output: sum over the batch x loss_scale
+  double correct = 0;  // examples whose ArgMax equals the label (0 without a `correct` output)
+};
+
+class TrainingSession {
+ public:
+  // State = every initializer S with a graph output named `S.updated`; it becomes a graph input
+  // so the planner never folds it, and is fed from this session's copy each step.
+  explicit TrainingSession(std::unique_ptr<graph::Model> training_graph, SessionOptions opts = {});
+
+  // One step: `batch` holds the model's data inputs and `labels`/`targets`; `lr` and
+  // `loss_scale` feed the scalar inputs of the same name (loss_scale = 1/global batch).
+  StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale);
+
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  bool has_state(const std::string& name) const { return state_.count(name) != 0; }
+  const graph::Tensor& state(const std::string& name) const;
+  // Replaces a state tensor (same dtype and dims, checked).
+  void set_state(const std::string& name, graph::Tensor value);
+  // Every state tensor by name (for checkpoints).
+  const std::map<std::string, graph::Tensor>& all_state() const { return state_; }
+
+  // `original` (the inference model the training graph came from) with every initializer that
+  // is also state here (weights, BN running statistics) replaced by its current value.
+  std::unique_ptr<graph::Model> trained_model(const graph::Model& original) const;
+
+  const graph::Model& model() const { return session_->model(); }
+  InferenceSession& session() { return *session_; }
+
+ private:
+  std::unique_ptr<InferenceSession> session_;
+  std::vector<std::string> state_names_;
+  std::map<std::string, graph::Tensor> state_;
+  std::vector<std::string> output_names_;
+  bool has_lr_ = false, has_loss_scale_ = false;
+};
+
+}  // namespace onnxtrain::runtime
