@@ -69,7 +69,11 @@ bool is_trainable_dtype(DataType t) {
 
 std::string output_list(const Graph& g) {
   std::string s;
-  for (const Value* v : g.outputs()) s += (s.empty() ? "'" : ", '") + v->name() + "'";
+  for (const Value* v : g.outputs())
+    s += cat(s.empty() ? "'" : ", '", v->name(), "' (",
+             dtype_of(v) == DataType::kUndefined ? "untyped: run infer_shapes first"
+                                                 : graph::dtype_short_name(dtype_of(v)),
+             ")");
   return s.empty() ? "none" : s;
 }
 
