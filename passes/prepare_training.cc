@@ -67,13 +67,16 @@ bool is_trainable_dtype(DataType t) {
   return t == DataType::kFloat || t == DataType::kDouble || t == DataType::kFloat16;
 }
 
+std::string dtype_text(const Value* v) {
+  const DataType t = dtype_of(v);
+  return t == DataType::kUndefined ? "untyped: run infer_shapes first"
+                                   : std::string(graph::dtype_short_name(t));
+}
+
 std::string output_list(const Graph& g) {
   std::string s;
   for (const Value* v : g.outputs())
-    s += cat(s.empty() ? "'" : ", '", v->name(), "' (",
-             dtype_of(v) == DataType::kUndefined ? "untyped: run infer_shapes first"
-                                                 : graph::dtype_short_name(dtype_of(v)),
-             ")");
+    s += cat(s.empty() ? "'" : ", '", v->name(), "' (", dtype_text(v), ")");
   return s.empty() ? "none" : s;
 }
 
@@ -87,7 +90,7 @@ Value* trained_output(const Model& m, const std::string& name) {
     OT_CHECK(out, where(m), "output '", name, "' is not a graph output (outputs: ", output_list(g),
              ")");
     OT_CHECK(graph::is_float_dtype(dtype_of(out)), where(m), "output '", name, "' has dtype ",
-             graph::dtype_short_name(dtype_of(out)), ", only a float output can be trained");
+             dtype_text(out), ", only a float output can be trained");
   } else {
     for (Value* v : g.outputs())
       if (graph::is_float_dtype(dtype_of(v))) {

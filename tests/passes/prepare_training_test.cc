@@ -183,6 +183,21 @@ TEST(PrepareTraining, OnlyDifferentiableFloatInitializersOnThePath) {
   EXPECT_EQ(prepare_training(*m2, {}, "aux").params, (std::vector<std::string>{"V"}));
 }
 
+TEST(PrepareTraining, HalfAndDoubleInitializersAreTrainable) {
+  for (DataType dt : {DataType::kFloat16, DataType::kDouble}) {
+    auto m = empty_model(17);
+    Graph& g = *m->graph;
+    Value* x = g.add_input("x", ValueType::tensor(dt, batch({2})));
+    Value* w = g.add_initializer("W", Tensor(dt, {2, 2}));
+    Value* one = g.add_initializer("one", Tensor(dt, {}));
+    Value* h = g.add_node("MatMul", {x, w}, {"h"})->output(0);
+    g.add_output(g.add_node("Add", {h, one}, {"y"})->output(0));
+    passes::infer_shapes(*m);
+    EXPECT_EQ(prepare_training(*m, {}).params, (std::vector<std::string>{"W"}))
+        << graph::dtype_short_name(dt);
+  }
+}
+
 // ---------------------------------------------------------------- Softmax-terminated outputs
 
 // x (N, 3) -> Gemm -> Softmax [-> Identity] -> probs; or a rank-3 softmax over the last axis.
