@@ -277,5 +277,60 @@ TEST(AttachLoss, PreparedResNetRunsExportsAndReimports) {
   }
 }
 
+// ---------------------------------------------------------------- real PyTorch exports
+
+// tests/data: SmallCNN (Conv, BatchNorm, Relu, MaxPool, Dropout, Linear) exported by
+// torch.onnx in eval mode (opset 13: BN folded into the conv, Dropout dropped) and in training
+// mode (opset 15: BN training_mode=1 with its stat outputs, Dropout with training_mode).
+void check_torch_fixture(const std::string& file, int64_t opset, size_t params, size_t stats,
+                         int dropouts) {
+  SCOPED_TRACE(file);
+  auto m = graph::import_onnx_file(std::string(ONNXTRAIN_SOURCE_DIR) + "/tests/data/" + file);
+  EXPECT_EQ(m->opset_version(""), opset);
+  passes::infer_shapes(*m);
+  const passes::PreparedModel p = passes::prepare_training(*m, {});
+  EXPECT_EQ(p.logits, "logits");
+  EXPECT_EQ(p.params.size(), params);
+  ASSERT_EQ(p.bn_running_stats.size(), stats);
+  int seen = 0;
+  for (const auto& node : m->graph->nodes()) {
+    if (node->op_type != "Dropout") continue;
+    ++seen;
+    const Value* flag = node->input(2);
+    ASSERT_TRUE(flag && flag->has_initializer()) << node->describe();
+    EXPECT_EQ(flag->initializer().data_as<uint8_t>()[0], 1) << node->describe();
+    EXPECT_TRUE(node->output(1)) << node->describe();
+  }
+  EXPECT_EQ(seen, dropouts);
+  attach_loss(*m, p.logits, LossKind::kAuto);
+  graph::verify_model(*m);
+  auto back = graph::import_onnx_bytes(graph::export_onnx_bytes(*m), file, "");
+  const int64_t n = 4;
+  const std::vector<int64_t> labels = {0, 9, 4, 4};
+  auto out = run(*back, {{"x", f32({n, 1, 8, 8}, normal_floats(n * 64, 41))},
+                         {"labels", i64({n}, labels)},
+                         {"loss_scale", scalar_f32(0.25f)}});
+  std::vector<float> logits;
+  for (double d : as_doubles(out["logits"])) logits.push_back(static_cast<float>(d));
+  const CeRef ref = cross_entropy_ref(logits, labels, n, 10, 1);
+  EXPECT_NEAR(as_doubles(out["loss"])[0], ref.loss * 0.25, 1e-5 * ref.loss);
+  EXPECT_EQ(as_doubles(out["correct"])[0], ref.correct);
+  for (const std::string& s : p.bn_running_stats) {
+    ASSERT_TRUE(out.count(s + ".updated")) << s;
+    const std::vector<double> before = as_doubles(m->graph->find_value(s)->initializer());
+    const std::vector<double> after = as_doubles(out[s + ".updated"]);
+    double diff = 0;
+    for (size_t i = 0; i < before.size(); ++i) diff += std::abs(after[i] - before[i]);
+    EXPECT_GT(diff, 1e-4) << s;
+  }
+}
+
+TEST(AttachLoss, TorchEvalExport) {
+  check_torch_fixture("torch_small_cnn.onnx", 13, 4, 0, 0);  // conv, fc: weight + bias
+}
+TEST(AttachLoss, TorchTrainingExport) {
+  check_torch_fixture("torch_small_cnn_train.onnx", 15, 6, 2, 1);  // conv, bn, fc
+}
+
 }  // namespace
 }  // namespace onnxtrain::passtest
