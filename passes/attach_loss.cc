@@ -128,14 +128,19 @@ void check_free(const Model& m, const char* name) {
            "', a name the training graph reserves for its own ", name, " (rename it in the model)");
 }
 
-// Cross-entropy for opsets 7-11 (see the file comment): logits (N, C, d..) -> scalar sum.
-Value* cross_entropy_composed(const Model& m, Emitter& e, Value* logits, Value* labels) {
-  const auto& shape = logits->shape();
-  OT_CHECK(e.opset() >= 7, where(m), "cross-entropy needs ai.onnx opset 7 or newer, the model has ",
-           e.opset());
-  OT_CHECK(shape && (*shape)[1].is_known(), where(m), "cross-entropy at opset ", e.opset(),
-           " (before SoftmaxCrossEntropyLoss) needs the class count of '", logits->name(),
+// The composed cross-entropy (opsets 7-11) needs Equal on int64 and a known class count.
+void check_composable(const Model& m, const Value& logits, int64_t opset) {
+  const auto& shape = logits.shape();
+  OT_CHECK(opset >= 7, where(m), "cross-entropy needs ai.onnx opset 7 or newer, the model has ",
+           opset);
+  OT_CHECK(shape && (*shape)[1].is_known(), where(m), "cross-entropy at opset ", opset,
+           " (before SoftmaxCrossEntropyLoss) needs the class count of '", logits.name(),
            "' to be known");
+}
+
+// Cross-entropy for opsets 7-11 (see the file comment): logits (N, C, d..) -> scalar sum.
+Value* cross_entropy_composed(Emitter& e, Value* logits, Value* labels) {
+  const auto& shape = logits->shape();
   const auto rank = static_cast<int64_t>(shape->size());
   const int64_t classes = (*shape)[1].value;
   // Classes last: (N, d1..dk, C).
@@ -183,9 +188,7 @@ Value* correct_count(Emitter& e, Value* logits, Value* labels) {
 }
 
 // Sum over the batch of the per-example mean of (y - t)^2, in the output's dtype.
-Value* squared_error_sum(const Model& m, Emitter& e, Value* y, Value* targets) {
-  OT_CHECK(!y->shape() || !y->shape()->empty(), where(m), "MSE needs a batch dim, '", y->name(),
-           "' is a scalar");
+Value* squared_error_sum(Emitter& e, Value* y, Value* targets) {
   Value* diff = e.node("Sub", {y, targets}, "error", y->type);
   Value* sq = e.node("Mul", {diff, diff}, "squared_error", y->type);
   // (N, d1..dk) -> (N, d1*..*dk); a rank-1 output becomes (N, 1).
@@ -220,40 +223,45 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
   LossInfo info;
   info.kind = resolve(model, *logits, kind);
   const bool ce = info.kind == LossKind::kCrossEntropy;
+  // Everything that can fail is checked before the graph changes.
   for (const char* name : {kLoss, kLossScale}) check_free(model, name);
   for (const char* name : ce ? std::vector{kLabels, kCorrect} : std::vector{kTargets})
     check_free(model, name);
-
   Emitter e(model);
-  Value* scale = g.add_input(kLossScale, scalar(DataType::kFloat));
-  Value* sum = nullptr;
+  if (ce && e.opset() < 12) check_composable(model, *logits, e.opset());
+  OT_CHECK(ce || !logits->shape() || !logits->shape()->empty(), where(model),
+           "MSE needs a batch dim, '", logits->name(), "' is a scalar");
+
+  // Inputs in the order of the convention: labels / targets, then loss_scale.
+  Value* truth = nullptr;
   if (ce) {
     std::optional<Shape> label_shape;
     if (logits->shape()) {
       label_shape = *logits->shape();
       label_shape->erase(label_shape->begin() + 1);
     }
-    Value* labels = g.add_input(kLabels, ValueType::tensor(DataType::kInt64, label_shape));
-    if (e.opset() >= 12) {
-      sum = e.node("SoftmaxCrossEntropyLoss", {logits, labels}, "cross_entropy_sum",
-                   scalar(logits->dtype()), {Attribute::make_string("reduction", "sum")});
-    } else {
-      sum = cross_entropy_composed(model, e, logits, labels);
-    }
-    g.add_output(correct_count(e, logits, labels));
-    info.correct = kCorrect;
+    truth = g.add_input(kLabels, ValueType::tensor(DataType::kInt64, label_shape));
   } else {
-    Value* targets = g.add_input(kTargets, logits->type);
-    sum = squared_error_sum(model, e, logits, targets);
+    truth = g.add_input(kTargets, logits->type);
+  }
+  Value* scale = g.add_input(kLossScale, scalar(DataType::kFloat));
+  Value* sum = nullptr;
+  if (ce && e.opset() >= 12) {
+    sum = e.node("SoftmaxCrossEntropyLoss", {logits, truth}, "cross_entropy_sum",
+                 scalar(logits->dtype()), {Attribute::make_string("reduction", "sum")});
+  } else if (ce) {
+    sum = cross_entropy_composed(e, logits, truth);
+  } else {
+    sum = squared_error_sum(e, logits, truth);
   }
   Value* loss = e.node("Mul", {to_float(e, sum, "loss_sum_float"), scale}, "scaled",
                        scalar(DataType::kFloat), {}, kLoss);
   g.add_output(loss);
-  // `loss` first, then `correct`: the order the trainer reports them in.
-  std::vector<Value*> outs = g.outputs();
-  if (ce) std::rotate(outs.end() - 2, outs.end() - 1, outs.end());
-  g.set_outputs(outs);
   info.loss = kLoss;
+  if (ce) {
+    g.add_output(correct_count(e, logits, truth));
+    info.correct = kCorrect;
+  }
   return info;
 }
 

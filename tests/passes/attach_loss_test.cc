@@ -78,7 +78,7 @@ void check_cross_entropy(int64_t opset, std::vector<int64_t> class_and_rest) {
   graph::verify_model(*m);
   const Graph& g = *m->graph;
   EXPECT_EQ(output_names(g), (std::vector<std::string>{"y", "loss", "correct"}));
-  EXPECT_EQ(input_names(g), (std::vector<std::string>{"z", "loss_scale", "labels"}));
+  EXPECT_EQ(input_names(g), (std::vector<std::string>{"z", "labels", "loss_scale"}));
   const Value* labels = g.find_value("labels");
   EXPECT_EQ(labels->dtype(), DataType::kInt64);
   ASSERT_TRUE(labels->shape());
@@ -164,7 +164,7 @@ void check_mse(int64_t opset, std::vector<int64_t> rest, LossKind kind) {
   graph::verify_model(*m);
   const Graph& g = *m->graph;
   EXPECT_EQ(output_names(g), (std::vector<std::string>{"y", "loss"}));
-  EXPECT_EQ(input_names(g), (std::vector<std::string>{"z", "loss_scale", "targets"}));
+  EXPECT_EQ(input_names(g), (std::vector<std::string>{"z", "targets", "loss_scale"}));
   EXPECT_EQ(g.find_value("targets")->type, g.find_value("y")->type);
   // ReduceMean takes its axes as an input from opset 18, as an attribute before.
   for (const auto& n : g.nodes()) {
@@ -231,6 +231,13 @@ TEST(AttachLoss, Errors) {
   (*unknown_classes->graph->find_value("y")->type.shape)[1] = Dim::symbol("C");
   expect_error([&] { attach_loss(*unknown_classes, "y", LossKind::kCrossEntropy); },
                "needs the class count of 'y' to be known");
+  // A refused call leaves the graph as it was.
+  EXPECT_EQ(input_names(*unknown_classes->graph), (std::vector<std::string>{"z"}));
+  EXPECT_EQ(unknown_classes->graph->num_nodes(), 1u);
+  auto scalar_out = identity_model(17, {4});
+  scalar_out->graph->add_input("s", ValueType::tensor(DataType::kFloat, Shape{}));
+  expect_error([&] { attach_loss(*scalar_out, "s", LossKind::kAuto); },
+               "MSE needs a batch dim, 's' is a scalar");
 }
 
 // ---------------------------------------------------------------- the prepared ResNet
