@@ -10,7 +10,6 @@
 //                moved last (Transpose) so LogSoftmax's 2-D coercion normalizes over C alone.
 //                This needs a known C; a label outside [0, C) contributes 0 instead of failing.
 // MSE: per example the mean over the non-batch dims of (y - t)^2, summed over the batch.
-#include <algorithm>
 #include <numeric>
 #include <optional>
 
