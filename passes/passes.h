@@ -51,7 +51,12 @@ struct PreparedModel {
 // Picks the trainable parameters (float initializers on a differentiable path to the trained
 // output, never BN running statistics or shape constants), switches BatchNormalization and
 // Dropout to training mode (running statistics wired back through `<stat>.updated` outputs).
-// `output` names the model output to train ("" = the only/first float output).
+// `output` names the model output to train ("" = the only/first float output); when it is a
+// Softmax over the class axis (possibly behind Identity), `logits` is the Softmax's input.
+// Expects typed values (infer_shapes first). The regexes are ECMAScript, matched anywhere in
+// the name (std::regex_search); trainable_regex applies first, then freeze_regex, and one that
+// matches no candidate is an error. Dropout before opset 12 stays the identity the runtime
+// runs it as (those opsets have no training switch).
 PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts,
                                const std::string& output = "");
 
@@ -64,7 +69,10 @@ struct LossInfo {
 };
 // Adds the loss on `logits` (PreparedModel::logits): SoftmaxCrossEntropyLoss(sum) with int64
 // `labels`, or MSE with `targets`; both x `loss_scale`. kAuto: cross-entropy when the output
-// is (N, classes) with classes > 1 (or ends in Softmax), MSE otherwise.
+// is (N, classes, ...) with a known classes > 1 and a float dtype, MSE otherwise. Before opset
+// 12 cross-entropy is composed of ops of the model's own opset (LogSoftmax, Equal, ReduceSum;
+// the class count must be known); the opset import is never changed. Existing values named
+// labels / targets / loss_scale / loss / correct are an error (the names are the contract).
 LossInfo attach_loss(graph::Model& model, const std::string& logits, LossKind kind);
 
 // ---- autodiff.cc
