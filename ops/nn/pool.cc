@@ -242,6 +242,96 @@ class PoolKernel final : public Kernel {
   std::optional<dnnl::stream> stream_;
 };
 
+// ---------------------------------------------------------------- MaxPoolGrad, AveragePoolGrad
+
+// Reference backward, scattered per plane: MaxPool sends dy[o] to the window's first maximum
+// (recomputed from x, the forward's tie rule); AveragePool spreads dy[o] / count over the window.
+template <typename T>
+void pool_grad_reference(const PoolSetup& p, const T* dy, const T* x, T* dx, bool is_max,
+                         bool include_pad, const KernelContext& ctx) {
+  const WindowGeom& g = p.geom;
+  std::vector<std::vector<Tap>> taps(static_cast<size_t>(g.out_size));
+  std::vector<double> scale(static_cast<size_t>(g.out_size));
+  for (int64_t o = 0; o < g.out_size; ++o) {
+    collect_taps(g, o, false, taps[o]);
+    const int64_t count = include_pad ? padded_count(g, o) : static_cast<int64_t>(taps[o].size());
+    scale[o] = count ? 1.0 / static_cast<double>(count) : 0.0;
+  }
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(g.in_size, 1));
+  ctx.parallel_for(p.planes, grain, [&](int64_t begin, int64_t end) {
+    std::vector<double> acc;
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const T* xp = x + plane * g.in_size;
+      const T* dyp = dy + plane * g.out_size;
+      acc.assign(static_cast<size_t>(g.in_size), 0.0);
+      for (int64_t o = 0; o < g.out_size; ++o) {
+        const std::vector<Tap>& window = taps[o];
+        if (window.empty()) continue;
+        if (is_max) {
+          int64_t arg = window[0].i;
+          for (const Tap& t : window)
+            if (xp[t.i] > xp[arg]) arg = t.i;
+          acc[arg] += dyp[o];
+        } else {
+          const double d = dyp[o] * scale[o];
+          for (const Tap& t : window) acc[t.i] += d;
+        }
+      }
+      T* dxp = dx + plane * g.in_size;
+      for (int64_t i = 0; i < g.in_size; ++i) dxp[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+void infer_pool_grad(InferenceContext& ctx) {
+  check_float_input(ctx, 0);
+  check_float_input(ctx, 1);
+  propagate_type(ctx, 0, 1);
+}
+
+// dy: (N,C,O...), x: (N,C,D...) -> dx: (N,C,D...) with the forward pool's attributes.
+class PoolGradKernel final : public Kernel {
+ public:
+  PoolGradKernel(const graph::Node& node, bool is_max)
+      : where_(node.describe()),
+        is_max_(is_max),
+        include_pad_(node.attr_int("count_include_pad", 0) != 0) {}
+
+  void run(KernelContext& ctx) override {
+    const TensorView* dy = ctx.input(0);
+    const TensorView* x = ctx.input(1);
+    OT_CHECK(dy && x, where_, ": inputs dY and X are required");
+    OT_CHECK(dy->dtype == x->dtype, where_, ": dY is ", graph::dtype_short_name(dy->dtype),
+             ", X is ", graph::dtype_short_name(x->dtype));
+    if (x->dims != x_dims_) {
+      setup_ = pool_setup(ctx.node(), *x, where_);
+      x_dims_ = x->dims;
+    }
+    OT_CHECK(dy->dims == setup_.y_dims, where_, ": dY has shape (", join_dims(dy->dims),
+             "), the pooling gives (", join_dims(setup_.y_dims), ")");
+    TensorView& dx = ctx.output(0, x->dims);
+    dispatch_float(x->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      pool_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), dx.as<T>(), is_max_, include_pad_,
+                             ctx);
+    });
+  }
+
+ private:
+  std::string where_;
+  bool is_max_, include_pad_;
+  PoolSetup setup_;
+  std::vector<int64_t> x_dims_;
+};
+
+// dX of MaxPool / AveragePool: one grad node fed by dY and X with the forward attributes.
+// MaxPool's Indices output is integer and carries no gradient.
+void pool_gradient(GradientBuilder& b, const char* grad_op) {
+  if (!b.needs_input_grad(0) || !b.output_grad(0)) return;
+  b.set_input_grad(0, b.emit1(grad_op, {b.output_grad(0), b.input(0)}, b.node().attributes,
+                              kOnnxtrainDomain));
+}
+
 // ---------------------------------------------------------------- MaxUnpool
 
 // Default output size per axis: (in - 1) * stride + kernel - pads (MaxPool's size inverted).
@@ -335,6 +425,7 @@ ONNXTRAIN_REGISTER_OP(nn_max_pool) {
   s.op_type = "MaxPool";
   s.infer = [](InferenceContext& ctx) { infer_pool(ctx, true); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolKernel>(n, true); };
+  s.gradient = [](GradientBuilder& b) { pool_gradient(b, "MaxPoolGrad"); };
   return s;
 }
 
@@ -343,6 +434,27 @@ ONNXTRAIN_REGISTER_OP(nn_average_pool) {
   s.op_type = "AveragePool";
   s.infer = [](InferenceContext& ctx) { infer_pool(ctx, false); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolKernel>(n, false); };
+  s.gradient = [](GradientBuilder& b) { pool_gradient(b, "AveragePoolGrad"); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_max_pool_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "MaxPoolGrad";
+  s.foldable = false;
+  s.infer = infer_pool_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolGradKernel>(n, true); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_average_pool_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "AveragePoolGrad";
+  s.foldable = false;
+  s.infer = infer_pool_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolGradKernel>(n, false); };
   return s;
 }
 
