@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
@@ -289,7 +290,9 @@ void infer_pool_grad(InferenceContext& ctx) {
   propagate_type(ctx, 0, 1);
 }
 
-// dy: (N,C,O...), x: (N,C,D...) -> dx: (N,C,D...) with the forward pool's attributes.
+// dy: (N,C,O...), x: (N,C,D...) -> dx: (N,C,D...) with the forward pool's attributes. f32 1-D..3-D
+// through oneDNN's pooling backward (MaxPool first reruns the forward for its argmax workspace),
+// the rest (f64, uncounted ceil_mode padding, more spatial dims) through the reference.
 class PoolGradKernel final : public Kernel {
  public:
   PoolGradKernel(const graph::Node& node, bool is_max)
@@ -297,19 +300,31 @@ class PoolGradKernel final : public Kernel {
         is_max_(is_max),
         include_pad_(node.attr_int("count_include_pad", 0) != 0) {}
 
+  void prepare(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(1);
+    OT_CHECK(ctx.input(0) && x, where_, ": inputs dY and X are required");
+    setup_ = pool_setup(ctx.node(), *x, where_);
+    x_dims_ = x->dims;
+    bwd_.reset();
+    const bool empty = x->numel() == 0 || product(setup_.y_dims) == 0;
+    const bool uncounted_pad = !is_max_ && include_pad_ && setup_.overhang;
+    if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || empty || uncounted_pad) return;
+    init_dnnl(ctx);
+  }
+
   void run(KernelContext& ctx) override {
     const TensorView* dy = ctx.input(0);
     const TensorView* x = ctx.input(1);
-    OT_CHECK(dy && x, where_, ": inputs dY and X are required");
+    if (!dy || !x || x->dims != x_dims_) prepare(ctx);
     OT_CHECK(dy->dtype == x->dtype, where_, ": dY is ", graph::dtype_short_name(dy->dtype),
              ", X is ", graph::dtype_short_name(x->dtype));
-    if (x->dims != x_dims_) {
-      setup_ = pool_setup(ctx.node(), *x, where_);
-      x_dims_ = x->dims;
-    }
     OT_CHECK(dy->dims == setup_.y_dims, where_, ": dY has shape (", join_dims(dy->dims),
              "), the pooling gives (", join_dims(setup_.y_dims), ")");
     TensorView& dx = ctx.output(0, x->dims);
+    if (bwd_) {
+      run_dnnl(ctx, *dy, *x, dx);
+      return;
+    }
     dispatch_float(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       pool_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), dx.as<T>(), is_max_, include_pad_,
@@ -318,10 +333,72 @@ class PoolGradKernel final : public Kernel {
   }
 
  private:
+  void init_dnnl(KernelContext& ctx) {
+    using namespace dnnl;
+    const WindowGeom& g = setup_.geom;
+    x_md_ = plain_desc(x_dims_);
+    y_md_ = plain_desc(setup_.y_dims);
+    memory::dims dil;
+    for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
+    const auto alg = is_max_        ? algorithm::pooling_max
+                     : include_pad_ ? algorithm::pooling_avg_include_padding
+                                    : algorithm::pooling_avg_exclude_padding;
+    const memory::dims strides = to_dnnl(g.strides), kernel = to_dnnl(g.kernel),
+                       pad_l = to_dnnl(g.pad_begin), pad_r = to_dnnl(setup_.dnnl_pad_end);
+    ThreadBudget budget(ctx.num_threads());
+    try {
+      primitive_attr attr;
+      attr.set_scratchpad_mode(scratchpad_mode::user);
+      pooling_v2_forward::desc fd(prop_kind::forward_training, alg, x_md_, y_md_, strides, kernel,
+                                  dil, pad_l, pad_r);
+      pooling_v2_forward::primitive_desc fwd_pd(fd, attr, cpu_engine());
+      pooling_v2_backward::desc bd(alg, x_md_, y_md_, strides, kernel, dil, pad_l, pad_r);
+      pooling_v2_backward::primitive_desc bwd_pd(bd, attr, cpu_engine(), fwd_pd);
+      ws_md_ = fwd_pd.workspace_desc();
+      fwd_pad_md_ = fwd_pd.scratchpad_desc();
+      bwd_pad_md_ = bwd_pd.scratchpad_desc();
+      if (is_max_) fwd_ = pooling_v2_forward(fwd_pd);
+      bwd_ = pooling_v2_backward(bwd_pd);
+      stream_ = stream(cpu_engine());
+    } catch (const dnnl::error&) {
+      fwd_.reset();
+      bwd_.reset();  // e.g. pads wider than the kernel: the reference loop covers it
+    }
+  }
+
+  void run_dnnl(KernelContext& ctx, const TensorView& dy, const TensorView& x, TensorView& dx) {
+    using dnnl::memory;
+    const dnnl::engine& eng = cpu_engine();
+    ScratchPlan plan;
+    const size_t y_off = is_max_ ? plan.add(y_md_.get_size()) : 0;
+    const size_t ws_off = plan.add(ws_md_.get_size());
+    const size_t fwd_pad_off = plan.add(fwd_pad_md_.get_size());
+    const size_t bwd_pad_off = plan.add(bwd_pad_md_.get_size());
+    auto* scratch = static_cast<std::byte*>(plan.total() ? ctx.scratch(plan.total()) : nullptr);
+    ThreadBudget budget(ctx.num_threads());
+    memory ws(ws_md_, eng, scratch + ws_off);
+    if (fwd_) {  // MaxPool: the argmax workspace, recomputed from X
+      fwd_->execute(*stream_, {{DNNL_ARG_SRC, memory(x_md_, eng, x.data)},
+                               {DNNL_ARG_DST, memory(y_md_, eng, scratch + y_off)},
+                               {DNNL_ARG_WORKSPACE, ws},
+                               {DNNL_ARG_SCRATCHPAD, memory(fwd_pad_md_, eng, scratch + fwd_pad_off)}});
+    }
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, memory(y_md_, eng, dy.data)},
+        {DNNL_ARG_DIFF_SRC, memory(x_md_, eng, dx.data)},
+        {DNNL_ARG_SCRATCHPAD, memory(bwd_pad_md_, eng, scratch + bwd_pad_off)}};
+    if (ws_md_.get_size()) args.emplace(DNNL_ARG_WORKSPACE, ws);
+    bwd_->execute(*stream_, args);
+    stream_->wait();
+  }
+
   std::string where_;
   bool is_max_, include_pad_;
   PoolSetup setup_;
   std::vector<int64_t> x_dims_;
+  dnnl::memory::desc x_md_, y_md_, ws_md_, fwd_pad_md_, bwd_pad_md_;
+  std::optional<dnnl::primitive> fwd_, bwd_;
+  std::optional<dnnl::stream> stream_;
 };
 
 // dX of MaxPool / AveragePool: one grad node fed by dY and X with the forward attributes.
