@@ -284,7 +284,6 @@ class ConvIntegerKernel final : public Kernel {
   std::string where_;
 };
 
-
 // ---------------------------------------------------------------- ConvGrad
 
 // Taps of every output position, computed once per run (the backward loops visit each output

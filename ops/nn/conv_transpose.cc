@@ -281,7 +281,8 @@ class ConvTransposeKernel final : public Kernel {
 // Reference backward of deconv_reference, accumulated in double (taps_T(o) = the (k, i) with
 // o + p - k*d = i*s):
 //   dx[n,c,i] = sum_{m in grp, o, k : tap_T(o,k) = i} dy[n,m,o] * w[c, m%(M/g), k]
-//   dw[c,m%(M/g),k] = sum_{n, o : tap_T(o,k) = i} dy[n,m,o] * x[n,c,i],  db[m] = sum_{n,o} dy[n,m,o]
+//   dw[c,m%(M/g),k] = sum_{n, o : tap_T(o,k) = i} dy[n,m,o] * x[n,c,i]
+//   db[m] = sum_{n,o} dy[n,m,o]
 template <typename T>
 void deconv_grad_reference(const DeconvSetup& p, const T* dy, const T* x, const T* w, T* dx,
                            T* dw, T* db, const KernelContext& ctx) {

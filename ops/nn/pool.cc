@@ -378,10 +378,11 @@ class PoolGradKernel final : public Kernel {
     ThreadBudget budget(ctx.num_threads());
     memory ws(ws_md_, eng, scratch + ws_off);
     if (fwd_) {  // MaxPool: the argmax workspace, recomputed from X
+      memory pad(fwd_pad_md_, eng, scratch + fwd_pad_off);
       fwd_->execute(*stream_, {{DNNL_ARG_SRC, memory(x_md_, eng, x.data)},
                                {DNNL_ARG_DST, memory(y_md_, eng, scratch + y_off)},
                                {DNNL_ARG_WORKSPACE, ws},
-                               {DNNL_ARG_SCRATCHPAD, memory(fwd_pad_md_, eng, scratch + fwd_pad_off)}});
+                               {DNNL_ARG_SCRATCHPAD, pad}});
     }
     std::unordered_map<int, memory> args{
         {DNNL_ARG_DIFF_DST, memory(y_md_, eng, dy.data)},

@@ -90,22 +90,34 @@ Attribute ints(const char* name, std::vector<int64_t> v) {
 TEST(NnGrad, Conv) {
   const std::vector<ConvSpec> specs{
       {{2, 3, 7}, {4, 3, 3}, {}, true, "1-D 3x7 k3 bias"},
-      {{2, 4, 9}, {6, 2, 3}, {Attribute::make_int("group", 2), ints("strides", {2}),
-                              ints("dilations", {2}), ints("pads", {1, 2})},
-       false, "1-D group 2 stride 2 dilation 2 pads (1,2)"},
+      {{2, 4, 9},
+       {6, 2, 3},
+       {Attribute::make_int("group", 2), ints("strides", {2}), ints("dilations", {2}),
+        ints("pads", {1, 2})},
+       false,
+       "1-D group 2 stride 2 dilation 2 pads (1,2)"},
       {{2, 3, 5, 5}, {4, 3, 3, 3}, {ints("pads", {1, 1, 1, 1})}, true, "2-D 3x3 pad 1 bias"},
-      {{2, 4, 6, 5}, {4, 1, 3, 3},
+      {{2, 4, 6, 5},
+       {4, 1, 3, 3},
        {Attribute::make_int("group", 4), ints("strides", {2, 2}),
         Attribute::make_string("auto_pad", "SAME_UPPER")},
-       true, "2-D depthwise stride 2 SAME_UPPER bias"},
-      {{1, 2, 6, 7}, {4, 2, 2, 3},
+       true,
+       "2-D depthwise stride 2 SAME_UPPER bias"},
+      {{1, 2, 6, 7},
+       {4, 2, 2, 3},
        {ints("strides", {2, 1}), ints("dilations", {1, 2}),
         Attribute::make_string("auto_pad", "SAME_LOWER")},
-       false, "2-D strides (2,1) dilations (1,2) SAME_LOWER"},
-      {{1, 2, 5, 5}, {3, 2, 3, 3}, {Attribute::make_string("auto_pad", "VALID")}, true,
+       false,
+       "2-D strides (2,1) dilations (1,2) SAME_LOWER"},
+      {{1, 2, 5, 5},
+       {3, 2, 3, 3},
+       {Attribute::make_string("auto_pad", "VALID")},
+       true,
        "2-D VALID"},
-      {{1, 2, 4, 4, 4}, {2, 1, 2, 3, 2},
-       {Attribute::make_int("group", 2), ints("pads", {1, 0, 1, 0, 1, 0})}, true,
+      {{1, 2, 4, 4, 4},
+       {2, 1, 2, 3, 2},
+       {Attribute::make_int("group", 2), ints("pads", {1, 0, 1, 0, 1, 0})},
+       true,
        "3-D group 2 asymmetric pads"},
   };
   uint64_t seed = 1;
@@ -120,18 +132,27 @@ TEST(NnGrad, Conv) {
 TEST(NnGrad, ConvTranspose) {
   const std::vector<ConvSpec> specs{
       {{2, 3, 4}, {3, 2, 3}, {ints("strides", {2})}, true, "1-D stride 2 bias"},
-      {{2, 4, 3, 3}, {4, 2, 3, 3},
+      {{2, 4, 3, 3},
+       {4, 2, 3, 3},
        {Attribute::make_int("group", 2), ints("strides", {2, 2}), ints("pads", {1, 0, 1, 1}),
         ints("output_padding", {1, 0})},
-       true, "2-D group 2 stride 2 pads output_padding"},
-      {{1, 3, 3, 4}, {3, 1, 3, 2},
+       true,
+       "2-D group 2 stride 2 pads output_padding"},
+      {{1, 3, 3, 4},
+       {3, 1, 3, 2},
        {Attribute::make_int("group", 3), ints("dilations", {2, 1}), ints("strides", {1, 2})},
-       false, "2-D depthwise dilations (2,1) strides (1,2)"},
-      {{2, 2, 3, 3}, {2, 2, 2, 2}, {ints("strides", {2, 2}), ints("output_shape", {7, 6})}, false,
+       false,
+       "2-D depthwise dilations (2,1) strides (1,2)"},
+      {{2, 2, 3, 3},
+       {2, 2, 2, 2},
+       {ints("strides", {2, 2}), ints("output_shape", {7, 6})},
+       false,
        "2-D output_shape (7,6)"},
-      {{1, 2, 3, 3}, {2, 2, 3, 3},
+      {{1, 2, 3, 3},
+       {2, 2, 3, 3},
        {ints("strides", {2, 2}), Attribute::make_string("auto_pad", "SAME_UPPER")},
-       true, "2-D SAME_UPPER"},
+       true,
+       "2-D SAME_UPPER"},
       {{1, 2, 2, 3, 2}, {2, 2, 2, 2, 2}, {ints("strides", {2, 1, 2})}, true, "3-D"},
   };
   uint64_t seed = 200;
@@ -170,8 +191,9 @@ TEST(NnGrad, MaxPool) {
            {ints("kernel_shape", {3, 2}), ints("strides", {2, 2}),
             Attribute::make_string("auto_pad", "SAME_LOWER")},
            "SAME_LOWER", 4));
-  run(pool("MaxPool", {1, 2, 4, 4, 5}, {ints("kernel_shape", {2, 2, 3}), ints("strides", {2, 2, 2}),
-                                        Attribute::make_int("ceil_mode", 1)},
+  run(pool("MaxPool", {1, 2, 4, 4, 5},
+           {ints("kernel_shape", {2, 2, 3}), ints("strides", {2, 2, 2}),
+            Attribute::make_int("ceil_mode", 1)},
            "3-D ceil_mode", 5));
   run(pool("MaxPool", {2, 3, 6, 6}, {ints("kernel_shape", {2, 2}), ints("strides", {2, 2})},
            "2x2 stride 2", 6, kF32));
@@ -231,8 +253,7 @@ GradCase batch_norm(std::vector<int64_t> x, int64_t opset, bool training, uint64
             (dt == kF32 ? " f32" : "");
   const std::vector<int64_t> p{x[1]};
   c.inputs = {GradInput{rnd(x, seed, -1, 2, dt)}, GradInput{rnd(p, seed + 1, 0.5, 1.5, dt)},
-              GradInput{rnd(p, seed + 2, -1, 1, dt)},
-              GradInput{rnd(p, seed + 3, -1, 1, dt), false},
+              GradInput{rnd(p, seed + 2, -1, 1, dt)}, GradInput{rnd(p, seed + 3, -1, 1, dt), false},
               GradInput{rnd(p, seed + 4, 0.5, 1.5, dt), false}};
   c.attributes = {Attribute::make_float("epsilon", 1e-3f)};
   if (opset >= 14) {

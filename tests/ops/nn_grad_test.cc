@@ -55,9 +55,9 @@ struct NnCase {
   std::vector<std::optional<Tensor>> inputs;  // float64; nullopt: an omitted optional input
   std::vector<Attribute> attrs;
   int64_t opset = 17;
-  int outputs = 1;         // forward outputs (BatchNormalization training asks for statistics)
-  std::set<int> no_grad;   // inputs whose gradient the builder does not ask for
-  std::set<int> never;     // inputs the rule must never give a gradient (running statistics)
+  int outputs = 1;          // forward outputs (BatchNormalization training asks for statistics)
+  std::set<int> no_grad;    // inputs whose gradient the builder does not ask for
+  std::set<int> never;      // inputs the rule must never give a gradient (running statistics)
   bool finite_diff = true;  // false: only the float32 vs float64 comparison (large cases)
   std::string label;
 };
@@ -96,7 +96,8 @@ Built build(const NnCase& c, DataType dt, const Tensor* dy, OneNodeBuilder** bui
     return b;
   }
   Tensor dyt = dt == DataType::kFloat ? to_f32(*dy) : *dy;
-  graph::Value* dyv = g.add_input("dy", graph::ValueType::tensor(dt, graph::make_shape(dyt.dims())));
+  graph::Value* dyv =
+      g.add_input("dy", graph::ValueType::tensor(dt, graph::make_shape(dyt.dims())));
   b.feeds["dy"] = dyt;
   const ops::OpSchema* s = ops::OpRegistry::global().find("", c.op, c.opset);
   EXPECT_TRUE(s && s->gradient) << c.op;
@@ -207,7 +208,9 @@ void check_case(const NnCase& c) {
 class Gen {
  public:
   explicit Gen(uint64_t seed) : gen_(seed) {}
-  int64_t pick(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen_); }
+  int64_t pick(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(gen_);
+  }
   uint64_t seed() { return gen_(); }
 
  private:
@@ -242,10 +245,10 @@ NnCase conv_case(int spatial, int k, Gen& r) {
   }
   NnCase cs;
   cs.op = "Conv";
-  cs.label = cat("Conv ", spatial, "-D #", k, " x ", join(x), " w ", join(w), " group ", group,
-                 " strides ", join(strides), " dilations ", join(dilations), " ",
-                 kAutoPads[pad_mode], pad_mode == 0 ? " pads " + join(pads) : "",
-                 bias ? " bias" : "");
+  cs.label =
+      cat("Conv ", spatial, "-D #", k, " x ", join(x), " w ", join(w), " group ", group,
+          " strides ", join(strides), " dilations ", join(dilations), " ", kAutoPads[pad_mode],
+          pad_mode == 0 ? " pads " + join(pads) : "", bias ? " bias" : "");
   cs.inputs = {rnd(x, r.seed()), rnd(w, r.seed())};
   if (bias) cs.inputs.push_back(rnd({m}, r.seed()));
   cs.attrs = {Attribute::make_int("group", group), Attribute::make_ints("strides", strides),
@@ -268,8 +271,7 @@ NnCase conv_transpose_case(int spatial, int k, Gen& r) {
     mg = 1;
   }
   const int64_t n = spatial == 3 ? 1 : 2, c = cg * group, m = mg * group;
-  std::vector<int64_t> x{n, c}, w{c, mg}, strides, dilations, pads(2 * spatial), out_pad,
-      out_shape;
+  std::vector<int64_t> x{n, c}, w{c, mg}, strides, dilations, pads(2 * spatial), out_pad, out_shape;
   for (int a = 0; a < spatial; ++a) {
     const int64_t kk = r.pick(1, 3), s = r.pick(1, 3), d = kk > 1 ? r.pick(1, 2) : 1;
     const int64_t in = r.pick(2, spatial == 3 ? 3 : 4);
@@ -327,7 +329,8 @@ NnCase pool_case(const char* op, int spatial, int k, Gen& r) {
                  pad_mode == 0 ? " pads " + join(pads) : "", ceil ? " ceil_mode" : "",
                  !is_max && include_pad ? " count_include_pad" : "");
   cs.inputs = {rnd(x, r.seed())};
-  cs.attrs = {Attribute::make_ints("kernel_shape", kernel), Attribute::make_ints("strides", strides)};
+  cs.attrs = {Attribute::make_ints("kernel_shape", kernel),
+              Attribute::make_ints("strides", strides)};
   if (is_max) {
     cs.attrs.push_back(Attribute::make_ints("dilations", dilations));
     cs.outputs = k % 3 == 0 ? 2 : 1;  // Indices sometimes requested: it gets no gradient
@@ -356,8 +359,8 @@ NnCase batch_norm_case(std::vector<int64_t> x, const BnMode& m, uint64_t seed, f
   cs.opset = m.opset;
   cs.label = cat("BatchNormalization x ", join(x), " ", m.label, " epsilon ", epsilon);
   const std::vector<int64_t> p{x[1]};
-  cs.inputs = {rnd(x, seed, -1, 2), rnd(p, seed + 1, 0.5, 1.5), rnd(p, seed + 2),
-               rnd(p, seed + 3), rnd(p, seed + 4, 0.5, 1.5)};
+  cs.inputs = {rnd(x, seed, -1, 2), rnd(p, seed + 1, 0.5, 1.5), rnd(p, seed + 2), rnd(p, seed + 3),
+               rnd(p, seed + 4, 0.5, 1.5)};
   cs.attrs = {Attribute::make_float("epsilon", epsilon)};
   if (m.opset >= 14) {
     cs.attrs.push_back(Attribute::make_int("training_mode", m.training));
@@ -399,8 +402,7 @@ TEST(NnGradRules, ConvOnlyTheNeededOutputs) {
 TEST(NnGradRules, ConvTranspose) {
   Gen r(3);
   for (int spatial = 1; spatial <= 3; ++spatial)
-    for (int k = 0; k < (spatial == 3 ? 4 : 8); ++k)
-      check_case(conv_transpose_case(spatial, k, r));
+    for (int k = 0; k < (spatial == 3 ? 4 : 8); ++k) check_case(conv_transpose_case(spatial, k, r));
 }
 
 TEST(NnGradRules, MaxPoolAndAveragePool) {
@@ -413,9 +415,9 @@ TEST(NnGradRules, MaxPoolAndAveragePool) {
 TEST(NnGradRules, GlobalPools) {
   uint64_t seed = 50;
   for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
-    for (const std::vector<int64_t>& x : {std::vector<int64_t>{2, 3, 5},
-                                          std::vector<int64_t>{2, 2, 3, 4},
-                                          std::vector<int64_t>{1, 2, 2, 3, 2}}) {
+    for (const std::vector<int64_t>& x :
+         {std::vector<int64_t>{2, 3, 5}, std::vector<int64_t>{2, 2, 3, 4},
+          std::vector<int64_t>{1, 2, 2, 3, 2}}) {
       NnCase c;
       c.op = op;
       c.label = cat(op, " x ", join(x));
@@ -429,10 +431,10 @@ TEST(NnGradRules, GlobalMaxPoolTieGoesToTheFirstMaximum) {
   model->set_opset("", 17);
   model->set_opset(ops::kOnnxtrainDomain, 1);
   graph::Graph& g = *model->graph;
-  graph::Value* x = g.add_input("x", graph::ValueType::tensor(DataType::kDouble,
-                                                              graph::make_shape({1, 1, 4})));
-  graph::Value* dy = g.add_input("dy", graph::ValueType::tensor(DataType::kDouble,
-                                                                graph::make_shape({1, 1, 1})));
+  graph::Value* x =
+      g.add_input("x", graph::ValueType::tensor(DataType::kDouble, graph::make_shape({1, 1, 4})));
+  graph::Value* dy =
+      g.add_input("dy", graph::ValueType::tensor(DataType::kDouble, graph::make_shape({1, 1, 1})));
   graph::Node* n = g.add_node("GlobalMaxPool", {x}, {"y"}, "n0");
   OneNodeBuilder b(g, *n, 17, dy);
   ops::OpRegistry::global().find("", "GlobalMaxPool", 17)->gradient(b);

@@ -47,9 +47,9 @@ class OneNodeBuilder final : public ops::GradientBuilder {
     return g_.add_initializer(cat("c", counter_++, "_", name_hint), std::move(value));
   }
 
-  std::set<int> no_grad;                  // inputs the test pretends need no gradient
-  std::map<int, graph::Value*> grads;     // input index -> its gradient
-  std::vector<graph::Node*> emitted;      // backward nodes, in emission order
+  std::set<int> no_grad;               // inputs the test pretends need no gradient
+  std::map<int, graph::Value*> grads;  // input index -> its gradient
+  std::vector<graph::Node*> emitted;   // backward nodes, in emission order
 
  private:
   graph::Graph& g_;
