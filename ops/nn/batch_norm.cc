@@ -1,7 +1,8 @@
 // BatchNormalization, inference and training mode (batch statistics plus updated running
 // statistics). A plain loop rather than oneDNN: per channel it is one affine map (plus one
 // statistics pass in training), memory-bound, and the loop covers f64 and mixed parameter
-// dtypes (opset 15's T/T1/T2) on inputs of any rank.
+// dtypes (opset 15's T/T1/T2) on inputs of any rank. BatchNormalizationGrad (both modes) sits
+// below the forward.
 #include <algorithm>
 #include <cmath>
 
@@ -187,6 +188,180 @@ class BatchNormKernel final : public Kernel {
   float epsilon_, momentum_;
 };
 
+// ---------------------------------------------------------------- BatchNormalizationGrad
+
+// Per channel c over M = N*D... elements, inv = 1/sqrt(var + eps), xhat = (x - mean) * inv:
+//   dB = sum(dy), dScale = sum(dy * xhat)
+//   training (mean/var are the batch statistics of x, recomputed here):
+//     dx = scale * inv / M * (M * dy - dB - xhat * dScale)
+//   inference (mean/var are the running statistics, constants): dx = scale * inv * dy
+template <typename T>
+void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64_t inner,
+                     bool training, double epsilon, const std::vector<double>& scale,
+                     const std::vector<double>& mean_in, const std::vector<double>& var_in, T* dx,
+                     std::vector<double>& dscale, std::vector<double>& dbias,
+                     const KernelContext& ctx) {
+  dscale.assign(channels, 0.0);
+  dbias.assign(channels, 0.0);
+  const double count = static_cast<double>(n * inner);
+  ctx.parallel_for(channels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      auto plane = [&](const T* base, int64_t b) { return base + (b * channels + c) * inner; };
+      double mean = 0, var = 0;
+      if (training) {
+        double sum = 0;
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < inner; ++i) sum += plane(x, b)[i];
+        mean = count > 0 ? sum / count : 0.0;
+        double sq = 0;
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < inner; ++i) {
+            const double d = plane(x, b)[i] - mean;
+            sq += d * d;
+          }
+        var = count > 0 ? sq / count : 0.0;
+      } else {
+        mean = mean_in[c];
+        var = var_in[c];
+      }
+      const double inv = 1.0 / std::sqrt(var + epsilon);
+      double sum_dy = 0, sum_dy_xhat = 0;
+      for (int64_t b = 0; b < n; ++b) {
+        const T* xp = plane(x, b);
+        const T* dyp = plane(dy, b);
+        for (int64_t i = 0; i < inner; ++i) {
+          sum_dy += dyp[i];
+          sum_dy_xhat += dyp[i] * ((xp[i] - mean) * inv);
+        }
+      }
+      dbias[c] = sum_dy;
+      dscale[c] = sum_dy_xhat;
+      if (!dx) continue;
+      const double k = scale[c] * inv;
+      for (int64_t b = 0; b < n; ++b) {
+        const T* xp = plane(x, b);
+        const T* dyp = plane(dy, b);
+        T* dxp = dx + (b * channels + c) * inner;
+        if (training) {
+          const double a = k / count;
+          for (int64_t i = 0; i < inner; ++i) {
+            const double xhat = (xp[i] - mean) * inv;
+            dxp[i] = static_cast<T>(a * (count * dyp[i] - sum_dy - xhat * sum_dy_xhat));
+          }
+        } else {
+          for (int64_t i = 0; i < inner; ++i) dxp[i] = static_cast<T>(k * dyp[i]);
+        }
+      }
+    }
+  });
+}
+
+void infer_batch_norm_grad(InferenceContext& ctx) {
+  check_float_input(ctx, 0);
+  check_float_input(ctx, 1);
+  check_float_input(ctx, 2);
+  const size_t outs = ctx.output_types.size();
+  if (outs > 0) propagate_type(ctx, 0, 1);
+  if (outs > 1) propagate_type(ctx, 1, 2);
+  if (outs > 2) propagate_type(ctx, 2, 2);
+}
+
+// dy: (N,C,D...), x: (N,C,D...), scale: (C) [, mean, var: (C) in inference mode]
+//   -> dx: (N,C,D...), dscale: (C), dB: (C). Attributes: epsilon, training_mode, spatial (0:
+//   opset < 9 per-activation statistics over (C, D...)).
+class BatchNormGradKernel final : public Kernel {
+ public:
+  explicit BatchNormGradKernel(const graph::Node& node)
+      : where_(node.describe()),
+        epsilon_(node.attr_float("epsilon", 1e-5f)),
+        training_(node.attr_int("training_mode", 1) != 0),
+        spatial_(node.attr_int("spatial", 1) != 0) {}
+
+  void run(KernelContext& ctx) override {
+    const TensorView* dy = ctx.input(0);
+    const TensorView* x = ctx.input(1);
+    OT_CHECK(dy && x && x->rank() >= 2, where_, ": inputs dY and X (rank >= 2) are required");
+    OT_CHECK(dy->dims == x->dims && dy->dtype == x->dtype, where_, ": dY (",
+             join_dims(dy->dims), ") must match X (", join_dims(x->dims), ") in shape and dtype");
+    const int64_t n = x->dims[0];
+    int64_t channels = x->dims[1];
+    int64_t inner = x->numel() / std::max<int64_t>(n * channels, 1);
+    if (!spatial_) {
+      channels *= inner;
+      inner = 1;
+    }
+    auto param = [&](int i, const char* name) {
+      const TensorView* p = ctx.input(i);
+      OT_CHECK(p, where_, ": input ", name, " is required",
+               i > 2 ? " in inference mode (training_mode=0)" : "");
+      OT_CHECK(p->dtype == DataType::kFloat || p->dtype == DataType::kDouble, where_, ": ", name,
+               " dtype ", graph::dtype_short_name(p->dtype), " not supported");
+      OT_CHECK(p->numel() == channels, where_, ": ", name, " has ", p->numel(),
+               " entries, expected ", channels);
+      std::vector<double> v(channels);
+      for (int64_t c = 0; c < channels; ++c) v[c] = read(*p, c);
+      return v;
+    };
+    const std::vector<double> scale = param(2, "scale");
+    std::vector<double> mean, var;
+    if (!training_) {
+      mean = param(3, "mean");
+      var = param(4, "var");
+    }
+    TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x->dims) : nullptr;
+    std::vector<double> dscale, dbias;
+    dispatch_float(x->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      batch_norm_grad<T>(dy->as<T>(), x->as<T>(), n, channels, inner, training_, epsilon_, scale,
+                         mean, var, dx ? dx->as<T>() : nullptr, dscale, dbias, ctx);
+    });
+    const std::vector<double>* sums[] = {&dscale, &dbias};
+    for (int i = 1; i <= 2; ++i) {
+      if (ctx.num_outputs() <= i || !ctx.has_output(i)) continue;
+      TensorView& out = ctx.output(i, ctx.input(2)->dims);
+      OT_CHECK(out.dtype == DataType::kFloat || out.dtype == DataType::kDouble, where_,
+               ": output ", i, " dtype ", graph::dtype_short_name(out.dtype), " not supported");
+      for (int64_t c = 0; c < channels; ++c) write(out, c, (*sums[i - 1])[c]);
+    }
+  }
+
+ private:
+  std::string where_;
+  double epsilon_;
+  bool training_, spatial_;
+};
+
+// dX, dScale, dB through one BatchNormalizationGrad node; the mode is resolved here (it depends
+// on the opset and on which forward outputs exist) and passed as training_mode. The running
+// statistics inputs get no gradient, and neither do the statistics outputs. Outputs are the
+// prefix of (dX, dScale, dB) up to the last one needed.
+void batch_norm_gradient(GradientBuilder& b) {
+  graph::Value* dy = b.output_grad(0);
+  if (!dy) return;
+  const graph::Node& n = b.node();
+  bool stat_outputs = false;
+  for (int i = 1; i < b.num_outputs(); ++i) stat_outputs |= b.output(i) != nullptr;
+  const bool training = is_training(n, b.opset(), stat_outputs);
+  const bool want[3] = {b.needs_input_grad(0), b.needs_input_grad(1), b.needs_input_grad(2)};
+  int outputs = 0;
+  for (int i = 0; i < 3; ++i)
+    if (want[i]) outputs = i + 1;
+  if (outputs == 0) return;
+  std::vector<graph::Value*> inputs{dy, b.input(0), b.input(1)};
+  if (!training) {
+    inputs.push_back(b.input(3));
+    inputs.push_back(b.input(4));
+  }
+  std::vector<graph::Attribute> attrs{
+      graph::Attribute::make_float("epsilon", n.attr_float("epsilon", 1e-5f)),
+      graph::Attribute::make_int("training_mode", training ? 1 : 0),
+      graph::Attribute::make_int("spatial", per_activation(n, b.opset()) ? 0 : 1)};
+  std::vector<graph::Value*> g =
+      b.emit("BatchNormalizationGrad", inputs, outputs, std::move(attrs), kOnnxtrainDomain);
+  for (int i = 0; i < outputs; ++i)
+    if (want[i]) b.set_input_grad(i, g[i]);
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(nn_batch_norm) {
@@ -194,6 +369,17 @@ ONNXTRAIN_REGISTER_OP(nn_batch_norm) {
   s.op_type = "BatchNormalization";
   s.infer = infer_batch_norm;
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<BatchNormKernel>(n); };
+  s.gradient = batch_norm_gradient;
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_batch_norm_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "BatchNormalizationGrad";
+  s.foldable = false;
+  s.infer = infer_batch_norm_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<BatchNormGradKernel>(n); };
   return s;
 }
 

@@ -84,4 +84,58 @@ void DnnlWindowPrimitive::execute(KernelContext& ctx, const void* x, const void*
   s.wait();
 }
 
+dnnl::memory::desc any_layout(const dnnl::memory::desc& d) {
+  return dnnl::memory::desc(d.dims(), d.data_type(), dnnl::memory::format_tag::any);
+}
+
+void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {
+  const dnnl::engine& eng = cpu_engine();
+  ScratchPlan plan;
+  args_.clear();
+  for (Arg& a : args) {
+    Bound b{a, pd.query_md(dnnl::query::exec_arg_md, a.id), std::nullopt, 0};
+    if (b.prim != a.user) {
+      b.reorder = a.output ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, b.prim, eng, a.user))
+                           : dnnl::reorder(dnnl::reorder::primitive_desc(eng, a.user, eng, b.prim));
+      b.offset = plan.add(b.prim.get_size());
+    }
+    args_.push_back(std::move(b));
+  }
+  pad_md_ = pd.scratchpad_desc();
+  pad_off_ = plan.add(pad_md_.get_size());
+  scratch_bytes_ = plan.total();
+  prim_ = dnnl::primitive(pd);
+}
+
+void DnnlRunner::execute(dnnl::stream& s, std::span<void* const> buffers,
+                         std::byte* scratch) const {
+  using dnnl::memory;
+  const dnnl::engine& eng = cpu_engine();
+  std::unordered_map<int, memory> exec_args;
+  std::vector<std::pair<memory, memory>> outputs;  // (primitive's, user's) to reorder after
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const Bound& b = args_[i];
+    memory user(b.arg.user, eng, buffers[i]);
+    if (!b.reorder) {
+      exec_args.emplace(b.arg.id, user);
+      continue;
+    }
+    memory prim(b.prim, eng, scratch + b.offset);
+    if (b.arg.output)
+      outputs.emplace_back(prim, user);
+    else
+      b.reorder->execute(s, user, prim);
+    exec_args.emplace(b.arg.id, prim);
+  }
+  if (pad_md_.get_size())
+    exec_args.emplace(DNNL_ARG_SCRATCHPAD, memory(pad_md_, eng, scratch + pad_off_));
+  prim_->execute(s, exec_args);
+  for (size_t i = 0, k = 0; i < args_.size(); ++i)
+    if (args_[i].reorder && args_[i].arg.output) {
+      args_[i].reorder->execute(s, outputs[k].first, outputs[k].second);
+      ++k;
+    }
+  s.wait();
+}
+
 }  // namespace onnxtrain::ops::nn

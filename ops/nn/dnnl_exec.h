@@ -3,8 +3,10 @@
 // kernel's scratch when the primitive is faster that way.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <optional>
+#include <span>
 
 #include "ops/nn/nn_util.h"
 
@@ -45,5 +47,39 @@ class DnnlWindowPrimitive {
   std::string impl_;
   bool blocked_ = false;
 };
+
+// One oneDNN primitive (the backward convolutions) over the runtime's plain buffers. Each
+// argument whose primitive layout differs from the user's goes through a reorder in scratch:
+// inputs before the primitive, outputs after. The primitive desc must use
+// scratchpad_mode::user; its scratchpad is carved from the same scratch block.
+class DnnlRunner {
+ public:
+  struct Arg {
+    int id;                   // DNNL_ARG_*
+    dnnl::memory::desc user;  // the runtime buffer's layout
+    bool output;
+  };
+  void init(const dnnl::primitive_desc& pd, std::vector<Arg> args);
+  void reset() { prim_.reset(); }
+  bool ready() const { return prim_.has_value(); }
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  // buffers[i] belongs to args[i]; scratch holds scratch_bytes() (64-byte aligned).
+  void execute(dnnl::stream& s, std::span<void* const> buffers, std::byte* scratch) const;
+
+ private:
+  struct Bound {
+    Arg arg;
+    dnnl::memory::desc prim;
+    std::optional<dnnl::reorder> reorder;
+    size_t offset = 0;
+  };
+  std::optional<dnnl::primitive> prim_;
+  std::vector<Bound> args_;
+  dnnl::memory::desc pad_md_;
+  size_t pad_off_ = 0, scratch_bytes_ = 0;
+};
+
+// Format `any` twin of a desc (lets oneDNN pick blocked layouts).
+dnnl::memory::desc any_layout(const dnnl::memory::desc& d);
 
 }  // namespace onnxtrain::ops::nn

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
@@ -242,6 +243,173 @@ class PoolKernel final : public Kernel {
   std::optional<dnnl::stream> stream_;
 };
 
+// ---------------------------------------------------------------- MaxPoolGrad, AveragePoolGrad
+
+// Reference backward, scattered per plane: MaxPool sends dy[o] to the window's first maximum
+// (recomputed from x, the forward's tie rule); AveragePool spreads dy[o] / count over the window.
+template <typename T>
+void pool_grad_reference(const PoolSetup& p, const T* dy, const T* x, T* dx, bool is_max,
+                         bool include_pad, const KernelContext& ctx) {
+  const WindowGeom& g = p.geom;
+  std::vector<std::vector<Tap>> taps(static_cast<size_t>(g.out_size));
+  std::vector<double> scale(static_cast<size_t>(g.out_size));
+  for (int64_t o = 0; o < g.out_size; ++o) {
+    collect_taps(g, o, false, taps[o]);
+    const int64_t count = include_pad ? padded_count(g, o) : static_cast<int64_t>(taps[o].size());
+    scale[o] = count ? 1.0 / static_cast<double>(count) : 0.0;
+  }
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(g.in_size, 1));
+  ctx.parallel_for(p.planes, grain, [&](int64_t begin, int64_t end) {
+    std::vector<double> acc;
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const T* xp = x + plane * g.in_size;
+      const T* dyp = dy + plane * g.out_size;
+      acc.assign(static_cast<size_t>(g.in_size), 0.0);
+      for (int64_t o = 0; o < g.out_size; ++o) {
+        const std::vector<Tap>& window = taps[o];
+        if (window.empty()) continue;
+        if (is_max) {
+          int64_t arg = window[0].i;
+          for (const Tap& t : window)
+            if (xp[t.i] > xp[arg]) arg = t.i;
+          acc[arg] += dyp[o];
+        } else {
+          const double d = dyp[o] * scale[o];
+          for (const Tap& t : window) acc[t.i] += d;
+        }
+      }
+      T* dxp = dx + plane * g.in_size;
+      for (int64_t i = 0; i < g.in_size; ++i) dxp[i] = static_cast<T>(acc[i]);
+    }
+  });
+}
+
+void infer_pool_grad(InferenceContext& ctx) {
+  check_float_input(ctx, 0);
+  check_float_input(ctx, 1);
+  propagate_type(ctx, 0, 1);
+}
+
+// dy: (N,C,O...), x: (N,C,D...) -> dx: (N,C,D...) with the forward pool's attributes. f32 1-D..3-D
+// through oneDNN's pooling backward (MaxPool first reruns the forward for its argmax workspace),
+// the rest (f64, uncounted ceil_mode padding, more spatial dims) through the reference.
+class PoolGradKernel final : public Kernel {
+ public:
+  PoolGradKernel(const graph::Node& node, bool is_max)
+      : where_(node.describe()),
+        is_max_(is_max),
+        include_pad_(node.attr_int("count_include_pad", 0) != 0) {}
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(1);
+    OT_CHECK(ctx.input(0) && x, where_, ": inputs dY and X are required");
+    setup_ = pool_setup(ctx.node(), *x, where_);
+    x_dims_ = x->dims;
+    bwd_.reset();
+    const bool empty = x->numel() == 0 || product(setup_.y_dims) == 0;
+    const bool uncounted_pad = !is_max_ && include_pad_ && setup_.overhang;
+    if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || empty || uncounted_pad) return;
+    init_dnnl(ctx);
+  }
+
+  void run(KernelContext& ctx) override {
+    const TensorView* dy = ctx.input(0);
+    const TensorView* x = ctx.input(1);
+    if (!dy || !x || x->dims != x_dims_) prepare(ctx);
+    OT_CHECK(dy->dtype == x->dtype, where_, ": dY is ", graph::dtype_short_name(dy->dtype),
+             ", X is ", graph::dtype_short_name(x->dtype));
+    OT_CHECK(dy->dims == setup_.y_dims, where_, ": dY has shape (", join_dims(dy->dims),
+             "), the pooling gives (", join_dims(setup_.y_dims), ")");
+    TensorView& dx = ctx.output(0, x->dims);
+    if (bwd_) {
+      run_dnnl(ctx, *dy, *x, dx);
+      return;
+    }
+    dispatch_float(x->dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      pool_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), dx.as<T>(), is_max_, include_pad_,
+                             ctx);
+    });
+  }
+
+ private:
+  void init_dnnl(KernelContext& ctx) {
+    using namespace dnnl;
+    const WindowGeom& g = setup_.geom;
+    x_md_ = plain_desc(x_dims_);
+    y_md_ = plain_desc(setup_.y_dims);
+    memory::dims dil;
+    for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
+    const auto alg = is_max_        ? algorithm::pooling_max
+                     : include_pad_ ? algorithm::pooling_avg_include_padding
+                                    : algorithm::pooling_avg_exclude_padding;
+    const memory::dims strides = to_dnnl(g.strides), kernel = to_dnnl(g.kernel),
+                       pad_l = to_dnnl(g.pad_begin), pad_r = to_dnnl(setup_.dnnl_pad_end);
+    ThreadBudget budget(ctx.num_threads());
+    try {
+      primitive_attr attr;
+      attr.set_scratchpad_mode(scratchpad_mode::user);
+      pooling_v2_forward::desc fd(prop_kind::forward_training, alg, x_md_, y_md_, strides, kernel,
+                                  dil, pad_l, pad_r);
+      pooling_v2_forward::primitive_desc fwd_pd(fd, attr, cpu_engine());
+      pooling_v2_backward::desc bd(alg, x_md_, y_md_, strides, kernel, dil, pad_l, pad_r);
+      pooling_v2_backward::primitive_desc bwd_pd(bd, attr, cpu_engine(), fwd_pd);
+      ws_md_ = fwd_pd.workspace_desc();
+      fwd_pad_md_ = fwd_pd.scratchpad_desc();
+      bwd_pad_md_ = bwd_pd.scratchpad_desc();
+      if (is_max_) fwd_ = pooling_v2_forward(fwd_pd);
+      bwd_ = pooling_v2_backward(bwd_pd);
+      stream_ = stream(cpu_engine());
+    } catch (const dnnl::error&) {
+      fwd_.reset();
+      bwd_.reset();  // e.g. pads wider than the kernel: the reference loop covers it
+    }
+  }
+
+  void run_dnnl(KernelContext& ctx, const TensorView& dy, const TensorView& x, TensorView& dx) {
+    using dnnl::memory;
+    const dnnl::engine& eng = cpu_engine();
+    ScratchPlan plan;
+    const size_t y_off = is_max_ ? plan.add(y_md_.get_size()) : 0;
+    const size_t ws_off = plan.add(ws_md_.get_size());
+    const size_t fwd_pad_off = plan.add(fwd_pad_md_.get_size());
+    const size_t bwd_pad_off = plan.add(bwd_pad_md_.get_size());
+    auto* scratch = static_cast<std::byte*>(plan.total() ? ctx.scratch(plan.total()) : nullptr);
+    ThreadBudget budget(ctx.num_threads());
+    memory ws(ws_md_, eng, scratch + ws_off);
+    if (fwd_) {  // MaxPool: the argmax workspace, recomputed from X
+      memory pad(fwd_pad_md_, eng, scratch + fwd_pad_off);
+      fwd_->execute(*stream_, {{DNNL_ARG_SRC, memory(x_md_, eng, x.data)},
+                               {DNNL_ARG_DST, memory(y_md_, eng, scratch + y_off)},
+                               {DNNL_ARG_WORKSPACE, ws},
+                               {DNNL_ARG_SCRATCHPAD, pad}});
+    }
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, memory(y_md_, eng, dy.data)},
+        {DNNL_ARG_DIFF_SRC, memory(x_md_, eng, dx.data)},
+        {DNNL_ARG_SCRATCHPAD, memory(bwd_pad_md_, eng, scratch + bwd_pad_off)}};
+    if (ws_md_.get_size()) args.emplace(DNNL_ARG_WORKSPACE, ws);
+    bwd_->execute(*stream_, args);
+    stream_->wait();
+  }
+
+  std::string where_;
+  bool is_max_, include_pad_;
+  PoolSetup setup_;
+  std::vector<int64_t> x_dims_;
+  dnnl::memory::desc x_md_, y_md_, ws_md_, fwd_pad_md_, bwd_pad_md_;
+  std::optional<dnnl::primitive> fwd_, bwd_;
+  std::optional<dnnl::stream> stream_;
+};
+
+// dX of MaxPool / AveragePool: one grad node fed by dY and X with the forward attributes.
+// MaxPool's Indices output is integer and carries no gradient.
+void pool_gradient(GradientBuilder& b, const char* grad_op) {
+  if (!b.needs_input_grad(0) || !b.output_grad(0)) return;
+  b.set_input_grad(0, b.emit1(grad_op, {b.output_grad(0), b.input(0)}, b.node().attributes,
+                              kOnnxtrainDomain));
+}
+
 // ---------------------------------------------------------------- MaxUnpool
 
 // Default output size per axis: (in - 1) * stride + kernel - pads (MaxPool's size inverted).
@@ -335,6 +503,7 @@ ONNXTRAIN_REGISTER_OP(nn_max_pool) {
   s.op_type = "MaxPool";
   s.infer = [](InferenceContext& ctx) { infer_pool(ctx, true); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolKernel>(n, true); };
+  s.gradient = [](GradientBuilder& b) { pool_gradient(b, "MaxPoolGrad"); };
   return s;
 }
 
@@ -343,6 +512,27 @@ ONNXTRAIN_REGISTER_OP(nn_average_pool) {
   s.op_type = "AveragePool";
   s.infer = [](InferenceContext& ctx) { infer_pool(ctx, false); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolKernel>(n, false); };
+  s.gradient = [](GradientBuilder& b) { pool_gradient(b, "AveragePoolGrad"); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_max_pool_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "MaxPoolGrad";
+  s.foldable = false;
+  s.infer = infer_pool_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolGradKernel>(n, true); };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(nn_average_pool_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "AveragePoolGrad";
+  s.foldable = false;
+  s.infer = infer_pool_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<PoolGradKernel>(n, false); };
   return s;
 }
 

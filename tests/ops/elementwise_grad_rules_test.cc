@@ -13,6 +13,7 @@
 #include "graph/ir.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
+#include "tests/ops/one_node_grad.h"
 #include "tests/ops/op_test_util.h"
 
 namespace onnxtrain {
@@ -22,44 +23,7 @@ using graph::Attribute;
 using graph::DataType;
 using graph::Tensor;
 
-// Collects the rule's gradients for one forward node; emitted nodes go into the same graph.
-class OneNodeBuilder final : public ops::GradientBuilder {
- public:
-  OneNodeBuilder(graph::Graph& g, graph::Node& n, int64_t opset, graph::Value* dy)
-      : g_(g), n_(n), opset_(opset), dy_(dy) {}
-  const graph::Node& node() const override { return n_; }
-  int64_t opset() const override { return opset_; }
-  graph::Value* output_grad(int i) const override { return i == 0 ? dy_ : nullptr; }
-  bool needs_input_grad(int i) const override {
-    graph::Value* v = input(i);
-    return v && (v->dtype() == DataType::kDouble || v->dtype() == DataType::kFloat);
-  }
-  void set_input_grad(int i, graph::Value* grad) override {
-    if (needs_input_grad(i)) grads[i] = grad;
-  }
-  std::vector<graph::Value*> emit(const std::string& op_type,
-                                  const std::vector<graph::Value*>& inputs, int num_outputs,
-                                  std::vector<graph::Attribute> attributes,
-                                  const std::string& domain) override {
-    const int id = counter_++;
-    std::vector<std::string> outs;
-    for (int k = 0; k < num_outputs; ++k) outs.push_back(cat("bw", id, "_", k));
-    graph::Node* node = g_.add_node(op_type, inputs, outs, cat("bw", id), domain);
-    for (graph::Attribute& a : attributes) node->set_attr(std::move(a));
-    return node->outputs();
-  }
-  graph::Value* constant(graph::Tensor value, const std::string& name_hint) override {
-    return g_.add_initializer(cat("c", counter_++, "_", name_hint), std::move(value));
-  }
-  std::map<int, graph::Value*> grads;
-
- private:
-  graph::Graph& g_;
-  graph::Node& n_;
-  int64_t opset_;
-  graph::Value* dy_;
-  int counter_ = 0;
-};
+using optest::OneNodeBuilder;
 
 Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1, double hi = 1) {
   Tensor t(DataType::kDouble, std::move(dims));

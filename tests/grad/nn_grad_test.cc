@@ -1,0 +1,284 @@
+// Finite-difference checks of the nn family's gradient rules through autodiff: Conv and
+// ConvTranspose (1-D/2-D/3-D, groups and depthwise, strides, dilations, pads, auto_pad, bias),
+// MaxPool / AveragePool (ceil_mode, count_include_pad, dilations), the global pools, and
+// BatchNormalization in training and inference mode (the running statistics are never checked:
+// they get no gradient).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/tensor.h"
+#include "tests/grad/gradcheck.h"
+
+namespace onnxtrain {
+namespace {
+
+using graph::Attribute;
+using graph::DataType;
+using graph::Tensor;
+using testing::GradCase;
+using testing::GradInput;
+
+constexpr DataType kF64 = DataType::kDouble;
+constexpr DataType kF32 = DataType::kFloat;
+
+Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1.0, double hi = 1.0,
+           DataType dt = kF64) {
+  return testing::random_tensor(dt, std::move(dims), seed, lo, hi);
+}
+
+// Distinct values spaced 2/numel apart in random order: a max-pool window never holds two
+// values closer than the finite-difference step (1e-3 in float32), so no argmax flips.
+Tensor distinct(std::vector<int64_t> dims, uint64_t seed, DataType dt = kF64) {
+  Tensor t = testing::random_tensor(kF64, dims, seed);
+  const int64_t n = t.numel();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  const double* r = t.data_as<double>();
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return r[a] < r[b]; });
+  Tensor out(dt, std::move(dims));
+  for (int64_t k = 0; k < n; ++k) {
+    const double v = -1.0 + 2.0 * static_cast<double>(k) / static_cast<double>(n);
+    if (dt == kF64)
+      out.mutable_data_as<double>()[order[k]] = v;
+    else
+      out.mutable_data_as<float>()[order[k]] = static_cast<float>(v);
+  }
+  return out;
+}
+
+void run(const GradCase& c) {
+  SCOPED_TRACE(c.label);
+  testing::GradReport r = testing::check_gradient(c);
+  EXPECT_GT(r.elements_checked, 0) << c.label;
+}
+
+struct ConvSpec {
+  std::vector<int64_t> x, w;  // w: (M, C/g, K...) for Conv, (C, M/g, K...) for ConvTranspose
+  std::vector<Attribute> attrs;
+  bool bias;
+  const char* label;
+};
+
+GradCase window_case(const char* op, const ConvSpec& s, uint64_t seed, DataType dt = kF64) {
+  GradCase c;
+  c.op_type = op;
+  c.label = std::string(op) + " " + s.label + (dt == kF32 ? " f32" : "");
+  c.attributes = s.attrs;
+  c.inputs = {GradInput{rnd(s.x, seed, -1, 1, dt)}, GradInput{rnd(s.w, seed + 1, -1, 1, dt)}};
+  if (s.bias) {
+    int64_t m = s.w[0];
+    if (std::string(op) == "ConvTranspose") {
+      int64_t group = 1;
+      for (const Attribute& a : s.attrs)
+        if (a.name == "group") group = a.i();
+      m = s.w[1] * group;
+    }
+    c.inputs.push_back(GradInput{rnd({m}, seed + 2, -1, 1, dt)});
+  }
+  return c;
+}
+
+Attribute ints(const char* name, std::vector<int64_t> v) {
+  return Attribute::make_ints(name, std::move(v));
+}
+
+TEST(NnGrad, Conv) {
+  const std::vector<ConvSpec> specs{
+      {{2, 3, 7}, {4, 3, 3}, {}, true, "1-D 3x7 k3 bias"},
+      {{2, 4, 9},
+       {6, 2, 3},
+       {Attribute::make_int("group", 2), ints("strides", {2}), ints("dilations", {2}),
+        ints("pads", {1, 2})},
+       false,
+       "1-D group 2 stride 2 dilation 2 pads (1,2)"},
+      {{2, 3, 5, 5}, {4, 3, 3, 3}, {ints("pads", {1, 1, 1, 1})}, true, "2-D 3x3 pad 1 bias"},
+      {{2, 4, 6, 5},
+       {4, 1, 3, 3},
+       {Attribute::make_int("group", 4), ints("strides", {2, 2}),
+        Attribute::make_string("auto_pad", "SAME_UPPER")},
+       true,
+       "2-D depthwise stride 2 SAME_UPPER bias"},
+      {{1, 2, 6, 7},
+       {4, 2, 2, 3},
+       {ints("strides", {2, 1}), ints("dilations", {1, 2}),
+        Attribute::make_string("auto_pad", "SAME_LOWER")},
+       false,
+       "2-D strides (2,1) dilations (1,2) SAME_LOWER"},
+      {{1, 2, 5, 5},
+       {3, 2, 3, 3},
+       {Attribute::make_string("auto_pad", "VALID")},
+       true,
+       "2-D VALID"},
+      {{1, 2, 4, 4, 4},
+       {2, 1, 2, 3, 2},
+       {Attribute::make_int("group", 2), ints("pads", {1, 0, 1, 0, 1, 0})},
+       true,
+       "3-D group 2 asymmetric pads"},
+  };
+  uint64_t seed = 1;
+  for (const ConvSpec& s : specs) {
+    run(window_case("Conv", s, seed));
+    seed += 3;
+  }
+  run(window_case("Conv", specs[2], 100, kF32));
+  run(window_case("Conv", specs[3], 103, kF32));
+}
+
+TEST(NnGrad, ConvTranspose) {
+  const std::vector<ConvSpec> specs{
+      {{2, 3, 4}, {3, 2, 3}, {ints("strides", {2})}, true, "1-D stride 2 bias"},
+      {{2, 4, 3, 3},
+       {4, 2, 3, 3},
+       {Attribute::make_int("group", 2), ints("strides", {2, 2}), ints("pads", {1, 0, 1, 1}),
+        ints("output_padding", {1, 0})},
+       true,
+       "2-D group 2 stride 2 pads output_padding"},
+      {{1, 3, 3, 4},
+       {3, 1, 3, 2},
+       {Attribute::make_int("group", 3), ints("dilations", {2, 1}), ints("strides", {1, 2})},
+       false,
+       "2-D depthwise dilations (2,1) strides (1,2)"},
+      {{2, 2, 3, 3},
+       {2, 2, 2, 2},
+       {ints("strides", {2, 2}), ints("output_shape", {7, 6})},
+       false,
+       "2-D output_shape (7,6)"},
+      {{1, 2, 3, 3},
+       {2, 2, 3, 3},
+       {ints("strides", {2, 2}), Attribute::make_string("auto_pad", "SAME_UPPER")},
+       true,
+       "2-D SAME_UPPER"},
+      {{1, 2, 2, 3, 2}, {2, 2, 2, 2, 2}, {ints("strides", {2, 1, 2})}, true, "3-D"},
+  };
+  uint64_t seed = 200;
+  for (const ConvSpec& s : specs) {
+    run(window_case("ConvTranspose", s, seed));
+    seed += 3;
+  }
+  run(window_case("ConvTranspose", specs[1], 300, kF32));
+}
+
+GradCase pool(const char* op, std::vector<int64_t> x, std::vector<Attribute> attrs,
+              const std::string& label, uint64_t seed, DataType dt = kF64, int outputs = 1) {
+  GradCase c;
+  c.op_type = op;
+  c.opset = 12;
+  c.label = std::string(op) + " " + label + (dt == kF32 ? " f32" : "");
+  c.attributes = std::move(attrs);
+  c.inputs = {GradInput{std::string(op) == "MaxPool" ? distinct(std::move(x), seed, dt)
+                                                     : rnd(std::move(x), seed, -1, 1, dt)}};
+  c.num_outputs = outputs;
+  c.loss_outputs = {0};
+  return c;
+}
+
+TEST(NnGrad, MaxPool) {
+  run(pool("MaxPool", {2, 3, 6, 6}, {ints("kernel_shape", {2, 2}), ints("strides", {2, 2})},
+           "2x2 stride 2", 1));
+  run(pool("MaxPool", {2, 2, 7, 7},
+           {ints("kernel_shape", {3, 3}), ints("strides", {2, 2}), ints("pads", {1, 1, 1, 1})},
+           "3x3 stride 2 pad 1 (ResNet stem)", 2, kF64, 2));
+  run(pool("MaxPool", {1, 2, 8},
+           {ints("kernel_shape", {2}), ints("strides", {2}), ints("dilations", {2}),
+            Attribute::make_int("ceil_mode", 1)},
+           "1-D dilation 2 ceil_mode", 3));
+  run(pool("MaxPool", {1, 2, 5, 6},
+           {ints("kernel_shape", {3, 2}), ints("strides", {2, 2}),
+            Attribute::make_string("auto_pad", "SAME_LOWER")},
+           "SAME_LOWER", 4));
+  run(pool("MaxPool", {1, 2, 4, 4, 5},
+           {ints("kernel_shape", {2, 2, 3}), ints("strides", {2, 2, 2}),
+            Attribute::make_int("ceil_mode", 1)},
+           "3-D ceil_mode", 5));
+  run(pool("MaxPool", {2, 3, 6, 6}, {ints("kernel_shape", {2, 2}), ints("strides", {2, 2})},
+           "2x2 stride 2", 6, kF32));
+}
+
+TEST(NnGrad, AveragePool) {
+  run(pool("AveragePool", {2, 3, 6, 6}, {ints("kernel_shape", {2, 2}), ints("strides", {2, 2})},
+           "2x2 stride 2", 11));
+  run(pool("AveragePool", {2, 2, 5, 5},
+           {ints("kernel_shape", {3, 3}), ints("strides", {2, 2}), ints("pads", {1, 1, 1, 1}),
+            Attribute::make_int("count_include_pad", 1)},
+           "3x3 pad 1 count_include_pad", 12));
+  run(pool("AveragePool", {2, 2, 5, 5},
+           {ints("kernel_shape", {3, 3}), ints("strides", {2, 2}), ints("pads", {1, 1, 1, 1})},
+           "3x3 pad 1 excluding pads", 13));
+  run(pool("AveragePool", {1, 2, 6, 6},
+           {ints("kernel_shape", {3, 3}), ints("strides", {2, 2}), ints("pads", {1, 0, 1, 0}),
+            Attribute::make_int("ceil_mode", 1), Attribute::make_int("count_include_pad", 1)},
+           "ceil_mode count_include_pad", 14));
+  run(pool("AveragePool", {1, 2, 7},
+           {ints("kernel_shape", {3}), ints("strides", {2}),
+            Attribute::make_string("auto_pad", "SAME_UPPER")},
+           "1-D SAME_UPPER", 15));
+  run(pool("AveragePool", {1, 2, 4, 4, 4}, {ints("kernel_shape", {2, 2, 2})}, "3-D", 16));
+  run(pool("AveragePool", {2, 3, 6, 6}, {ints("kernel_shape", {3, 3}), ints("strides", {1, 1})},
+           "3x3", 17, kF32));
+}
+
+TEST(NnGrad, GlobalPools) {
+  uint64_t seed = 40;
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
+    for (const std::vector<int64_t>& x :
+         {std::vector<int64_t>{2, 3, 5}, std::vector<int64_t>{2, 3, 4, 4},
+          std::vector<int64_t>{1, 2, 2, 3, 2}}) {
+      GradCase c;
+      c.op_type = op;
+      c.label = std::string(op) + " rank " + std::to_string(x.size());
+      c.inputs = {GradInput{distinct(x, seed++)}};
+      run(c);
+    }
+    GradCase c;
+    c.op_type = op;
+    c.label = std::string(op) + " f32";
+    c.inputs = {GradInput{distinct({2, 4, 3, 3}, seed++, kF32)}};
+    run(c);
+  }
+}
+
+// inputs: X, scale, B, mean, var; the statistics inputs are never differentiated.
+GradCase batch_norm(std::vector<int64_t> x, int64_t opset, bool training, uint64_t seed,
+                    DataType dt = kF64) {
+  GradCase c;
+  c.op_type = "BatchNormalization";
+  c.opset = opset;
+  c.label = "BatchNormalization rank " + std::to_string(x.size()) + " opset " +
+            std::to_string(opset) + (training ? " training" : " inference") +
+            (dt == kF32 ? " f32" : "");
+  const std::vector<int64_t> p{x[1]};
+  c.inputs = {GradInput{rnd(x, seed, -1, 2, dt)}, GradInput{rnd(p, seed + 1, 0.5, 1.5, dt)},
+              GradInput{rnd(p, seed + 2, -1, 1, dt)}, GradInput{rnd(p, seed + 3, -1, 1, dt), false},
+              GradInput{rnd(p, seed + 4, 0.5, 1.5, dt), false}};
+  c.attributes = {Attribute::make_float("epsilon", 1e-3f)};
+  if (opset >= 14) {
+    c.attributes.push_back(Attribute::make_int("training_mode", training ? 1 : 0));
+    c.num_outputs = training ? 3 : 1;
+  } else {
+    c.num_outputs = training ? 5 : 1;
+  }
+  c.loss_outputs = {0};  // the statistics outputs carry no gradient
+  return c;
+}
+
+TEST(NnGrad, BatchNormalization) {
+  uint64_t seed = 60;
+  for (const std::vector<int64_t>& x :
+       {std::vector<int64_t>{4, 3}, std::vector<int64_t>{2, 3, 5}, std::vector<int64_t>{2, 2, 3, 3},
+        std::vector<int64_t>{2, 2, 2, 2, 2}}) {
+    run(batch_norm(x, 15, true, seed));
+    run(batch_norm(x, 15, false, seed + 5));
+    seed += 10;
+  }
+  run(batch_norm({2, 3, 2, 2}, 12, true, 100));
+  run(batch_norm({2, 3, 2, 2}, 9, false, 105));
+  run(batch_norm({4, 3, 3, 3}, 15, true, 110, kF32));
+}
+
+}  // namespace
+}  // namespace onnxtrain
