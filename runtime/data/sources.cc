@@ -175,9 +175,9 @@ LoadedData load_idx_dir(const std::string& dir, const std::string& kind, Normali
   std::error_code ec;
   OT_CHECK(fs::is_directory(dir, ec), kind, ":", dir, ": directory not found");
   LoadedData out;
-  out.train = load_idx_pair(find_idx(dir, "train-images", "idx3-ubyte", true),
-                            find_idx(dir, "train-labels", "idx1-ubyte", true),
-                            cat(kind, " (train)"));
+  std::string images = find_idx(dir, "train-images", "idx3-ubyte", true);
+  std::string labels = find_idx(dir, "train-labels", "idx1-ubyte", true);
+  out.train = load_idx_pair(images, labels, cat(kind, " (train)"));
   out.train.set_default_normalization(norm);
   std::string ti = find_idx(dir, "t10k-images", "idx3-ubyte", false);
   std::string tl = find_idx(dir, "t10k-labels", "idx1-ubyte", false);
