@@ -37,8 +37,8 @@ int64_t numel_of(const std::vector<int64_t>& dims, const std::string& name) {
   return n;
 }
 
-std::shared_ptr<Dataset::Storage> make_storage(const std::string& name,
-                                               std::vector<int64_t> shape, size_t values) {
+std::shared_ptr<Dataset::Storage> make_storage(const std::string& name, std::vector<int64_t> shape,
+                                               size_t values) {
   auto s = std::make_shared<Dataset::Storage>();
   s->example_shape = std::move(shape);
   s->example_numel = numel_of(s->example_shape, name);
@@ -110,15 +110,25 @@ const std::vector<int64_t>& Dataset::example_shape() const {
   static const std::vector<int64_t> kNone;
   return storage_ ? storage_->example_shape : kNone;
 }
-int64_t Dataset::example_numel() const { return storage_ ? storage_->example_numel : 0; }
-bool Dataset::is_pixels() const { return storage_ && storage_->is_pixels; }
-int64_t Dataset::num_classes() const { return storage_ ? storage_->num_classes : 0; }
-bool Dataset::has_labels() const { return storage_ && storage_->target_numel == 0; }
+int64_t Dataset::example_numel() const {
+  return storage_ ? storage_->example_numel : 0;
+}
+bool Dataset::is_pixels() const {
+  return storage_ && storage_->is_pixels;
+}
+int64_t Dataset::num_classes() const {
+  return storage_ ? storage_->num_classes : 0;
+}
+bool Dataset::has_labels() const {
+  return storage_ && storage_->target_numel == 0;
+}
 const std::vector<int64_t>& Dataset::target_shape() const {
   static const std::vector<int64_t> kNone;
   return storage_ ? storage_->target_shape : kNone;
 }
-int64_t Dataset::target_numel() const { return storage_ ? storage_->target_numel : 0; }
+int64_t Dataset::target_numel() const {
+  return storage_ ? storage_->target_numel : 0;
+}
 
 int64_t Dataset::storage_index(int64_t i) const {
   OT_CHECK(i >= 0 && i < size(), name_, ": example index ", i, " out of range [0, ", size(), ")");
@@ -174,8 +184,8 @@ void Dataset::check_labels(int64_t classes) const {
     bool gz = where.size() > 3 && where.ends_with(".gz");
     if (label_stride_ > 0)
       fail(where, ": label ", v, " at ", gz ? "uncompressed " : "", "byte offset ",
-           label_base_ + k * label_stride_,
-           " (example ", k, ") is out of range for a model with ", classes, " classes");
+           label_base_ + k * label_stride_, " (example ", k, ") is out of range for a model with ",
+           classes, " classes");
     fail(where, ": label ", v, " of example ", k, " is out of range for a model with ", classes,
          " classes");
   }

@@ -85,8 +85,8 @@ class Dataset {
 struct DataSpec {
   enum class Kind { kFashionMnist, kMnist, kNpy, kImages, kSynthetic };
   Kind kind = Kind::kFashionMnist;
-  std::string text;  // the spec as given, for messages
-  std::string dir;   // fashion-mnist, mnist, images
+  std::string text;            // the spec as given, for messages
+  std::string dir;             // fashion-mnist, mnist, images
   std::string x_path, y_path;  // npy
   int64_t count = 0;           // synthetic
 };

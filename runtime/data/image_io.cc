@@ -35,8 +35,7 @@ std::vector<unsigned char> read_file(const std::string& path) {
 
 void check_size(const std::string& path, int64_t width, int64_t height) {
   OT_CHECK(width > 0 && height > 0, path, ": image has size ", width, "x", height);
-  OT_CHECK(width <= kMaxImageSide && height <= kMaxImageSide &&
-               width * height <= kMaxImagePixels,
+  OT_CHECK(width <= kMaxImageSide && height <= kMaxImageSide && width * height <= kMaxImagePixels,
            path, ": image of ", width, "x", height, " pixels exceeds the limit (", kMaxImageSide,
            " per side, ", kMaxImagePixels, " pixels)");
 }
@@ -66,8 +65,8 @@ DecodedImage decode_jpeg(const std::string& path, const std::vector<unsigned cha
   int64_t c = gray ? 1 : 3;
   std::vector<unsigned char> hwc(static_cast<size_t>(c * width * height));
   // Corrupt-data warnings (a truncated scan) count as errors: the pixels would be garbage.
-  if (tjDecompress2(tj.h, bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data(),
-                    width, 0, height, gray ? TJPF_GRAY : TJPF_RGB, 0) != 0)
+  if (tjDecompress2(tj.h, bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data(), width,
+                    0, height, gray ? TJPF_GRAY : TJPF_RGB, 0) != 0)
     fail(path, ": unreadable JPEG: ", tjGetErrorStr2(tj.h));
   return to_planar(hwc, c, height, width);
 }

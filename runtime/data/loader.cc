@@ -107,7 +107,9 @@ DataLoader::DataLoader(int64_t examples, BatchFn make_batch, LoaderOptions optio
   this->start(start);
 }
 
-DataLoader::~DataLoader() { stop(); }
+DataLoader::~DataLoader() {
+  stop();
+}
 
 namespace {
 void check_position(LoaderPosition pos, int64_t steps) {
@@ -160,9 +162,8 @@ void DataLoader::produce(LoaderPosition pos) {
     bool failed = item.error != nullptr;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] {
-        return stopping_ || static_cast<int>(queue_.size()) < options_.prefetch;
-      });
+      cv_.wait(lock,
+               [&] { return stopping_ || static_cast<int>(queue_.size()) < options_.prefetch; });
       if (stopping_) return;
       queue_.push_back(std::move(item));
     }

@@ -44,8 +44,8 @@ BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter);
 struct LoaderOptions {
   int64_t batch_size = 32;  // global batch
   uint64_t seed = 0;
-  bool shuffle = true;      // false: dataset order (validation)
-  int prefetch = 2;         // batches prepared ahead (queue bound), >= 1
+  bool shuffle = true;  // false: dataset order (validation)
+  int prefetch = 2;     // batches prepared ahead (queue bound), >= 1
 };
 
 struct LoaderPosition {

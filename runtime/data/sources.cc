@@ -67,8 +67,7 @@ class IdxReader {
       int64_t at = pos_;
       read_exact(b, 4, "the IDX dimensions");
       d = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
-      OT_CHECK(d > 0, path_, ": IDX dimension ", d, " at byte offset ",
-               at, " must be positive");
+      OT_CHECK(d > 0, path_, ": IDX dimension ", d, " at byte offset ", at, " must be positive");
     }
     return dims;
   }
@@ -83,10 +82,11 @@ class IdxReader {
     }
     bool direct = gzdirect(f_) == 1;
     int64_t limit = direct ? file_bytes_ - pos_ : file_bytes_ * kMaxGzipRatio;
-    OT_CHECK(bytes <= limit, path_, ": IDX dims ", shape_text(dims), " need ", bytes,
-             " bytes of data after byte offset ", pos_, " but the file ",
-             direct ? cat("has ", limit) : cat("(", file_bytes_, " bytes of gzip) cannot hold that"),
-             direct ? " (dims disagree with the file size)" : "");
+    OT_CHECK(
+        bytes <= limit, path_, ": IDX dims ", shape_text(dims), " need ", bytes,
+        " bytes of data after byte offset ", pos_, " but the file ",
+        direct ? cat("has ", limit) : cat("(", file_bytes_, " bytes of gzip) cannot hold that"),
+        direct ? " (dims disagree with the file size)" : "");
     std::vector<uint8_t> data(static_cast<size_t>(bytes));
     int64_t start = pos_;
     int64_t got = read_some(data.data(), bytes);
@@ -124,8 +124,8 @@ class IdxReader {
         if (errnum == Z_BUF_ERROR)
           fail(path_, ": truncated gzip stream at uncompressed byte offset ", pos_ + std::max(r, 0),
                " (", msg, ")");
-        fail(path_, ": corrupt gzip data at uncompressed byte offset ", pos_ + std::max(r, 0),
-             ": ", msg);
+        fail(path_, ": corrupt gzip data at uncompressed byte offset ", pos_ + std::max(r, 0), ": ",
+             msg);
       }
       total += r;
       pos_ += r;
@@ -230,11 +230,10 @@ LoadedData load_npy(const DataSpec& spec) {
     std::vector<int64_t> labels(static_cast<size_t>(y.dims()[0]));
     for (size_t i = 0; i < labels.size(); ++i) {
       labels[i] = yt == graph::DataType::kInt64 ? y.data_as<int64_t>()[i] : y.data_as<int32_t>()[i];
-      OT_CHECK(labels[i] >= 0, spec.y_path, ": label ", labels[i], " at index ", i,
-               " is negative");
+      OT_CHECK(labels[i] >= 0, spec.y_path, ": label ", labels[i], " at index ", i, " is negative");
     }
-    out.train = Dataset::from_floats(spec.text, example, floats_of(x, spec.x_path),
-                                     std::move(labels));
+    out.train =
+        Dataset::from_floats(spec.text, example, floats_of(x, spec.x_path), std::move(labels));
     // .npy v1 data starts after a header numpy pads to 64 bytes; name the index, not a guess.
     out.train.set_label_origin(spec.y_path, 0, 0);
   } else if (yt == graph::DataType::kFloat || yt == graph::DataType::kDouble) {
@@ -277,7 +276,8 @@ LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
   std::error_code ec;
   OT_CHECK(fs::is_directory(spec.dir, ec), spec.text, ": directory not found");
   std::vector<fs::path> classes = sorted_entries(spec.dir, true);
-  OT_CHECK(!classes.empty(), spec.dir, ": no class sub-folders (images:DIR wants DIR/<class>/*.png)");
+  OT_CHECK(!classes.empty(), spec.dir,
+           ": no class sub-folders (images:DIR wants DIR/<class>/*.png)");
   bool resize = options.model_input.size() == 3;
   int64_t h = resize ? options.model_input[1] : 0, w = resize ? options.model_input[2] : 0;
   std::vector<DecodedImage> images;
@@ -293,16 +293,16 @@ LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
         h = img.height, w = img.width;
         first_file = f.string();
       }
-      OT_CHECK(resize || (img.height == h && img.width == w), f.string(), ": image is ",
-               img.width, "x", img.height, " but ", first_file, " is ", w, "x", h,
+      OT_CHECK(resize || (img.height == h && img.width == w), f.string(), ": image is ", img.width,
+               "x", img.height, " but ", first_file, " is ", w, "x", h,
                " (mixed sizes need a model input (C,H,W) to resize to)");
       if (img.height != h || img.width != w) {
         img.chw = resize_u8(img, h, w);
         img.height = h, img.width = w;
       }
       bytes += 3 * h * w;
-      OT_CHECK(bytes <= kMaxDatasetBytes, f.string(), ": ", spec.text, " exceeds the dataset limit of ",
-               kMaxDatasetBytes, " bytes");
+      OT_CHECK(bytes <= kMaxDatasetBytes, f.string(), ": ", spec.text,
+               " exceeds the dataset limit of ", kMaxDatasetBytes, " bytes");
       images.push_back(std::move(img));
       labels.push_back(static_cast<int64_t>(k));
     }
@@ -320,7 +320,8 @@ LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
   }
   LoadedData out;
   out.train = Dataset::from_pixels(spec.text, {c, h, w}, std::move(pixels), std::move(labels));
-  if (c == 3) out.train.set_default_normalization({{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}});
+  if (c == 3)
+    out.train.set_default_normalization({{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}});
   return out;
 }
 
@@ -334,9 +335,9 @@ LoadedData load_synthetic(const DataSpec& spec, const LoadOptions& options) {
     numel *= d;
     OT_CHECK(numel <= kMaxDatasetBytes / 4, spec.text, ": model input too large");
   }
-  OT_CHECK(spec.count <= kMaxDatasetBytes / 4 / numel, spec.text, ": ", spec.count,
-           " examples of ", shape_text(options.model_input), " exceed the dataset limit of ",
-           kMaxDatasetBytes, " bytes");
+  OT_CHECK(spec.count <= kMaxDatasetBytes / 4 / numel, spec.text, ": ", spec.count, " examples of ",
+           shape_text(options.model_input), " exceed the dataset limit of ", kMaxDatasetBytes,
+           " bytes");
   int64_t classes = options.num_classes > 0 ? options.num_classes : 10;
   DataRng rng(options.seed, kSyntheticStream);
   std::vector<float> features(static_cast<size_t>(spec.count * numel));
@@ -344,8 +345,8 @@ LoadedData load_synthetic(const DataSpec& spec, const LoadOptions& options) {
   std::vector<int64_t> labels(static_cast<size_t>(spec.count));
   for (int64_t& l : labels) l = static_cast<int64_t>(rng.below(static_cast<uint64_t>(classes)));
   LoadedData out;
-  out.train = Dataset::from_floats(spec.text, options.model_input, std::move(features),
-                                   std::move(labels));
+  out.train =
+      Dataset::from_floats(spec.text, options.model_input, std::move(features), std::move(labels));
   return out;
 }
 

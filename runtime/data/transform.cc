@@ -98,15 +98,16 @@ InputAdapter::InputAdapter(std::vector<int64_t> data_shape, std::vector<int64_t>
                            Normalization norm, const std::string& data_name, bool strict_norm)
     : model_shape_(std::move(model_shape)) {
   for (int64_t d : data_shape)
-    OT_CHECK(d > 0, data_name, ": example shape ", shape_text(data_shape), " has a non-positive dim");
+    OT_CHECK(d > 0, data_name, ": example shape ", shape_text(data_shape),
+             " has a non-positive dim");
   for (int64_t d : model_shape_)
     OT_CHECK(d > 0, data_name, ": model input shape ", shape_text(model_shape_),
              " must be concrete and positive (without the batch dim)");
   in_numel_ = product(data_shape);
   out_numel_ = product(model_shape_);
   auto mismatch = [&](const std::string& why) {
-    fail(data_name, ": examples of shape ", shape_text(data_shape),
-         " do not fit the model input ", shape_text(model_shape_), ": ", why);
+    fail(data_name, ": examples of shape ", shape_text(data_shape), " do not fit the model input ",
+         shape_text(model_shape_), ": ", why);
   };
   int64_t dc = 1, dh = 1, dw = in_numel_, mc = 1, mh = 1, mw = out_numel_;
   bool data_image = as_image(data_shape, dc, dh, dw);
@@ -125,9 +126,11 @@ InputAdapter::InputAdapter(std::vector<int64_t> data_shape, std::vector<int64_t>
   } else if (data_image && model_shape_.size() == 1 && mw == dh * dw && dc == 3) {
     out_c_ = 1, out_h_ = dh, out_w_ = dw, adapt_ = true;  // RGB image -> flat luma vector
   } else {
-    mismatch(cat(in_numel_, " values per example vs ", out_numel_,
-                 data_image ? " (a vector model input is not resized)"
-                            : " (only image-shaped data is resized)"));
+    std::string why = " (the model input is neither a vector nor (C,H,W))";
+    if (!data_image) why = " (only image-shaped (C,H,W) data is resized)";
+    if (data_image && model_shape_.size() == 1)
+      why = " (a vector input is only filled by flattening)";
+    mismatch(cat(in_numel_, " values per example vs ", out_numel_, why));
   }
   if (!norm.empty()) {
     OT_CHECK(!norm.mean.empty() && !norm.std.empty(), data_name,

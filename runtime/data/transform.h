@@ -46,7 +46,7 @@ class InputAdapter {
   int64_t in_numel_ = 0, out_numel_ = 0;
   int64_t in_c_ = 1, in_h_ = 1, in_w_ = 1;  // data as an image (vectors: 1 x 1 x D)
   int64_t out_c_ = 1, out_h_ = 1, out_w_ = 1;
-  bool adapt_ = false;  // false: the output is the input, reshaped
+  bool adapt_ = false;                 // false: the output is the input, reshaped
   std::vector<float> mean_, inv_std_;  // one per output channel; empty = none
 };
 

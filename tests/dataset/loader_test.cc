@@ -1,5 +1,7 @@
 // DataLoader: shuffle determinism and permutation property, steps per epoch with a partial last
 // batch, sharding, resume mid-epoch, prefetch errors, shutdown, and val_split holdouts.
+#include "runtime/data/loader.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <numeric>
 #include <set>
 
-#include "runtime/data/loader.h"
 #include "tests/dataset/test_files.h"
 
 namespace onnxtrain::runtime {
@@ -155,7 +156,7 @@ TEST(Loader, ResumeMidEpochGivesTheSameRemainingBatches) {
   // seek() in a running loader does the same.
   first.seek({0, 5});
   EXPECT_EQ(first.next().indices, reference[5].indices);
-  error_of([&] { first.seek({0, 7}); });  // past the end of an epoch
+  error_of([&] { first.seek({0, 7}); });                  // past the end of an epoch
   EXPECT_EQ(first.next().indices, reference[6].indices);  // still running after the refusal
 }
 

@@ -65,7 +65,8 @@ TEST_F(FashionMnist, MatchesTheFileBytes) {
   for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{2}}) {
     data_->train.read_example(i, x.data());
     for (size_t j = 0; j < 784; ++j)
-      ASSERT_FLOAT_EQ(x[j], images[16 + static_cast<size_t>(i) * 784 + j] / 255.0f) << i << "," << j;
+      ASSERT_FLOAT_EQ(x[j], images[16 + static_cast<size_t>(i) * 784 + j] / 255.0f)
+          << i << "," << j;
   }
 }
 
@@ -90,8 +91,9 @@ TEST(MnistDir, TestSplitIsTheDefaultValidation) {
   testing::write_bytes(dir.file("train-images-idx3-ubyte"), testing::idx_bytes({5, 2, 3}, px));
   testing::write_bytes(dir.file("train-labels-idx1-ubyte"),
                        testing::idx_bytes({5}, {3, 1, 4, 1, 5}));
-  testing::write_bytes(dir.file("t10k-images-idx3-ubyte.gz"),
-                       testing::gzip_bytes(testing::idx_bytes({2, 2, 3}, {px.begin(), px.begin() + 12})));
+  testing::write_bytes(
+      dir.file("t10k-images-idx3-ubyte.gz"),
+      testing::gzip_bytes(testing::idx_bytes({2, 2, 3}, {px.begin(), px.begin() + 12})));
   testing::write_bytes(dir.file("t10k-labels-idx1-ubyte.gz"),
                        testing::gzip_bytes(testing::idx_bytes({2}, {2, 6})));
   std::string spec = "mnist:" + dir.path().string();
@@ -148,7 +150,8 @@ TEST(NpyData, UsedAsStoredWithLabelsOrTargets) {
   write_npy(dir.file("y.npy"), graph::Tensor::from_vector(graph::DataType::kInt32, {6},
                                                           std::vector<int32_t>{0, 4, 1, 1, 2, 0}));
   write_npy(dir.file("t.npy"), graph::Tensor::from_vector(graph::DataType::kFloat, {6, 2}, xs));
-  LoadedData d = load_dataset(parse_data_spec("npy:" + dir.file("x.npy") + "," + dir.file("y.npy")), {});
+  LoadedData d =
+      load_dataset(parse_data_spec("npy:" + dir.file("x.npy") + "," + dir.file("y.npy")), {});
   ASSERT_EQ(d.train.size(), 6);
   EXPECT_EQ(d.train.example_shape(), (std::vector<int64_t>{4}));
   EXPECT_EQ(d.train.num_classes(), 5);
@@ -160,7 +163,8 @@ TEST(NpyData, UsedAsStoredWithLabelsOrTargets) {
   a.apply(x.data(), y.data());
   for (size_t j = 0; j < 4; ++j) EXPECT_EQ(y[j], xs[8 + j]);  // no scaling, no normalization
 
-  LoadedData t = load_dataset(parse_data_spec("npy:" + dir.file("x.npy") + "," + dir.file("t.npy")), {});
+  LoadedData t =
+      load_dataset(parse_data_spec("npy:" + dir.file("x.npy") + "," + dir.file("t.npy")), {});
   EXPECT_FALSE(t.train.has_labels());
   EXPECT_EQ(t.train.target_numel(), 2);
   std::vector<float> target(2);
@@ -229,7 +233,8 @@ TEST(ImageFolder, MixedSizesNeedAModelShape) {
   std::filesystem::create_directories(dir.path() / "c0");
   testing::write_png(dir.file("c0/a.png"), 2, 2, 1, {0, 255, 0, 255});
   testing::write_png(dir.file("c0/b.png"), 4, 4, 1, std::vector<uint8_t>(16, 128));
-  std::string e = error_of([&] { load_dataset(parse_data_spec("images:" + dir.path().string()), {}); });
+  std::string e =
+      error_of([&] { load_dataset(parse_data_spec("images:" + dir.path().string()), {}); });
   EXPECT_NE(e.find("b.png: image is 4x4 but"), std::string::npos) << e;
   LoadOptions o;
   o.model_input = {1, 4, 4};

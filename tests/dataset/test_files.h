@@ -2,6 +2,7 @@
 // JPEG files built with zlib / libpng / libturbojpeg directly, independent of the code tested.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <png.h>
 #include <turbojpeg.h>
 #include <unistd.h>
@@ -15,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "graph/error.h"
 
 namespace onnxtrain::runtime::testing {
@@ -27,7 +26,8 @@ namespace fs = std::filesystem;
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& tag) {
-    path_ = fs::temp_directory_path() / ("onnxtrain_dataset_" + tag + "_" + std::to_string(::getpid()));
+    path_ =
+        fs::temp_directory_path() / ("onnxtrain_dataset_" + tag + "_" + std::to_string(::getpid()));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -44,7 +44,8 @@ class ScratchDir {
 
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
 }
 
@@ -111,8 +112,8 @@ inline void write_jpeg(const std::string& path, int width, int height, int chann
   ASSERT_NE(tj, nullptr);
   unsigned char* buf = nullptr;
   unsigned long size = 0;
-  int rc = tjCompress2(tj, hwc.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
-                       &buf, &size, channels == 1 ? TJSAMP_GRAY : TJSAMP_444, 100, 0);
+  int rc = tjCompress2(tj, hwc.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB, &buf,
+                       &size, channels == 1 ? TJSAMP_GRAY : TJSAMP_444, 100, 0);
   ASSERT_EQ(rc, 0) << tjGetErrorStr2(tj);
   write_bytes(path, std::vector<uint8_t>(buf, buf + size));
   tjFree(buf);

@@ -1,11 +1,12 @@
 // InputAdapter and the image operations, on small hand-made images with hand-computed or
 // float64 reference results.
+#include "runtime/data/transform.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "runtime/data/transform.h"
 #include "tests/dataset/test_files.h"
 
 namespace onnxtrain::runtime {
@@ -88,7 +89,8 @@ TEST(Adapter, ChannelsThenResizeThenNormalize) {
   std::vector<float> gray = {0.0f, 0.5f, 1.0f, 0.25f};
   Normalization n{{0.1f, 0.2f, 0.3f}, {0.5f, 0.25f, 2.0f}};
   InputAdapter a({1, 2, 2}, {3, 4, 4}, n, "d");
-  EXPECT_EQ(a.describe(), "1->3 channels, resize 2x2->4x4, normalize mean=(0.1,0.2,0.3) std=(0.5,0.25,2)");
+  EXPECT_EQ(a.describe(),
+            "1->3 channels, resize 2x2->4x4, normalize mean=(0.1,0.2,0.3) std=(0.5,0.25,2)");
   std::vector<float> out = run(a, gray);
   std::vector<double> t = {0, 0.25, 0.75, 1};
   for (int c = 0; c < 3; ++c)
@@ -106,13 +108,16 @@ TEST(Adapter, NormalizationMath) {
   InputAdapter one({2, 1, 3}, {2, 1, 3}, {{0.5f}, {0.25f}}, "d");
   std::vector<float> y = run(one, x);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], (x[i] - 0.5) / 0.25, 1e-6);
-  InputAdapter per({2, 1, 3}, {6}, {{0.1f, 0.9f}, {1.0f, 0.5f}}, "d");  // channels kept when flattening
+  InputAdapter per({2, 1, 3}, {6}, {{0.1f, 0.9f}, {1.0f, 0.5f}},
+                   "d");  // channels kept when flattening
   y = run(per, x);
   for (size_t i = 0; i < 6; ++i) {
     double m = i < 3 ? 0.1 : 0.9, s = i < 3 ? 1.0 : 0.5;
     EXPECT_NEAR(y[i], (x[i] - m) / s, 1e-6) << i;
   }
-  std::string e = error_of([] { InputAdapter({1, 2, 2}, {1, 2, 2}, {{0.1f, 0.2f, 0.3f}, {1.0f}}, "d"); });
+  std::string e = error_of([] {
+    InputAdapter({1, 2, 2}, {1, 2, 2}, {{0.1f, 0.2f, 0.3f}, {1.0f}}, "d");
+  });
   EXPECT_NE(e.find("mean has 3 values but the model input has 1 channels"), std::string::npos) << e;
   e = error_of([] { InputAdapter({1, 2, 2}, {1, 2, 2}, {{0.1f}, {0.0f}}, "d"); });
   EXPECT_NE(e.find("std 0 must be > 0"), std::string::npos) << e;
