@@ -19,6 +19,13 @@
 
 namespace onnxtrain::runtime {
 
+// How a trainer uses the pipeline (model_input = input dims without the batch dim):
+//   TrainValData data = load_train_val({"fashion-mnist", "", 0.0, seed}, {model_input, classes});
+//   DataLoader train(data.train, InputAdapter::for_dataset(data.train, model_input),
+//                    {global_batch, seed}, saved_position);
+//   for each step: Batch b = train.next(); std::vector<Batch> parts = shard(b, replicas);
+//   checkpoint: train.position();  validation: a loader with shuffle = false, one epoch.
+
 struct Batch {
   int64_t epoch = 0, step = 0;
   std::vector<int64_t> indices;  // dataset indices, in batch order

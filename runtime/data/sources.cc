@@ -121,11 +121,16 @@ class IdxReader {
       int errnum = Z_OK;
       const char* msg = gzerror(f_, &errnum);
       if (r < 0 || (errnum != Z_OK && errnum != Z_STREAM_END)) {
+        // zlib inflates ahead into its own buffer, so the uncompressed offset is where this
+        // read started; the compressed side tells where the damage is.
+        std::string why = msg ? msg : "unknown zlib error";
+        if (why.starts_with(path_ + ": ")) why = why.substr(path_.size() + 2);
+        int64_t at = pos_ + std::max(r, 0);
         if (errnum == Z_BUF_ERROR)
-          fail(path_, ": truncated gzip stream at uncompressed byte offset ", pos_ + std::max(r, 0),
-               " (", msg, ")");
-        fail(path_, ": corrupt gzip data at uncompressed byte offset ", pos_ + std::max(r, 0), ": ",
-             msg);
+          fail(path_, ": truncated gzip stream: the compressed data ends at byte offset ",
+               file_bytes_, " before the stream does (", why, "; reading uncompressed offset ", at,
+               ")");
+        fail(path_, ": corrupt gzip data (", why, ") reading uncompressed byte offset ", at);
       }
       total += r;
       pos_ += r;

@@ -52,6 +52,32 @@ std::vector<float> per_channel(const std::vector<float>& v, int64_t channels, bo
 
 }  // namespace
 
+Normalization parse_normalization(const std::string& mean, const std::string& std) {
+  auto parse = [](const std::string& text, const char* what) {
+    std::vector<float> out;
+    size_t start = 0;
+    for (;;) {
+      size_t comma = text.find(',', start);
+      std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+      size_t used = 0;
+      float v = 0;
+      try {
+        v = std::stof(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      OT_CHECK(!item.empty() && used == item.size() && std::isfinite(v), what, " '", text, "': '",
+               item, "' is not a number (expected e.g. 0.5 or 0.485,0.456,0.406)");
+      out.push_back(v);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return out;
+  };
+  OT_CHECK(!mean.empty() && !std.empty(), "normalization needs both --mean and --std");
+  return {parse(mean, "--mean"), parse(std, "--std")};
+}
+
 void resize_bilinear(const float* src, int64_t channels, int64_t height, int64_t width, float* dst,
                      int64_t out_height, int64_t out_width) {
   // Per output row/column: the two source indices and the weight of the second.

@@ -19,6 +19,9 @@ void resize_bilinear(const float* src, int64_t channels, int64_t height, int64_t
 // rgb: (3,H,W) -> luma: (1,H,W), ITU-R BT.601 weights 0.299 R + 0.587 G + 0.114 B.
 void rgb_to_luma(const float* rgb, int64_t pixels, float* luma);
 
+// --mean / --std: comma-separated floats ("0.5" or "0.485,0.456,0.406"), both required.
+Normalization parse_normalization(const std::string& mean, const std::string& std);
+
 // Turns one example of `data_shape` into one model input of `model_shape`, in this order:
 // channel adaptation, resize, normalization; the memory layout is CHW throughout, so a model
 // that wants a vector of the same size (784 for (1,28,28)) gets the flattened image.

@@ -127,6 +127,18 @@ TEST(Adapter, NormalizationMath) {
   EXPECT_NEAR(run(loose, rgb)[0], (1.0 - 0.4) / 0.5, 1e-5);
 }
 
+TEST(Adapter, ParseNormalization) {
+  Normalization n = parse_normalization("0.485,0.456,0.406", "0.5");
+  EXPECT_EQ(n.mean, (std::vector<float>{0.485f, 0.456f, 0.406f}));
+  EXPECT_EQ(n.std, std::vector<float>{0.5f});
+  std::string e = error_of([] { parse_normalization("0.1,,0.2", "1"); });
+  EXPECT_NE(e.find("--mean '0.1,,0.2': '' is not a number"), std::string::npos) << e;
+  e = error_of([] { parse_normalization("0.1", "1x"); });
+  EXPECT_NE(e.find("--std '1x': '1x' is not a number"), std::string::npos) << e;
+  error_of([] { parse_normalization("0.1", ""); });
+  error_of([] { parse_normalization("nan", "1"); });
+}
+
 TEST(Adapter, MismatchNamesBothShapes) {
   std::string e = error_of([] { InputAdapter({1, 28, 28}, {100}, {}, "fashion-mnist (train)"); });
   EXPECT_NE(e.find("fashion-mnist (train)"), std::string::npos) << e;
