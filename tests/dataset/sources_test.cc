@@ -222,6 +222,23 @@ TEST(ImageFolder, PngAndJpegClassesInSortedOrder) {
   d.train.read_example(1, x.data());
   for (int c = 0; c < 3; ++c)
     for (int p = 0; p < 6; ++p) EXPECT_FLOAT_EQ(x[c * 6 + p], (10 + 10 * p) / 255.0f);
+  // The RGB PNG into a grayscale model at twice the size, without normalization: luma of the
+  // file's pixels, then bilinear 2x upsampling (corner pixels keep their value).
+  InputAdapter to_gray =
+      InputAdapter::for_dataset(d.train, std::vector<int64_t>{1, 4, 6}, Normalization{});
+  std::vector<float> rgb_example(18), gray(24);
+  d.train.read_example(0, rgb_example.data());
+  to_gray.apply(rgb_example.data(), gray.data());
+  auto luma = [&](int p) {
+    return (0.299 * rgb[p * 3] + 0.587 * rgb[p * 3 + 1] + 0.114 * rgb[p * 3 + 2]) / 255.0;
+  };
+  EXPECT_NEAR(gray[0], luma(0), 1e-5);
+  EXPECT_NEAR(gray[5], luma(2), 1e-5);
+  EXPECT_NEAR(gray[18], luma(3), 1e-5);
+  EXPECT_NEAR(gray[23], luma(5), 1e-5);
+  // Output (1,1): source (0.25, 0.25) between pixels 0,1 (row 0) and 3,4 (row 1).
+  EXPECT_NEAR(gray[7], 0.5625 * luma(0) + 0.1875 * luma(1) + 0.1875 * luma(3) + 0.0625 * luma(4),
+              1e-5);
   d.train.read_example(2, x.data());
   for (int c = 0; c < 3; ++c)
     for (int p = 0; p < 6; ++p)
