@@ -1,0 +1,209 @@
+// The Dataset container: shared immutable storage plus an optional index view (subsets for
+// val_split share the pixels), and the label range check that names the file and offset.
+#include "runtime/data/dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "graph/error.h"
+#include "runtime/data/random.h"
+
+namespace onnxtrain::runtime {
+
+struct Dataset::Storage {
+  std::vector<int64_t> example_shape;
+  int64_t example_numel = 0;
+  int64_t count = 0;
+  std::vector<uint8_t> pixels;  // is_pixels
+  std::vector<float> features;  // otherwise
+  bool is_pixels = false;
+  std::vector<int64_t> labels;  // has_labels
+  std::vector<int64_t> target_shape;
+  int64_t target_numel = 0;
+  std::vector<float> targets;  // otherwise
+  int64_t num_classes = 0;
+};
+
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& dims, const std::string& name) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    OT_CHECK(d > 0, name, ": example dimension ", d, " must be positive");
+    OT_CHECK(n <= INT64_MAX / d, name, ": example shape overflows int64");
+    n *= d;
+  }
+  return n;
+}
+
+std::shared_ptr<Dataset::Storage> make_storage(const std::string& name, std::vector<int64_t> shape,
+                                               size_t values) {
+  auto s = std::make_shared<Dataset::Storage>();
+  s->example_shape = std::move(shape);
+  s->example_numel = numel_of(s->example_shape, name);
+  OT_CHECK(values % static_cast<size_t>(s->example_numel) == 0, name, ": ", values,
+           " feature values are not a whole number of examples of ", s->example_numel);
+  s->count = static_cast<int64_t>(values) / s->example_numel;
+  return s;
+}
+
+void set_labels(Dataset::Storage& s, const std::string& name, std::vector<int64_t> labels) {
+  OT_CHECK(static_cast<int64_t>(labels.size()) == s.count, name, ": ", labels.size(),
+           " labels for ", s.count, " examples");
+  int64_t max_label = -1;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    OT_CHECK(labels[i] >= 0, name, ": label ", labels[i], " of example ", i, " is negative");
+    max_label = std::max(max_label, labels[i]);
+  }
+  s.labels = std::move(labels);
+  s.num_classes = max_label + 1;
+}
+
+}  // namespace
+
+Dataset Dataset::from_pixels(std::string name, std::vector<int64_t> example_shape,
+                             std::vector<uint8_t> pixels, std::vector<int64_t> labels) {
+  auto s = make_storage(name, std::move(example_shape), pixels.size());
+  s->is_pixels = true;
+  s->pixels = std::move(pixels);
+  set_labels(*s, name, std::move(labels));
+  Dataset d;
+  d.storage_ = std::move(s);
+  d.name_ = std::move(name);
+  return d;
+}
+
+Dataset Dataset::from_floats(std::string name, std::vector<int64_t> example_shape,
+                             std::vector<float> features, std::vector<int64_t> labels) {
+  auto s = make_storage(name, std::move(example_shape), features.size());
+  s->features = std::move(features);
+  set_labels(*s, name, std::move(labels));
+  Dataset d;
+  d.storage_ = std::move(s);
+  d.name_ = std::move(name);
+  return d;
+}
+
+Dataset Dataset::from_floats_with_targets(std::string name, std::vector<int64_t> example_shape,
+                                          std::vector<float> features,
+                                          std::vector<int64_t> target_shape,
+                                          std::vector<float> targets) {
+  auto s = make_storage(name, std::move(example_shape), features.size());
+  s->features = std::move(features);
+  s->target_numel = numel_of(target_shape, name);
+  s->target_shape = std::move(target_shape);
+  OT_CHECK(static_cast<int64_t>(targets.size()) == s->count * s->target_numel, name, ": ",
+           targets.size(), " target values for ", s->count, " examples of ", s->target_numel);
+  s->targets = std::move(targets);
+  Dataset d;
+  d.storage_ = std::move(s);
+  d.name_ = std::move(name);
+  return d;
+}
+
+int64_t Dataset::size() const {
+  if (!storage_) return 0;
+  return indices_ ? static_cast<int64_t>(indices_->size()) : storage_->count;
+}
+const std::vector<int64_t>& Dataset::example_shape() const {
+  static const std::vector<int64_t> kNone;
+  return storage_ ? storage_->example_shape : kNone;
+}
+int64_t Dataset::example_numel() const {
+  return storage_ ? storage_->example_numel : 0;
+}
+bool Dataset::is_pixels() const {
+  return storage_ && storage_->is_pixels;
+}
+int64_t Dataset::num_classes() const {
+  return storage_ ? storage_->num_classes : 0;
+}
+bool Dataset::has_labels() const {
+  return storage_ && storage_->target_numel == 0;
+}
+const std::vector<int64_t>& Dataset::target_shape() const {
+  static const std::vector<int64_t> kNone;
+  return storage_ ? storage_->target_shape : kNone;
+}
+int64_t Dataset::target_numel() const {
+  return storage_ ? storage_->target_numel : 0;
+}
+
+int64_t Dataset::storage_index(int64_t i) const {
+  OT_CHECK(i >= 0 && i < size(), name_, ": example index ", i, " out of range [0, ", size(), ")");
+  return indices_ ? (*indices_)[static_cast<size_t>(i)] : i;
+}
+
+void Dataset::read_example(int64_t i, float* out) const {
+  const Storage& s = *storage_;
+  int64_t k = storage_index(i);
+  auto n = static_cast<size_t>(s.example_numel);
+  size_t base = static_cast<size_t>(k) * n;
+  if (s.is_pixels) {
+    const uint8_t* p = s.pixels.data() + base;
+    for (size_t j = 0; j < n; ++j) out[j] = static_cast<float>(p[j]) * (1.0f / 255.0f);
+  } else {
+    std::copy_n(s.features.data() + base, n, out);
+  }
+}
+
+int64_t Dataset::label(int64_t i) const {
+  OT_CHECK(has_labels(), name_, ": has float targets, not class labels");
+  return storage_->labels[static_cast<size_t>(storage_index(i))];
+}
+
+void Dataset::read_target(int64_t i, float* out) const {
+  OT_CHECK(!has_labels(), name_, ": has class labels, not float targets");
+  auto n = static_cast<size_t>(storage_->target_numel);
+  std::copy_n(storage_->targets.data() + static_cast<size_t>(storage_index(i)) * n, n, out);
+}
+
+Dataset Dataset::subset(std::vector<int64_t> indices, std::string name) const {
+  for (int64_t& i : indices) i = storage_index(i);
+  Dataset d = *this;
+  d.indices_ = std::move(indices);
+  d.name_ = std::move(name);
+  return d;
+}
+
+void Dataset::set_label_origin(std::string file, int64_t base, int64_t stride) {
+  label_file_ = std::move(file);
+  label_base_ = base;
+  label_stride_ = stride;
+}
+
+void Dataset::check_labels(int64_t classes) const {
+  if (classes <= 0 || !has_labels()) return;
+  const Storage& s = *storage_;
+  for (int64_t i = 0; i < size(); ++i) {
+    int64_t k = storage_index(i);
+    int64_t v = s.labels[static_cast<size_t>(k)];
+    if (v < classes) continue;
+    std::string where = label_file_.empty() ? name_ : label_file_;
+    bool gz = where.size() > 3 && where.ends_with(".gz");
+    if (label_stride_ > 0)
+      fail(where, ": label ", v, " at ", gz ? "uncompressed " : "", "byte offset ",
+           label_base_ + k * label_stride_, " (example ", k, ") is out of range for a model with ",
+           classes, " classes");
+    fail(where, ": label ", v, " of example ", k, " is out of range for a model with ", classes,
+         " classes");
+  }
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> holdout_split(int64_t n, double fraction,
+                                                                    uint64_t seed) {
+  OT_CHECK(fraction >= 0 && fraction < 1, "val_split ", fraction, " must be in [0, 1)");
+  auto val_count = static_cast<int64_t>(std::llround(static_cast<double>(n) * fraction));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  DataRng rng(seed, kHoldoutStream);
+  shuffle_with(order, rng);
+  std::vector<int64_t> val(order.begin(), order.begin() + val_count);
+  std::vector<int64_t> train(order.begin() + val_count, order.end());
+  std::sort(val.begin(), val.end());
+  std::sort(train.begin(), train.end());
+  return {std::move(train), std::move(val)};
+}
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,130 @@
+// In-memory training data: N examples of one shape (uint8 pixels or float32 features) with
+// int64 class labels or float32 target vectors, plus the spec parser and loaders (--data).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace onnxtrain::runtime {
+
+// mean/std applied per channel after pixels are scaled to [0,1]; one value applies to every
+// channel. Both empty = no normalization.
+struct Normalization {
+  std::vector<float> mean;
+  std::vector<float> std;
+  bool empty() const { return mean.empty() && std.empty(); }
+};
+
+// Per-dataset default normalization (see load_dataset): fashion-mnist 0.2860/0.3530, mnist
+// 0.1307/0.3081, images ImageNet (0.485,0.456,0.406)/(0.229,0.224,0.225) when RGB and none
+// when grayscale, npy and synthetic none.
+class Dataset {
+ public:
+  // Pixel data: one byte per element, read back scaled by 1/255.
+  static Dataset from_pixels(std::string name, std::vector<int64_t> example_shape,
+                             std::vector<uint8_t> pixels, std::vector<int64_t> labels);
+  static Dataset from_floats(std::string name, std::vector<int64_t> example_shape,
+                             std::vector<float> features, std::vector<int64_t> labels);
+  // Regression targets: `targets` holds N x target_numel floats (no class labels).
+  static Dataset from_floats_with_targets(std::string name, std::vector<int64_t> example_shape,
+                                          std::vector<float> features,
+                                          std::vector<int64_t> target_shape,
+                                          std::vector<float> targets);
+
+  Dataset() = default;
+  // For messages: "fashion-mnist (train)", "npy:x.npy,y.npy".
+  const std::string& name() const { return name_; }
+  int64_t size() const;
+  // One example without the batch dim: (1,28,28), (3,H,W), (784), ...
+  const std::vector<int64_t>& example_shape() const;
+  int64_t example_numel() const;
+  bool is_pixels() const;
+  // max label + 1 (or the sub-folder count of images:DIR); 0 when targets are float vectors.
+  int64_t num_classes() const;
+  bool has_labels() const;
+  // Shape of one float target (empty when the dataset has class labels).
+  const std::vector<int64_t>& target_shape() const;
+  int64_t target_numel() const;
+
+  // Example i as float32 (pixels scaled to [0,1]) into out[0, example_numel()).
+  void read_example(int64_t i, float* out) const;
+  int64_t label(int64_t i) const;
+  void read_target(int64_t i, float* out) const;
+
+  // A view of some examples (indices into this dataset), sharing the storage.
+  Dataset subset(std::vector<int64_t> indices, std::string name) const;
+
+  const Normalization& default_normalization() const { return default_norm_; }
+  void set_default_normalization(Normalization n) { default_norm_ = std::move(n); }
+  // Where the labels came from, so a label the model cannot take is reported with the file
+  // and byte offset: label i sits at base + i * stride (stride 0: report the index only).
+  void set_label_origin(std::string file, int64_t base, int64_t stride);
+  // Throws when a label is >= classes (classes > 0): names the file and byte offset.
+  void check_labels(int64_t classes) const;
+
+  // Storage index of example i (tests use it to check subsets and shuffles).
+  int64_t storage_index(int64_t i) const;
+
+  struct Storage;  // the shared, immutable examples (dataset.cc)
+
+ private:
+  std::shared_ptr<const Storage> storage_;
+  std::optional<std::vector<int64_t>> indices_;  // nullopt = all examples in storage order
+  std::string name_;
+  Normalization default_norm_;
+  std::string label_file_;
+  int64_t label_base_ = 0, label_stride_ = 0;
+};
+
+// --data / --val-data: fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
+// synthetic:N
+struct DataSpec {
+  enum class Kind { kFashionMnist, kMnist, kNpy, kImages, kSynthetic };
+  Kind kind = Kind::kFashionMnist;
+  std::string text;            // the spec as given, for messages
+  std::string dir;             // fashion-mnist, mnist, images
+  std::string x_path, y_path;  // npy
+  int64_t count = 0;           // synthetic
+};
+DataSpec parse_data_spec(const std::string& text);
+
+struct LoadOptions {
+  // The model's input dims without the batch dim, e.g. (1,28,28), (3,32,32) or (784).
+  // synthetic:N uses it as the example shape; images:DIR resizes every image to its (H,W) when
+  // it has rank 3 (otherwise every image must have the same size).
+  std::vector<int64_t> model_input;
+  // The model's class count: synthetic labels are drawn from [0, num_classes) (10 when 0).
+  int64_t num_classes = 0;
+  uint64_t seed = 0;  // synthetic content
+};
+
+struct LoadedData {
+  Dataset train;
+  std::optional<Dataset> test;  // the IDX t10k split when the files exist
+};
+LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options);
+
+// What the CLI's --data / --val-data / --val-split give.
+struct DataConfig {
+  std::string train_spec;
+  // "" = val_split when > 0, else the dataset's test split, else none; "none" = no validation.
+  std::string val_spec;
+  double val_split = 0;  // fraction of the training set held out, in [0, 1)
+  uint64_t seed = 0;     // holdout choice and synthetic content
+};
+struct TrainValData {
+  Dataset train;
+  std::optional<Dataset> val;
+};
+TrainValData load_train_val(const DataConfig& config, const LoadOptions& options);
+
+// Splits [0, n) into (train, val) index lists, both sorted; val has round(n * fraction)
+// examples chosen by seed alone.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> holdout_split(int64_t n, double fraction,
+                                                                    uint64_t seed);
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,106 @@
+// The batch loader: per-epoch shuffle as a pure function of (seed, epoch), global batches of B
+// (the last one partial), a prefetch thread with a bounded queue, per-replica sharding, and a
+// (epoch, step) position that checkpoints save and restore.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "graph/tensor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/transform.h"
+
+namespace onnxtrain::runtime {
+
+// How a trainer uses the pipeline (model_input = input dims without the batch dim):
+//   TrainValData data = load_train_val({"fashion-mnist", "", 0.0, seed}, {model_input, classes});
+//   DataLoader train(data.train, InputAdapter::for_dataset(data.train, model_input),
+//                    {global_batch, seed}, saved_position);
+//   for each step: Batch b = train.next(); std::vector<Batch> parts = shard(b, replicas);
+//   checkpoint: train.position();  validation: a loader with shuffle = false, one epoch.
+
+struct Batch {
+  int64_t epoch = 0, step = 0;
+  std::vector<int64_t> indices;  // dataset indices, in batch order
+  graph::Tensor inputs;          // (n, model input dims...) float32
+  graph::Tensor targets;         // (n) int64 labels, or (n, target dims...) float32
+  int64_t size() const { return static_cast<int64_t>(indices.size()); }
+};
+
+// The order of epoch `epoch`: a permutation of [0, n) that depends only on (n, seed, epoch).
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
+int64_t steps_per_epoch(int64_t examples, int64_t batch_size);
+// Slice sizes of a global batch over replicas: as even as possible (they differ by <= 1, the
+// first batch % replicas get one more); a replica gets 0 when batch < replicas.
+std::vector<int64_t> shard_sizes(int64_t batch, int replicas);
+// Per-replica batches (copies of consecutive slices, same epoch/step).
+std::vector<Batch> shard(const Batch& batch, int replicas);
+
+// Builds the inputs/targets of one batch from dataset indices (called on the prefetch thread).
+using BatchFn = std::function<void(std::span<const int64_t> indices, Batch& out)>;
+// The usual BatchFn: dataset examples through `adapter`, labels or float targets.
+BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter);
+
+struct LoaderOptions {
+  int64_t batch_size = 32;  // global batch
+  uint64_t seed = 0;
+  bool shuffle = true;  // false: dataset order (validation)
+  int prefetch = 2;     // batches prepared ahead (queue bound), >= 1
+};
+
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t step = 0;  // the batch next() returns next
+  bool operator==(const LoaderPosition&) const = default;
+};
+
+class DataLoader {
+ public:
+  DataLoader(Dataset data, InputAdapter adapter, LoaderOptions options, LoaderPosition start = {});
+  DataLoader(int64_t examples, BatchFn make_batch, LoaderOptions options,
+             LoaderPosition start = {});
+  // Stops and joins the prefetch thread; never blocks on a full queue.
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  int64_t steps_per_epoch() const { return steps_; }
+  int64_t examples() const { return examples_; }
+  // The next global batch; epochs roll over. An exception thrown while preparing a batch is
+  // rethrown here (the same Error), and again on every later call.
+  Batch next();
+  // Where the next next() continues (save it with a checkpoint).
+  LoaderPosition position() const;
+  // Continues from `pos` (restore from a checkpoint); prefetched batches are dropped.
+  void seek(LoaderPosition pos);
+
+ private:
+  void start(LoaderPosition pos);
+  void stop();
+  void produce(LoaderPosition pos);
+
+  int64_t examples_;
+  BatchFn make_batch_;
+  LoaderOptions options_;
+  int64_t steps_;
+  LoaderPosition consumer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct Item {
+    Batch batch;
+    std::exception_ptr error;
+  };
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace onnxtrain::runtime

@@ -1,0 +1,458 @@
+// Where datasets come from: the --data spec parser and one loader per kind (IDX files plain or
+// gzip, .npy pairs, image folders, synthetic). Every size read from a file is checked against
+// the file and a global cap before anything is allocated; errors name the file and offset.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "graph/error.h"
+#include "graph/tensor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/image_io.h"
+#include "runtime/data/random.h"
+#include "runtime/data/transform.h"
+#include "runtime/npy.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kMaxDatasetBytes = int64_t{8} << 30;
+// deflate cannot expand more than ~1032:1; anything claiming more is lying about its size.
+constexpr int64_t kMaxGzipRatio = 1100;
+constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + ")";
+}
+
+// Reads IDX files through zlib, which passes plain files through unchanged.
+class IdxReader {
+ public:
+  explicit IdxReader(std::string path) : path_(std::move(path)) {
+    std::error_code ec;
+    auto size = fs::file_size(path_, ec);
+    OT_CHECK(!ec, path_, ": cannot read: ", ec.message());
+    file_bytes_ = static_cast<int64_t>(size);
+    f_ = gzopen(path_.c_str(), "rb");
+    OT_CHECK(f_ != nullptr, path_, ": cannot open: ", std::strerror(errno));
+    gzbuffer(f_, 1 << 17);
+  }
+  ~IdxReader() {
+    if (f_) gzclose(f_);
+  }
+  IdxReader(const IdxReader&) = delete;
+  IdxReader& operator=(const IdxReader&) = delete;
+
+  // Header: 0x00 0x00, type 0x08 (unsigned byte), rank, then rank big-endian u32 dims.
+  std::vector<int64_t> read_header(int rank, const char* what) {
+    unsigned char magic[4];
+    read_exact(magic, 4, "the IDX magic");
+    uint32_t m = (uint32_t{magic[0]} << 24) | (uint32_t{magic[1]} << 16) |
+                 (uint32_t{magic[2]} << 8) | magic[3];
+    uint32_t want = 0x0800u | static_cast<uint32_t>(rank);
+    OT_CHECK(m == want, path_, ": bad IDX magic 0x", hex(m), " at byte offset 0 (expected 0x",
+             hex(want), " for unsigned-byte ", what, ")");
+    std::vector<int64_t> dims(static_cast<size_t>(rank));
+    for (auto& d : dims) {
+      unsigned char b[4];
+      int64_t at = pos_;
+      read_exact(b, 4, "the IDX dimensions");
+      d = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | b[3];
+      OT_CHECK(d > 0, path_, ": IDX dimension ", d, " at byte offset ", at, " must be positive");
+    }
+    return dims;
+  }
+
+  // The body must hold exactly `bytes`: more or less means the header's dims are wrong.
+  std::vector<uint8_t> read_body(const std::vector<int64_t>& dims) {
+    int64_t bytes = 1;
+    for (int64_t d : dims) {
+      OT_CHECK(bytes <= kMaxDatasetBytes / std::max<int64_t>(d, 1), path_, ": IDX dims ",
+               shape_text(dims), " exceed the dataset limit of ", kMaxDatasetBytes, " bytes");
+      bytes *= d;
+    }
+    bool direct = gzdirect(f_) == 1;
+    int64_t limit = direct ? file_bytes_ - pos_ : file_bytes_ * kMaxGzipRatio;
+    OT_CHECK(
+        bytes <= limit, path_, ": IDX dims ", shape_text(dims), " need ", bytes,
+        " bytes of data after byte offset ", pos_, " but the file ",
+        direct ? cat("has ", limit) : cat("(", file_bytes_, " bytes of gzip) cannot hold that"),
+        direct ? " (dims disagree with the file size)" : "");
+    std::vector<uint8_t> data(static_cast<size_t>(bytes));
+    int64_t start = pos_;
+    int64_t got = read_some(data.data(), bytes);
+    OT_CHECK(got == bytes, path_, ": file ends at byte offset ", start + got, " but IDX dims ",
+             shape_text(dims), " need ", bytes, " bytes after offset ", start,
+             " (dims disagree with the file size)");
+    unsigned char extra[1];
+    OT_CHECK(read_some(extra, 1) == 0, path_, ": unexpected data after byte offset ", pos_ - 1,
+             ": IDX dims ", shape_text(dims), " account for ", start + bytes,
+             " bytes (dims disagree with the file size)");
+    return data;
+  }
+
+ private:
+  static std::string hex(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08X", v);
+    return buf;
+  }
+  void read_exact(unsigned char* dst, int64_t n, const char* what) {
+    int64_t at = pos_;
+    int64_t got = read_some(dst, n);
+    OT_CHECK(got == n, path_, ": file ends at byte offset ", at + got, " inside ", what);
+  }
+  // Reads up to n bytes; a gzip error or truncated stream fails with the offset reached.
+  int64_t read_some(void* dst, int64_t n) {
+    int64_t total = 0;
+    auto* out = static_cast<unsigned char*>(dst);
+    while (total < n) {
+      auto chunk = static_cast<unsigned>(std::min<int64_t>(n - total, INT_MAX / 2));
+      int r = gzread(f_, out + total, chunk);
+      int errnum = Z_OK;
+      const char* msg = gzerror(f_, &errnum);
+      if (r < 0 || (errnum != Z_OK && errnum != Z_STREAM_END)) {
+        // zlib inflates ahead into its own buffer, so the uncompressed offset is where this
+        // read started; the compressed side tells where the damage is.
+        std::string why = msg ? msg : "unknown zlib error";
+        if (why.starts_with(path_ + ": ")) why = why.substr(path_.size() + 2);
+        int64_t at = pos_ + std::max(r, 0);
+        if (errnum == Z_BUF_ERROR)
+          fail(path_, ": truncated gzip stream: the compressed data ends at byte offset ",
+               file_bytes_, " before the stream does (", why, "; reading uncompressed offset ", at,
+               ")");
+        fail(path_, ": corrupt gzip data (", why, ") reading uncompressed byte offset ", at);
+      }
+      total += r;
+      pos_ += r;
+      if (r == 0) break;
+    }
+    return total;
+  }
+
+  std::string path_;
+  gzFile f_ = nullptr;
+  int64_t file_bytes_ = 0;
+  int64_t pos_ = 0;  // uncompressed offset
+};
+
+// An IDX file name in DIR, plain or .gz, with '-' or '.' before "idx" (both are in use).
+std::string find_idx(const std::string& dir, const std::string& prefix, const std::string& idx,
+                     bool required) {
+  for (const char* sep : {"-", "."})
+    for (const char* ext : {"", ".gz"}) {
+      std::string p = (fs::path(dir) / cat(prefix, sep, idx, ext)).string();
+      std::error_code ec;
+      if (fs::is_regular_file(p, ec)) return p;
+    }
+  OT_CHECK(!required, dir, ": no ", prefix, "-", idx, " or ", prefix, "-", idx,
+           ".gz (IDX dataset files)");
+  return "";
+}
+
+Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                      const std::string& name) {
+  IdxReader images(images_path);
+  std::vector<int64_t> idims = images.read_header(3, "images");
+  IdxReader labels(labels_path);
+  std::vector<int64_t> ldims = labels.read_header(1, "labels");
+  OT_CHECK(ldims[0] == idims[0], labels_path, ": ", ldims[0], " labels (count at byte offset 4)",
+           " but ", images_path, " has ", idims[0], " images");
+  std::vector<uint8_t> pixels = images.read_body(idims);
+  std::vector<uint8_t> label_bytes = labels.read_body(ldims);
+  std::vector<int64_t> label_values(label_bytes.begin(), label_bytes.end());
+  Dataset d = Dataset::from_pixels(name, {1, idims[1], idims[2]}, std::move(pixels),
+                                   std::move(label_values));
+  d.set_label_origin(labels_path, 8, 1);
+  return d;
+}
+
+LoadedData load_idx_dir(const std::string& dir, const std::string& kind, Normalization norm) {
+  std::error_code ec;
+  OT_CHECK(fs::is_directory(dir, ec), kind, ":", dir, ": directory not found");
+  LoadedData out;
+  std::string images = find_idx(dir, "train-images", "idx3-ubyte", true);
+  std::string labels = find_idx(dir, "train-labels", "idx1-ubyte", true);
+  out.train = load_idx_pair(images, labels, cat(kind, " (train)"));
+  out.train.set_default_normalization(norm);
+  std::string ti = find_idx(dir, "t10k-images", "idx3-ubyte", false);
+  std::string tl = find_idx(dir, "t10k-labels", "idx1-ubyte", false);
+  if (!ti.empty() && !tl.empty()) {
+    out.test = load_idx_pair(ti, tl, cat(kind, " (test)"));
+    out.test->set_default_normalization(std::move(norm));
+  }
+  return out;
+}
+
+std::vector<float> floats_of(const graph::Tensor& t, const std::string& path) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype() == graph::DataType::kFloat) {
+    std::copy_n(t.data_as<float>(), v.size(), v.data());
+  } else if (t.dtype() == graph::DataType::kDouble) {
+    std::transform(t.data_as<double>(), t.data_as<double>() + v.size(), v.begin(),
+                   [](double x) { return static_cast<float>(x); });
+  } else {
+    fail(path, ": dtype ", graph::dtype_short_name(t.dtype()), " is not float32 or float64");
+  }
+  return v;
+}
+
+// dims[1:], by index: GCC 12 warns (-Wfree-nonheap-object) on the iterator-range constructor.
+std::vector<int64_t> tail_dims(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> out;
+  for (size_t i = 1; i < dims.size(); ++i) out.push_back(dims[i]);
+  return out;
+}
+
+LoadedData load_npy(const DataSpec& spec) {
+  graph::Tensor x = read_npy(spec.x_path);
+  graph::Tensor y = read_npy(spec.y_path);
+  OT_CHECK(x.dtype() == graph::DataType::kFloat || x.dtype() == graph::DataType::kDouble,
+           spec.x_path, ": features must be float32 (or float64), not ",
+           graph::dtype_short_name(x.dtype()));
+  OT_CHECK(x.rank() >= 1 && x.dims()[0] > 0, spec.x_path, ": features must have shape (N, ...)",
+           " with N > 0, not ", shape_text(x.dims()));
+  OT_CHECK(y.rank() >= 1 && y.dims()[0] == x.dims()[0], spec.y_path, ": shape ",
+           shape_text(y.dims()), " does not have ", x.dims()[0], " rows like ", spec.x_path);
+  std::vector<int64_t> example = tail_dims(x.dims());
+  if (example.empty()) example.push_back(1);
+  for (int64_t d : example)
+    OT_CHECK(d > 0, spec.x_path, ": example shape ", shape_text(example), " has an empty dim");
+  LoadedData out;
+  auto yt = y.dtype();
+  if (yt == graph::DataType::kInt64 || yt == graph::DataType::kInt32) {
+    OT_CHECK(y.rank() == 1 || (y.rank() == 2 && y.dims()[1] == 1), spec.y_path,
+             ": integer labels must have shape (N) or (N,1), not ", shape_text(y.dims()));
+    std::vector<int64_t> labels(static_cast<size_t>(y.dims()[0]));
+    for (size_t i = 0; i < labels.size(); ++i) {
+      labels[i] = yt == graph::DataType::kInt64 ? y.data_as<int64_t>()[i] : y.data_as<int32_t>()[i];
+      OT_CHECK(labels[i] >= 0, spec.y_path, ": label ", labels[i], " at index ", i, " is negative");
+    }
+    out.train =
+        Dataset::from_floats(spec.text, example, floats_of(x, spec.x_path), std::move(labels));
+    // .npy v1 data starts after a header numpy pads to 64 bytes; name the index, not a guess.
+    out.train.set_label_origin(spec.y_path, 0, 0);
+  } else if (yt == graph::DataType::kFloat || yt == graph::DataType::kDouble) {
+    std::vector<int64_t> tshape = tail_dims(y.dims());
+    out.train = Dataset::from_floats_with_targets(spec.text, example, floats_of(x, spec.x_path),
+                                                  tshape, floats_of(y, spec.y_path));
+  } else {
+    fail(spec.y_path, ": labels must be int64/int32 (classes) or float32/float64 (targets), not ",
+         graph::dtype_short_name(yt));
+  }
+  return out;
+}
+
+std::vector<fs::path> sorted_entries(const fs::path& dir, bool directories) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    if (directories ? e.is_directory() : (e.is_regular_file() && is_image_file_name(name)))
+      out.push_back(e.path());
+  }
+  OT_CHECK(!ec, dir.string(), ": cannot list: ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Bilinear resize of 8-bit CHW, rounding back to bytes.
+std::vector<uint8_t> resize_u8(const DecodedImage& img, int64_t oh, int64_t ow) {
+  std::vector<float> src(img.chw.begin(), img.chw.end());
+  std::vector<float> dst(static_cast<size_t>(img.channels * oh * ow));
+  resize_bilinear(src.data(), img.channels, img.height, img.width, dst.data(), oh, ow);
+  std::vector<uint8_t> out(dst.size());
+  for (size_t i = 0; i < dst.size(); ++i)
+    out[i] = static_cast<uint8_t>(std::clamp(dst[i] + 0.5f, 0.0f, 255.0f));
+  return out;
+}
+
+LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
+  std::error_code ec;
+  OT_CHECK(fs::is_directory(spec.dir, ec), spec.text, ": directory not found");
+  std::vector<fs::path> classes = sorted_entries(spec.dir, true);
+  OT_CHECK(!classes.empty(), spec.dir,
+           ": no class sub-folders (images:DIR wants DIR/<class>/*.png)");
+  bool resize = options.model_input.size() == 3;
+  int64_t h = resize ? options.model_input[1] : 0, w = resize ? options.model_input[2] : 0;
+  std::vector<DecodedImage> images;
+  std::vector<int64_t> labels;
+  std::string first_file;
+  int64_t bytes = 0;
+  for (size_t k = 0; k < classes.size(); ++k) {
+    std::vector<fs::path> files = sorted_entries(classes[k], false);
+    OT_CHECK(!files.empty(), classes[k].string(), ": class folder has no .jpg/.jpeg/.png files");
+    for (const auto& f : files) {
+      DecodedImage img = decode_image_file(f.string());
+      if (!resize && images.empty()) {
+        h = img.height, w = img.width;
+        first_file = f.string();
+      }
+      OT_CHECK(resize || (img.height == h && img.width == w), f.string(), ": image is ", img.width,
+               "x", img.height, " but ", first_file, " is ", w, "x", h,
+               " (mixed sizes need a model input (C,H,W) to resize to)");
+      if (img.height != h || img.width != w) {
+        img.chw = resize_u8(img, h, w);
+        img.height = h, img.width = w;
+      }
+      bytes += 3 * h * w;
+      OT_CHECK(bytes <= kMaxDatasetBytes, f.string(), ": ", spec.text,
+               " exceeds the dataset limit of ", kMaxDatasetBytes, " bytes");
+      images.push_back(std::move(img));
+      labels.push_back(static_cast<int64_t>(k));
+    }
+  }
+  int64_t c = 1;
+  for (const auto& img : images) c = std::max(c, img.channels);
+  int64_t plane = h * w;
+  std::vector<uint8_t> pixels(static_cast<size_t>(static_cast<int64_t>(images.size()) * c * plane));
+  for (size_t i = 0; i < images.size(); ++i) {
+    uint8_t* dst = pixels.data() + static_cast<int64_t>(i) * c * plane;
+    for (int64_t ch = 0; ch < c; ++ch)  // a gray image in an RGB dataset: replicate the plane
+      std::copy_n(images[i].chw.data() + (images[i].channels == 1 ? 0 : ch) * plane, plane,
+                  dst + ch * plane);
+    images[i].chw = {};
+  }
+  LoadedData out;
+  out.train = Dataset::from_pixels(spec.text, {c, h, w}, std::move(pixels), std::move(labels));
+  if (c == 3)
+    out.train.set_default_normalization({{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}});
+  return out;
+}
+
+LoadedData load_synthetic(const DataSpec& spec, const LoadOptions& options) {
+  OT_CHECK(!options.model_input.empty(), spec.text,
+           ": synthetic data needs the model's input shape");
+  int64_t numel = 1;
+  for (int64_t d : options.model_input) {
+    OT_CHECK(d > 0, spec.text, ": model input shape ", shape_text(options.model_input),
+             " has a non-positive dim");
+    numel *= d;
+    OT_CHECK(numel <= kMaxDatasetBytes / 4, spec.text, ": model input too large");
+  }
+  OT_CHECK(spec.count <= kMaxDatasetBytes / 4 / numel, spec.text, ": ", spec.count, " examples of ",
+           shape_text(options.model_input), " exceed the dataset limit of ", kMaxDatasetBytes,
+           " bytes");
+  int64_t classes = options.num_classes > 0 ? options.num_classes : 10;
+  DataRng rng(options.seed, kSyntheticStream);
+  std::vector<float> features(static_cast<size_t>(spec.count * numel));
+  for (float& v : features) v = rng.unit_float();
+  std::vector<int64_t> labels(static_cast<size_t>(spec.count));
+  for (int64_t& l : labels) l = static_cast<int64_t>(rng.below(static_cast<uint64_t>(classes)));
+  LoadedData out;
+  out.train =
+      Dataset::from_floats(spec.text, options.model_input, std::move(features), std::move(labels));
+  return out;
+}
+
+}  // namespace
+
+DataSpec parse_data_spec(const std::string& text) {
+  DataSpec spec;
+  spec.text = text;
+  auto colon = text.find(':');
+  std::string kind = text.substr(0, colon);
+  std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
+  bool has_arg = colon != std::string::npos;
+  auto need_arg = [&](const char* form) {
+    OT_CHECK(has_arg && !arg.empty(), "data spec '", text, "': expected ", form);
+  };
+  if (kind == "fashion-mnist") {
+    spec.kind = DataSpec::Kind::kFashionMnist;
+    if (has_arg) need_arg("fashion-mnist or fashion-mnist:DIR");
+    spec.dir = has_arg ? arg : kFashionMnistDir;
+  } else if (kind == "mnist") {
+    spec.kind = DataSpec::Kind::kMnist;
+    need_arg("mnist:DIR");
+    spec.dir = arg;
+  } else if (kind == "images") {
+    spec.kind = DataSpec::Kind::kImages;
+    need_arg("images:DIR");
+    spec.dir = arg;
+  } else if (kind == "npy") {
+    spec.kind = DataSpec::Kind::kNpy;
+    need_arg("npy:X.npy,Y.npy");
+    auto comma = arg.find(',');
+    OT_CHECK(comma != std::string::npos && comma > 0 && comma + 1 < arg.size() &&
+                 arg.find(',', comma + 1) == std::string::npos,
+             "data spec '", text, "': expected npy:X.npy,Y.npy (two files, one comma)");
+    spec.x_path = arg.substr(0, comma);
+    spec.y_path = arg.substr(comma + 1);
+  } else if (kind == "synthetic") {
+    spec.kind = DataSpec::Kind::kSynthetic;
+    need_arg("synthetic:N");
+    OT_CHECK(arg.size() <= 12 && arg.find_first_not_of("0123456789") == std::string::npos,
+             "data spec '", text, "': N must be a positive integer (synthetic:N)");
+    spec.count = std::stoll(arg);
+    OT_CHECK(spec.count > 0, "data spec '", text, "': N must be a positive integer");
+  } else {
+    fail("data spec '", text, "': unknown kind '", kind,
+         "' (expected fashion-mnist, mnist:DIR, npy:X.npy,Y.npy, images:DIR or synthetic:N)");
+  }
+  return spec;
+}
+
+LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {
+  LoadedData out;
+  switch (spec.kind) {
+    case DataSpec::Kind::kFashionMnist:
+      out = load_idx_dir(spec.dir, "fashion-mnist", {{0.2860f}, {0.3530f}});
+      break;
+    case DataSpec::Kind::kMnist:
+      out = load_idx_dir(spec.dir, "mnist", {{0.1307f}, {0.3081f}});
+      break;
+    case DataSpec::Kind::kNpy:
+      out = load_npy(spec);
+      break;
+    case DataSpec::Kind::kImages:
+      out = load_images(spec, options);
+      break;
+    case DataSpec::Kind::kSynthetic:
+      out = load_synthetic(spec, options);
+      break;
+  }
+  out.train.check_labels(options.num_classes);
+  if (out.test) out.test->check_labels(options.num_classes);
+  return out;
+}
+
+TrainValData load_train_val(const DataConfig& config, const LoadOptions& options) {
+  OT_CHECK(config.val_split >= 0 && config.val_split < 1, "--val-split ", config.val_split,
+           " must be in [0, 1)");
+  bool explicit_val = !config.val_spec.empty() && config.val_spec != "none";
+  OT_CHECK(!(explicit_val && config.val_split > 0),
+           "give either --val-data or --val-split, not both");
+  LoadOptions train_options = options;
+  train_options.seed = config.seed;
+  LoadedData train = load_dataset(parse_data_spec(config.train_spec), train_options);
+  TrainValData out;
+  if (explicit_val) {
+    LoadOptions val_options = train_options;
+    val_options.seed = config.seed ^ 0x9E3779B97F4A7C15ull;  // synthetic val != synthetic train
+    LoadedData val = load_dataset(parse_data_spec(config.val_spec), val_options);
+    out.val = val.test ? std::move(*val.test) : std::move(val.train);
+    out.train = std::move(train.train);
+  } else if (config.val_split > 0) {
+    auto [train_idx, val_idx] = holdout_split(train.train.size(), config.val_split, config.seed);
+    OT_CHECK(!train_idx.empty() && !val_idx.empty(), config.train_spec, ": --val-split ",
+             config.val_split, " of ", train.train.size(), " examples leaves an empty split");
+    out.val = train.train.subset(std::move(val_idx), cat(config.train_spec, " (val split)"));
+    out.train = train.train.subset(std::move(train_idx), cat(config.train_spec, " (train split)"));
+  } else {
+    out.train = std::move(train.train);
+    if (config.val_spec != "none" && train.test) out.val = std::move(*train.test);
+  }
+  return out;
+}
+
+}  // namespace onnxtrain::runtime
