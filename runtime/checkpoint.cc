@@ -39,7 +39,9 @@ constexpr uint32_t kKindMeta = 2;
 constexpr uint32_t kMaxNameBytes = 1 << 20;
 constexpr uint32_t kMaxRank = 64;
 
+// zlib treats a null buffer as "return the initial value", so empty spans must not reach it.
 uint32_t crc_update(uint32_t crc, const void* p, size_t n) {
+  if (n == 0) return crc;
   return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(p), n));
 }
 
@@ -266,6 +268,8 @@ graph::Tensor read_tensor_payload(FileReader& in, const std::string& path,
   uint64_t left = data_len;
   for (std::string& s : t.mutable_strings()) {
     uint64_t at = in.offset();
+    OT_CHECK(left >= 8, path, ": ", where, " at byte ", at, ": string length runs past the record (",
+             left, " bytes left)");
     uint64_t len = in.read_value<uint64_t>(where + " string length");
     left -= 8;
     OT_CHECK(len <= left, path, ": ", where, " at byte ", at, ": string of ", len,
