@@ -61,7 +61,9 @@ T load(const std::byte* p) {
   return v;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 // ---- writing ----
 
@@ -102,8 +104,7 @@ class FileWriter {
     fs::path dir = fs::path(path_).parent_path();
     if (dir.empty()) dir = ".";
     int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    OT_CHECK(dfd >= 0, path_, ": cannot open folder '", dir.string(), "' to fsync: ",
-             errno_text());
+    OT_CHECK(dfd >= 0, path_, ": cannot open folder '", dir.string(), "' to fsync: ", errno_text());
     int rc = ::fsync(dfd);
     ::close(dfd);
     OT_CHECK(rc == 0, path_, ": fsync of folder '", dir.string(), "' failed: ", errno_text());
@@ -140,10 +141,9 @@ std::span<const std::byte> as_bytes(const std::string& s) {
 
 void write_tensor_record(FileWriter& out, const std::string& path, const NamedTensor& nt) {
   const graph::Tensor& t = nt.tensor;
-  OT_CHECK(t.dtype() != graph::DataType::kUndefined, path, ": tensor '", nt.name,
-           "' has no dtype");
-  OT_CHECK(t.rank() <= kMaxRank, path, ": tensor '", nt.name, "' has rank ", t.rank(),
-           " (at most ", kMaxRank, ")");
+  OT_CHECK(t.dtype() != graph::DataType::kUndefined, path, ": tensor '", nt.name, "' has no dtype");
+  OT_CHECK(t.rank() <= kMaxRank, path, ": tensor '", nt.name, "' has rank ", t.rank(), " (at most ",
+           kMaxRank, ")");
   Packer prefix;
   prefix.put<int32_t>(static_cast<int32_t>(t.dtype()));
   prefix.put<uint32_t>(static_cast<uint32_t>(t.rank()));
@@ -197,8 +197,8 @@ class FileReader {
     while (left > 0) {
       ssize_t r = ::read(fd_, c, left);
       if (r < 0 && errno == EINTR) continue;
-      OT_CHECK(r > 0, path_, ": ", what, " at byte ", offset_ + (n - left), ": read failed: ",
-               r == 0 ? std::string("unexpected end of file") : errno_text());
+      OT_CHECK(r > 0, path_, ": ", what, " at byte ", offset_ + (n - left),
+               ": read failed: ", r == 0 ? std::string("unexpected end of file") : errno_text());
       c += r;
       left -= static_cast<uint64_t>(r);
     }
@@ -229,8 +229,8 @@ std::string hex(uint32_t v) {
 }
 
 // Reads a tensor payload of exactly `payload_len` bytes (already known to lie inside the file).
-graph::Tensor read_tensor_payload(FileReader& in, const std::string& path,
-                                  const std::string& where, uint64_t payload_len) {
+graph::Tensor read_tensor_payload(FileReader& in, const std::string& path, const std::string& where,
+                                  uint64_t payload_len) {
   OT_CHECK(payload_len >= 8, path, ": ", where, ": tensor payload of ", payload_len,
            " bytes is shorter than its 8-byte dtype/rank prefix");
   const uint64_t start = in.offset();
@@ -255,21 +255,21 @@ graph::Tensor read_tensor_payload(FileReader& in, const std::string& path,
   if (dtype != graph::DataType::kString) {
     auto bytes = graph::dtype_storage_bytes(dtype, numel);
     OT_CHECK(bytes && static_cast<uint64_t>(*bytes) == data_len, path, ": ", where, " at byte ",
-             data_at, ": ", graph::dtype_short_name(dtype), " data of ", numel,
-             " elements needs ", bytes ? *bytes : -1, " bytes, the record holds ", data_len);
+             data_at, ": ", graph::dtype_short_name(dtype), " data of ", numel, " elements needs ",
+             bytes ? *bytes : -1, " bytes, the record holds ", data_len);
     graph::Tensor t(dtype, std::move(dims));
     if (data_len) in.read(t.mutable_data(), data_len, where + " data");
     return t;
   }
   // Each string needs at least its 8-byte length, which bounds numel before allocating.
-  OT_CHECK(static_cast<uint64_t>(numel) <= data_len / 8, path, ": ", where, " at byte ",
-           data_at, ": ", numel, " strings cannot fit in ", data_len, " bytes");
+  OT_CHECK(static_cast<uint64_t>(numel) <= data_len / 8, path, ": ", where, " at byte ", data_at,
+           ": ", numel, " strings cannot fit in ", data_len, " bytes");
   graph::Tensor t(dtype, std::move(dims));
   uint64_t left = data_len;
   for (std::string& s : t.mutable_strings()) {
     uint64_t at = in.offset();
-    OT_CHECK(left >= 8, path, ": ", where, " at byte ", at, ": string length runs past the record (",
-             left, " bytes left)");
+    OT_CHECK(left >= 8, path, ": ", where, " at byte ", at,
+             ": string length runs past the record (", left, " bytes left)");
     uint64_t len = in.read_value<uint64_t>(where + " string length");
     left -= 8;
     OT_CHECK(len <= left, path, ": ", where, " at byte ", at, ": string of ", len,
@@ -288,8 +288,7 @@ bool parse_checkpoint_name(const std::string& name, int64_t& step) {
   if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
       !name.ends_with(suffix))
     return false;
-  std::string_view digits(name.data() + prefix.size(),
-                          name.size() - prefix.size() - suffix.size());
+  std::string_view digits(name.data() + prefix.size(), name.size() - prefix.size() - suffix.size());
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return false;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
@@ -374,8 +373,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   OT_CHECK(stored == computed, path, ": header at byte 0: checksum mismatch (stored ", hex(stored),
            ", computed ", hex(computed), ")");
   uint32_t zero = in.read_value<uint32_t>("header padding");
-  OT_CHECK(flags == 0 && zero == 0, path, ": header at byte 12: unknown flags ", flags, "/",
-           zero);
+  OT_CHECK(flags == 0 && zero == 0, path, ": header at byte 12: unknown flags ", flags, "/", zero);
   const uint64_t records_end = size - kTrailerBytes;
   OT_CHECK(record_count <= (records_end - kHeaderBytes) / kRecordHeaderBytes, path,
            ": header at byte 16: ", record_count, " records cannot fit in a file of ", size,
@@ -395,12 +393,11 @@ Checkpoint read_checkpoint(const std::string& path) {
     uint32_t header_crc = in.record_crc();
     uint32_t stored_crc = in.read_value<uint32_t>(where + " checksum");
     uint32_t pad = in.read_value<uint32_t>(where + " padding");
-    OT_CHECK(kind == kKindTensor || kind == kKindMeta, path, ": ", where, ": unknown kind ",
-             kind);
+    OT_CHECK(kind == kKindTensor || kind == kKindMeta, path, ": ", where, ": unknown kind ", kind);
     OT_CHECK(pad == 0, path, ": ", where, ": nonzero padding ", pad);
     const uint64_t room = records_end - in.offset();
-    OT_CHECK(name_len <= kMaxNameBytes && name_len <= room && payload_len <= room - name_len,
-             path, ": ", where, ": name of ", name_len, " + payload of ", payload_len,
+    OT_CHECK(name_len <= kMaxNameBytes && name_len <= room && payload_len <= room - name_len, path,
+             ": ", where, ": name of ", name_len, " + payload of ", payload_len,
              " bytes run past the end of the records (", room, " bytes left; truncated file)");
     std::string name(name_len, '\0');
     // The record checksum covers its 16 leading header bytes, then name and payload.
@@ -421,10 +418,10 @@ Checkpoint read_checkpoint(const std::string& path) {
     }
     OT_CHECK(in.offset() == body_at + name_len + payload_len, path, ": ", where,
              ": payload length ", payload_len, " disagrees with its contents");
-    crc = static_cast<uint32_t>(crc32_combine(crc, in.record_crc(),
-                                              static_cast<z_off_t>(name_len + payload_len)));
-    OT_CHECK(crc == stored_crc, path, ": ", where, ": checksum mismatch (stored ",
-             hex(stored_crc), ", computed ", hex(crc), ")");
+    crc = static_cast<uint32_t>(
+        crc32_combine(crc, in.record_crc(), static_cast<z_off_t>(name_len + payload_len)));
+    OT_CHECK(crc == stored_crc, path, ": ", where, ": checksum mismatch (stored ", hex(stored_crc),
+             ", computed ", hex(crc), ")");
   }
   OT_CHECK(in.offset() == records_end, path, ": ", records_end - in.offset(),
            " unexpected bytes at byte ", in.offset(), " after the last record");

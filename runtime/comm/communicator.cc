@@ -10,7 +10,8 @@ namespace onnxtrain::runtime {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kSum:
+      return "sum";
   }
   return "?";
 }

@@ -75,8 +75,8 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, int64_t count, DataType dtype) = 0;
   // recv (count_per_rank elements) of rank k = sum over ranks of chunk k of their send
   // (count_per_rank * size() elements).
-  virtual void reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
-                              DataType dtype, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DataType dtype,
+                              ReduceOp op = ReduceOp::kSum) = 0;
   // Returns once every rank has called it.
   virtual void barrier() = 0;
 };
@@ -86,8 +86,7 @@ class SelfCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce(void* buf, int64_t count, DataType dtype,
-                  ReduceOp op = ReduceOp::kSum) override;
+  void all_reduce(void* buf, int64_t count, DataType dtype, ReduceOp op = ReduceOp::kSum) override;
   CommHandle all_reduce_async(void* buf, int64_t count, DataType dtype,
                               ReduceOp op = ReduceOp::kSum) override;
   void broadcast(void* buf, int64_t count, DataType dtype, int root) override;

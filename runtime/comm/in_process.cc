@@ -23,19 +23,24 @@ constexpr int64_t kBlock = 512;
 
 std::string_view kind_name(Kind kind) {
   switch (kind) {
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kBarrier: return "barrier";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
 
 std::string describe(const InProcessCall& c) {
   if (c.kind == Kind::kBarrier) return "barrier()";
-  std::string s = cat(kind_name(c.kind), "(count=", c.count, ", dtype=",
-                      graph::dtype_short_name(c.dtype));
+  std::string s =
+      cat(kind_name(c.kind), "(count=", c.count, ", dtype=", graph::dtype_short_name(c.dtype));
   if (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter)
     s += cat(", op=", reduce_op_name(c.op));
   if (c.kind == Kind::kBroadcast) s += cat(", root=", c.root);
@@ -80,11 +85,16 @@ void sum(DataType dtype, const std::vector<const void*>& src, int64_t src_offset
          const std::vector<void*>& dst, int64_t dst_offset, int64_t n) {
   if (n <= 0) return;
   switch (dtype) {
-    case DataType::kFloat: return sum_typed<float>(src, src_offset, dst, dst_offset, n);
-    case DataType::kDouble: return sum_typed<double>(src, src_offset, dst, dst_offset, n);
-    case DataType::kInt32: return sum_typed<uint32_t>(src, src_offset, dst, dst_offset, n);
-    case DataType::kInt64: return sum_typed<uint64_t>(src, src_offset, dst, dst_offset, n);
-    default: fail("in-process sum: dtype ", graph::dtype_short_name(dtype), " not reducible");
+    case DataType::kFloat:
+      return sum_typed<float>(src, src_offset, dst, dst_offset, n);
+    case DataType::kDouble:
+      return sum_typed<double>(src, src_offset, dst, dst_offset, n);
+    case DataType::kInt32:
+      return sum_typed<uint32_t>(src, src_offset, dst, dst_offset, n);
+    case DataType::kInt64:
+      return sum_typed<uint64_t>(src, src_offset, dst, dst_offset, n);
+    default:
+      fail("in-process sum: dtype ", graph::dtype_short_name(dtype), " not reducible");
   }
 }
 
@@ -118,7 +128,9 @@ InProcessCommunicator::~InProcessCommunicator() {
   worker_.join();
 }
 
-int InProcessCommunicator::size() const { return group_.size(); }
+int InProcessCommunicator::size() const {
+  return group_.size();
+}
 
 void InProcessCommunicator::worker_loop() {
   for (;;) {
@@ -224,7 +236,8 @@ void InProcessCommunicator::work(const Call& call, const std::vector<Call>& call
       }
       break;
     }
-    case Kind::kBarrier: break;
+    case Kind::kBarrier:
+      break;
   }
 }
 
@@ -252,15 +265,17 @@ void InProcessCommunicator::reduce_scatter(const void* send, void* recv, int64_t
   submit(Call{Kind::kReduceScatter, count_per_rank, dtype, op, 0, send, recv, 0}).get();
 }
 
-void InProcessCommunicator::barrier() { submit(Call{}).get(); }
+void InProcessCommunicator::barrier() {
+  submit(Call{}).get();
+}
 
 // ---- InProcessGroup ----
 
 InProcessGroup::InProcessGroup(int size, std::chrono::milliseconds timeout)
     : size_(size), timeout_(timeout) {
   OT_CHECK(size >= 1, "InProcessGroup: size must be >= 1 (got ", size, ")");
-  OT_CHECK(timeout.count() > 0, "InProcessGroup: timeout must be positive (got ",
-           timeout.count(), " ms)");
+  OT_CHECK(timeout.count() > 0, "InProcessGroup: timeout must be positive (got ", timeout.count(),
+           " ms)");
   calls_.resize(static_cast<size_t>(size));
   arrived_flags_.assign(static_cast<size_t>(size), 0);
   for (int k = 0; k < size; ++k)
@@ -315,8 +330,8 @@ void InProcessGroup::arrive(int rank, const Call& call) {
       const Call& c = calls_[static_cast<size_t>(r)];
       if (!same_call(calls_[0], c)) {
         std::string msg = cat("in-process group: collective #", call.seq,
-                              " does not match across ranks: rank 0 called ",
-                              describe(calls_[0]), ", rank ", r, " called ", describe(c));
+                              " does not match across ranks: rank 0 called ", describe(calls_[0]),
+                              ", rank ", r, " called ", describe(c));
         abort_locked(msg);
         fail(msg);
       }
@@ -338,9 +353,9 @@ void InProcessGroup::arrive(int rank, const Call& call) {
       std::string missing;
       for (int r = 0; r < size_; ++r)
         if (!arrived_flags_[static_cast<size_t>(r)]) missing += cat(missing.empty() ? "" : ", ", r);
-      std::string msg = cat("in-process group: ", describe(call), " #", call.seq, " on rank ",
-                            rank, " timed out after ", timeout_.count() / 1000.0,
-                            " s: rank(s) ", missing, " did not arrive");
+      std::string msg = cat("in-process group: ", describe(call), " #", call.seq, " on rank ", rank,
+                            " timed out after ", timeout_.count() / 1000.0, " s: rank(s) ", missing,
+                            " did not arrive");
       abort_locked(msg);
       fail(msg);
     }

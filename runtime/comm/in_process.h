@@ -47,8 +47,7 @@ class InProcessCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override;
-  void all_reduce(void* buf, int64_t count, DataType dtype,
-                  ReduceOp op = ReduceOp::kSum) override;
+  void all_reduce(void* buf, int64_t count, DataType dtype, ReduceOp op = ReduceOp::kSum) override;
   CommHandle all_reduce_async(void* buf, int64_t count, DataType dtype,
                               ReduceOp op = ReduceOp::kSum) override;
   void broadcast(void* buf, int64_t count, DataType dtype, int root) override;
@@ -89,8 +88,7 @@ class InProcessGroup {
  public:
   // `timeout`: how long a rank waits at a collective for the others before the collective
   // fails (and aborts the group) with an Error naming the ranks that did not arrive.
-  explicit InProcessGroup(int size,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  explicit InProcessGroup(int size, std::chrono::milliseconds timeout = std::chrono::seconds(300));
   // Aborts what is still pending, then joins every communicator's worker.
   ~InProcessGroup();
   InProcessGroup(const InProcessGroup&) = delete;

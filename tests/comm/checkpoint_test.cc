@@ -1,6 +1,8 @@
 // Checkpoint files: round trips of every dtype, crash safety of the atomic write, every
 // truncation / byte flip refused with a one-line Error, hostile lengths refused before
 // allocation, and the ckpt-<step>.otck directory helpers.
+#include "runtime/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "graph/error.h"
-#include "runtime/checkpoint.h"
 
 namespace onnxtrain::runtime {
 namespace {
@@ -25,9 +26,9 @@ using graph::Tensor;
 class CheckpointTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("onnxtrain_ckpt_test_" + std::to_string(::getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ =
+        fs::temp_directory_path() / ("onnxtrain_ckpt_test_" + std::to_string(::getpid()) + "_" +
+                                     testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -211,8 +212,8 @@ std::string reseal(std::string b) {
     return v;
   };
   auto crc = [&](size_t at, size_t n) {
-    return static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(b.data() + at),
-                                       static_cast<uInt>(n)));
+    return static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(b.data() + at), static_cast<uInt>(n)));
   };
   uint64_t count = u64(16);
   size_t at = 32;
@@ -220,8 +221,8 @@ std::string reseal(std::string b) {
     uint64_t len = u32(at + 4) + u64(at + 8);
     uint64_t body = std::min<uint64_t>(len, b.size() - 24 - (at + 24));
     uint32_t c = crc(at, 16);
-    c = static_cast<uint32_t>(crc32(c, reinterpret_cast<const Bytef*>(b.data() + at + 24),
-                                    static_cast<uInt>(body)));
+    c = static_cast<uint32_t>(
+        crc32(c, reinterpret_cast<const Bytef*>(b.data() + at + 24), static_cast<uInt>(body)));
     std::memcpy(b.data() + at + 16, &c, 4);
     at += 24 + len;
   }

@@ -158,8 +158,8 @@ TEST(InProcessComm, AsyncHandlesCompleteInIssueOrderWhileTheCallerWorks) {
   expect_no_errors(run_ranks(group, [&](int k, Communicator& comm) {
     std::vector<CommHandle> handles;
     for (auto& buf : bufs[k]) {
-      handles.push_back(comm.all_reduce_async(buf.data(), static_cast<int64_t>(buf.size()),
-                                              DataType::kFloat));
+      handles.push_back(
+          comm.all_reduce_async(buf.data(), static_cast<int64_t>(buf.size()), DataType::kFloat));
       std::this_thread::sleep_for(std::chrono::milliseconds(k));  // "backward" keeps going
     }
     // A synchronous collective queues behind the outstanding ones; when it returns, they
@@ -295,8 +295,8 @@ TEST(InProcessComm, AbortWakesEveryWaitingRankWithTheReason) {
 
 TEST(InProcessComm, TimeoutNamesTheCollectiveAndTheMissingRanks) {
   InProcessGroup group(4, 500ms);
-  std::vector<float> bufs[4] = {std::vector<float>(3), std::vector<float>(3),
-                                std::vector<float>(3), std::vector<float>(3)};
+  std::vector<float> bufs[4] = {std::vector<float>(3), std::vector<float>(3), std::vector<float>(3),
+                                std::vector<float>(3)};
   auto start = Clock::now();
   auto errors = run_ranks(group, [&](int k, Communicator& comm) {
     if (k == 1 || k == 3) return;  // these replicas never arrive
