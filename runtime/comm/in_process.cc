@@ -98,21 +98,38 @@ void sum(DataType dtype, const std::vector<const void*>& src, int64_t src_offset
   }
 }
 
-class FutureWork final : public CommWork {
- public:
-  explicit FutureWork(std::shared_future<void> f) : f_(std::move(f)) {}
-  void wait() override { f_.get(); }
-  bool done() const override {
-    return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
-
- private:
-  std::shared_future<void> f_;
-};
-
 }  // namespace
 
 // ---- InProcessCommunicator ----
+
+class InProcessCommunicator::Work final : public CommWork {
+ public:
+  void wait() override {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return done_; });
+    if (failed_) throw Error(error_);
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_;
+  }
+  void finish(bool failed, std::string error) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+      failed_ = failed;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool failed_ = false;
+  std::string error_;
+};
 
 InProcessCommunicator::InProcessCommunicator(InProcessGroup& group, int rank)
     : group_(group), rank_(rank) {
@@ -144,14 +161,17 @@ void InProcessCommunicator::worker_loop() {
     }
     try {
       task->run();
-      task->done.set_value();
+      task->work->finish(false, "");
+    } catch (const std::exception& e) {
+      task->work->finish(true, e.what());
     } catch (...) {
-      task->done.set_exception(std::current_exception());
+      task->work->finish(true,
+                         cat("rank ", rank_, ": collective failed with a non-standard exception"));
     }
   }
 }
 
-std::shared_future<void> InProcessCommunicator::submit(const Call& call) {
+std::shared_ptr<InProcessCommunicator::Work> InProcessCommunicator::submit(const Call& call) {
   std::string what = cat("rank ", rank_, ": ", kind_name(call.kind));
   try {
     if (call.kind != Kind::kBarrier) {
@@ -176,13 +196,14 @@ std::shared_future<void> InProcessCommunicator::submit(const Call& call) {
   }
   auto task = std::make_unique<Task>();
   task->run = [this, call] { execute(call); };
-  std::shared_future<void> future = task->done.get_future().share();
+  task->work = std::make_shared<Work>();
+  std::shared_ptr<Work> work = task->work;
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(std::move(task));
   }
   cv_.notify_all();
-  return future;
+  return work;
 }
 
 void InProcessCommunicator::execute(Call call) {
@@ -248,25 +269,25 @@ void InProcessCommunicator::all_reduce(void* buf, int64_t count, DataType dtype,
 CommHandle InProcessCommunicator::all_reduce_async(void* buf, int64_t count, DataType dtype,
                                                    ReduceOp op) {
   Call call{Kind::kAllReduce, count, dtype, op, 0, buf, buf, 0};
-  return CommHandle(std::make_shared<FutureWork>(submit(call)));
+  return CommHandle(submit(call));
 }
 
 void InProcessCommunicator::broadcast(void* buf, int64_t count, DataType dtype, int root) {
-  submit(Call{Kind::kBroadcast, count, dtype, ReduceOp::kSum, root, buf, buf, 0}).get();
+  submit(Call{Kind::kBroadcast, count, dtype, ReduceOp::kSum, root, buf, buf, 0})->wait();
 }
 
 void InProcessCommunicator::all_gather(const void* send, void* recv, int64_t count,
                                        DataType dtype) {
-  submit(Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, 0, send, recv, 0}).get();
+  submit(Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, 0, send, recv, 0})->wait();
 }
 
 void InProcessCommunicator::reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
                                            DataType dtype, ReduceOp op) {
-  submit(Call{Kind::kReduceScatter, count_per_rank, dtype, op, 0, send, recv, 0}).get();
+  submit(Call{Kind::kReduceScatter, count_per_rank, dtype, op, 0, send, recv, 0})->wait();
 }
 
 void InProcessCommunicator::barrier() {
-  submit(Call{}).get();
+  submit(Call{})->wait();
 }
 
 // ---- InProcessGroup ----

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,15 +59,18 @@ class InProcessCommunicator final : public Communicator {
   friend class InProcessGroup;
   using Kind = InProcessCall::Kind;
   using Call = InProcessCall;
+  // Completion state of one queued collective; the handle's CommWork. Errors cross threads
+  // as messages (rethrown as Error by wait()), not as exception_ptr.
+  class Work;
   struct Task {
     std::function<void()> run;
-    std::promise<void> done;
+    std::shared_ptr<Work> work;
   };
 
   InProcessCommunicator(InProcessGroup& group, int rank);
   // Validates on the caller's thread (an invalid call aborts the group, so peers do not wait
   // for it) and queues the collective for the worker.
-  std::shared_future<void> submit(const Call& call);
+  std::shared_ptr<Work> submit(const Call& call);
   void execute(Call call);
   // This rank's share of the collective, given every rank's published call.
   void work(const Call& call, const std::vector<Call>& calls);
