@@ -63,12 +63,15 @@ std::vector<std::vector<T>> random_buffers(int ranks, int64_t n, uint32_t seed) 
 }
 
 // Runs one all_reduce over copies of `inputs` and returns every rank's result.
+// `delay_ms(rank)` staggers the ranks' arrival to vary the thread timing.
 template <typename T>
 std::vector<std::vector<T>> all_reduce_on_threads(const std::vector<std::vector<T>>& inputs,
-                                                  DataType dtype) {
+                                                  DataType dtype,
+                                                  std::function<int(int)> delay_ms = nullptr) {
   InProcessGroup group(static_cast<int>(inputs.size()), 60s);
   auto bufs = inputs;
   expect_no_errors(run_ranks(group, [&](int k, Communicator& comm) {
+    if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(k)));
     auto& b = bufs[static_cast<size_t>(k)];
     comm.all_reduce(b.data(), static_cast<int64_t>(b.size()), dtype);
   }));
@@ -133,8 +136,10 @@ TEST(InProcessComm, AllReduceDoubleAndInt64) {
 TEST(InProcessComm, RepeatedRunsAreBitIdentical) {
   auto inputs = random_buffers<float>(4, 100003, 99);
   auto first = all_reduce_on_threads(inputs, DataType::kFloat);
-  for (int run = 0; run < 3; ++run) {
-    auto again = all_reduce_on_threads(inputs, DataType::kFloat);
+  for (int run = 0; run < 4; ++run) {
+    // Different arrival orders each run: the last rank first, then the first, ...
+    auto again = all_reduce_on_threads(inputs, DataType::kFloat,
+                                       [run](int k) { return ((k + run) % 4) * 3; });
     for (size_t r = 0; r < inputs.size(); ++r)
       ASSERT_EQ(std::memcmp(again[r].data(), first[0].data(), first[0].size() * 4), 0)
           << "run " << run << " rank " << r;
