@@ -62,6 +62,7 @@ class StepContext final : public ops::KernelContext {
 
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
+  Communicator* communicator() const { return plan_.session_.opts_.communicator; }
   int num_inputs() const override { return static_cast<int>(step_.in.size()); }
   const ops::TensorView* input(int i) const override {
     if (i < 0 || i >= num_inputs() || step_.in[i] < 0) return nullptr;
@@ -451,6 +452,11 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
   }
   if (index >= 0)
     for (int s : release_after_[index]) bindings_[s] = Binding{};
+}
+
+Communicator* communicator_of(const ops::KernelContext& ctx) {
+  const auto* step = dynamic_cast<const StepContext*>(&ctx);
+  return step ? step->communicator() : nullptr;
 }
 
 std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs) {

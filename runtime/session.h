@@ -10,13 +10,19 @@
 #include "graph/ir.h"
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
+#include "ops/op_api.h"
 
 namespace onnxtrain::runtime {
+
+class Communicator;  // runtime/comm/communicator.h
 
 struct SessionOptions {
   int threads = 0;                  // intra-op threads; 0 = all cores
   std::string profile_path;         // Chrome trace written by write_profile() / at destruction
   int64_t max_tensor_bytes = int64_t{4} << 30;  // cap for any planned or folded value
+  // The replica's communicator for collective nodes (AllReduce); not owned. nullptr outside
+  // data-parallel training.
+  Communicator* communicator = nullptr;
 };
 
 struct PlanStats {
@@ -61,6 +67,10 @@ class InferenceSession {
   friend class Plan;
   friend class StepContext;
 };
+
+// The communicator of the session a kernel runs in (SessionOptions::communicator), for the
+// runtime's own collective kernels; nullptr when none was given.
+Communicator* communicator_of(const ops::KernelContext& ctx);
 
 // Ops of the model (main graph and subgraphs) with no registered CPU kernel at the model's
 // opset, as "domain.Op" / "Op", sorted and unique.

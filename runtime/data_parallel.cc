@@ -1,0 +1,358 @@
+// DataParallelSession (data_parallel.h): replica partitions, replica threads, and the CPU kernel
+// of ai.onnxtrain.AllReduce (it lives here, not in ops/, because it is a call into the runtime's
+// communicator).
+#include "runtime/data_parallel.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "graph/error.h"
+#include "ops/op_api.h"
+#include "runtime/comm/in_process.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+using graph::Graph;
+using graph::Node;
+using graph::Value;
+
+constexpr const char* kReplicaSuffix = "/r";
+
+bool is_shared(const Node& n) {
+  return n.domain == ops::kOnnxtrainDomain && (n.op_type == "ShardBatch" || n.op_type == "AllReduce");
+}
+
+int replicas_of(const graph::Model& m) {
+  int r = 1;
+  for (const auto& n : m.graph->nodes())
+    if (is_shared(*n)) {
+      const int64_t v = n->attr_int("replicas", 0);
+      OT_CHECK(v >= 1, n->describe(), ": attribute replicas must be >= 1");
+      OT_CHECK(r == 1 || r == v, n->describe(), ": replicas=", v, ", another node says ", r);
+      r = static_cast<int>(v);
+    }
+  return r;
+}
+
+// Replaces shared node n by one that keeps only the slots `keep_in` / `keep_out` (others
+// omitted), reusing the kept output values' names.
+void restrict_node(Graph& g, Node* n, const std::set<size_t>& keep_in, const std::set<size_t>& keep_out) {
+  std::vector<Value*> ins;
+  for (size_t i = 0; i < n->inputs().size(); ++i) ins.push_back(keep_in.count(i) ? n->input(i) : nullptr);
+  std::vector<std::string> outs;
+  for (size_t i = 0; i < n->outputs().size(); ++i)
+    outs.push_back(keep_out.count(i) && n->output(i) ? g.fresh_name(n->output(i)->name() + "/part") : "");
+  Node* m = g.insert_node_before(n, n->op_type, ins, outs, n->name, n->domain);
+  m->attributes = n->attributes;
+  m->device = n->device;
+  std::vector<std::pair<Value*, std::string>> renames;
+  for (size_t i = 0; i < n->outputs().size(); ++i) {
+    Value* old = n->output(i);
+    if (!old) continue;
+    if (keep_out.count(i)) {
+      g.replace_all_uses(old, m->output(i));
+      renames.emplace_back(m->output(i), old->name());
+    }
+  }
+  // Outputs of other replicas lose their readers with the other replicas' nodes; detach them
+  // from n first so n can go.
+  for (size_t i = 0; i < n->outputs().size(); ++i) {
+    Value* old = n->output(i);
+    if (!old || keep_out.count(i)) continue;
+    std::vector<graph::Use> uses = old->uses();
+    for (const graph::Use& u : uses) u.node->set_input(u.input_index, nullptr);
+  }
+  std::vector<Value*> outs_left = g.outputs();
+  std::erase_if(outs_left, [&](Value* v) { return v && v->producer() == n; });
+  g.set_outputs(outs_left);
+  g.remove_node(n);
+  for (auto& [v, name] : renames) g.rename_value(v, name);
+}
+
+// Replica k's share of a replicated training graph (see data_parallel.h).
+std::unique_ptr<graph::Model> partition(const graph::Model& full, int k, int replicas) {
+  std::unique_ptr<graph::Model> m = full.clone();
+  Graph& g = *m->graph;
+  const std::string suffix = kReplicaSuffix + std::to_string(k);
+  // The device of replica k: the one its nodes carry (names end in /r<k>).
+  std::string device;
+  for (const auto& n : g.nodes())
+    if (!is_shared(*n) && n->name.size() > suffix.size() &&
+        n->name.compare(n->name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      device = n->device;
+      break;
+    }
+  OT_CHECK(!device.empty(), "replicated graph: no node of replica ", k, " (suffix ", suffix,
+           ") carries a device attribute");
+  std::vector<Node*> shared;
+  for (const auto& n : g.nodes())
+    if (is_shared(*n)) shared.push_back(n.get());
+  for (Node* n : shared) {
+    std::set<size_t> in, out;
+    if (n->op_type == "ShardBatch") {
+      for (size_t i = 0; i < n->inputs().size(); ++i) in.insert(i);
+      out.insert(static_cast<size_t>(k));
+    } else {
+      const size_t per = n->inputs().size() / static_cast<size_t>(replicas);
+      OT_CHECK(per * static_cast<size_t>(replicas) == n->inputs().size() &&
+                   n->outputs().size() == n->inputs().size(),
+               n->describe(), ": ", n->inputs().size(), " inputs and ", n->outputs().size(),
+               " outputs do not split into ", replicas, " replicas");
+      for (size_t i = per * static_cast<size_t>(k); i < per * static_cast<size_t>(k + 1); ++i) {
+        in.insert(i);
+        out.insert(i);
+      }
+    }
+    restrict_node(g, n, in, out);
+  }
+  // Graph outputs produced by other replicas go, then those replicas' nodes.
+  std::vector<Value*> outs;
+  for (Value* v : g.outputs())
+    if (!v->producer() || v->producer()->device.empty() || v->producer()->device == device ||
+        is_shared(*v->producer()))
+      outs.push_back(v);
+  g.set_outputs(outs);
+  std::vector<Node*> order = g.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    if (is_shared(*n) || n->device.empty() || n->device == device) continue;
+    for (Value* o : n->outputs())
+      if (o)
+        for (const graph::Use& u : std::vector<graph::Use>(o->uses())) u.node->set_input(u.input_index, nullptr);
+    g.remove_node(n);
+  }
+  for (Value* v : g.initializers())
+    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
+      g.clear_initializer(v);
+      g.remove_value(v);
+    }
+  return m;
+}
+
+// "S/r<k>" -> "S"; other names unchanged.
+std::string base_name(const std::string& name, int k) {
+  const std::string suffix = kReplicaSuffix + std::to_string(k);
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return name.substr(0, name.size() - suffix.size());
+  return name;
+}
+
+// ai.onnxtrain.AllReduce on one replica: its G inputs (the others are omitted) are packed into
+// one buffer, reduced across the replicas in place, and unpacked into its G outputs.
+//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
+class AllReduceKernel final : public ops::Kernel {
+ public:
+  explicit AllReduceKernel(const Node& n)
+      : mean_(n.attr_string("reduction", "sum") == "mean"), where_(n.describe()) {}
+  void run(ops::KernelContext& ctx) override {
+    Communicator* comm = communicator_of(ctx);
+    OT_CHECK(comm, where_, ": no communicator (AllReduce runs only in a DataParallelSession)");
+    std::vector<int> slots;
+    int64_t total = 0;
+    graph::DataType dt = graph::DataType::kUndefined;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const ops::TensorView* in = ctx.input(i);
+      if (!in) continue;
+      OT_CHECK(dt == graph::DataType::kUndefined || in->dtype == dt, where_,
+               ": inputs of one AllReduce must share a dtype");
+      dt = in->dtype;
+      slots.push_back(i);
+      total += in->numel();
+    }
+    OT_CHECK(dt == graph::DataType::kFloat || dt == graph::DataType::kDouble || slots.empty(), where_,
+             ": AllReduce supports float32/float64");
+    const size_t es = dt == graph::DataType::kDouble ? 8 : 4;
+    std::byte* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
+    size_t off = 0;
+    for (int i : slots) {
+      const ops::TensorView* in = ctx.input(i);
+      std::memcpy(buf + off, in->data, in->nbytes());
+      off += in->nbytes();
+    }
+    comm->all_reduce(buf, total, dt);
+    if (mean_) {
+      const double s = 1.0 / comm->size();
+      if (dt == graph::DataType::kDouble)
+        for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= s;
+      else
+        for (int64_t j = 0; j < total; ++j) reinterpret_cast<float*>(buf)[j] *= static_cast<float>(s);
+    }
+    off = 0;
+    for (int i : slots) {
+      const ops::TensorView* in = ctx.input(i);
+      ops::TensorView& out = ctx.output(i, in->dims);
+      std::memcpy(out.data, buf + off, in->nbytes());
+      off += in->nbytes();
+    }
+  }
+
+ private:
+  bool mean_;
+  std::string where_;
+};
+
+void register_allreduce_kernel() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ops::OpSchema* s = ops::OpRegistry::global().mutable_find(ops::kOnnxtrainDomain, "AllReduce", 1);
+    OT_CHECK(s, "the op registry has no ai.onnxtrain.AllReduce");
+    s->cpu_kernel = [](const Node& n) { return std::make_unique<AllReduceKernel>(n); };
+  });
+}
+
+}  // namespace
+
+// A replica's executor and the thread it runs on. Steps are handed over one at a time.
+struct Replica {
+  std::unique_ptr<TrainingSession> session;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void()> job;
+  bool stop = false, busy = false;
+  std::string error;
+
+  void loop() {
+    for (;;) {
+      std::function<void()> j;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stop || job; });
+        if (!job) return;
+        j = std::move(job);
+        job = nullptr;
+      }
+      j();
+      {
+        std::lock_guard lock(mu);
+        busy = false;
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+struct DataParallelSession::Impl {
+  std::unique_ptr<InProcessGroup> group;
+  std::vector<std::unique_ptr<Replica>> replicas;
+};
+
+DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, int replicas,
+                                         SessionOptions opts)
+    : impl_(std::make_unique<Impl>()), replicas_(replicas) {
+  OT_CHECK(replicas >= 1, "data parallel: replicas must be >= 1, got ", replicas);
+  const int in_graph = replicas_of(*graph);
+  OT_CHECK(in_graph == replicas, "data parallel: the training graph is built for ", in_graph,
+           " replica(s), the session was asked for ", replicas);
+  if (opts.threads <= 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  SessionOptions each = opts;
+  each.threads = std::max(1, opts.threads / replicas);
+  if (replicas == 1) {
+    auto r = std::make_unique<Replica>();
+    r->session = std::make_unique<TrainingSession>(std::move(graph), each);
+    impl_->replicas.push_back(std::move(r));
+    return;
+  }
+  register_allreduce_kernel();
+  impl_->group = std::make_unique<InProcessGroup>(replicas);
+  for (int k = 0; k < replicas; ++k) {
+    auto r = std::make_unique<Replica>();
+    SessionOptions o = each;
+    o.communicator = &impl_->group->communicator(k);
+    if (!o.profile_path.empty()) o.profile_path += ".r" + std::to_string(k);
+    r->session = std::make_unique<TrainingSession>(partition(*graph, k, replicas), o);
+    impl_->replicas.push_back(std::move(r));
+  }
+  for (auto& r : impl_->replicas) r->thread = std::thread([p = r.get()] { p->loop(); });
+}
+
+DataParallelSession::~DataParallelSession() {
+  for (auto& r : impl_->replicas) {
+    {
+      std::lock_guard lock(r->mu);
+      r->stop = true;
+    }
+    r->cv.notify_all();
+  }
+  for (auto& r : impl_->replicas)
+    if (r->thread.joinable()) r->thread.join();
+}
+
+StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
+                                     float loss_scale) {
+  auto& reps = impl_->replicas;
+  if (reps.size() == 1) return reps[0]->session->step(batch, lr, loss_scale);
+  OT_CHECK(!impl_->group->aborted(), "data parallel: an earlier step failed: ",
+           impl_->group->abort_reason());
+  std::vector<StepResult> results(reps.size());
+  for (size_t k = 0; k < reps.size(); ++k) {
+    Replica* r = reps[k].get();
+    std::lock_guard lock(r->mu);
+    r->error.clear();
+    r->busy = true;
+    r->job = [this, r, k, &batch, lr, loss_scale, &results] {
+      try {
+        results[k] = r->session->step(batch, lr, loss_scale);
+      } catch (const std::exception& e) {
+        r->error = e.what();
+        impl_->group->abort(cat("replica ", k, " failed: ", e.what()));
+      }
+    };
+    r->cv.notify_all();
+  }
+  StepResult total;
+  std::string first_error;
+  for (size_t k = 0; k < reps.size(); ++k) {
+    Replica* r = reps[k].get();
+    std::unique_lock lock(r->mu);
+    r->cv.wait(lock, [&] { return !r->busy; });
+    if (!r->error.empty() && first_error.empty()) first_error = r->error;
+    total.loss += results[k].loss;
+    total.correct += results[k].correct;
+  }
+  if (!first_error.empty()) fail(first_error);
+  return total;
+}
+
+std::map<std::string, graph::Tensor> DataParallelSession::state() const {
+  std::map<std::string, graph::Tensor> out;
+  for (const auto& [name, t] : impl_->replicas[0]->session->all_state()) out[base_name(name, 0)] = t;
+  return out;
+}
+
+void DataParallelSession::set_state(const std::map<std::string, graph::Tensor>& state) {
+  for (size_t k = 0; k < impl_->replicas.size(); ++k) {
+    TrainingSession& s = *impl_->replicas[k]->session;
+    for (const auto& [name, t] : state) {
+      const std::string local = replicas_ == 1 ? name : name + kReplicaSuffix + std::to_string(k);
+      s.set_state(local, t);
+    }
+  }
+}
+
+std::unique_ptr<graph::Model> DataParallelSession::trained_model(const graph::Model& original) const {
+  std::unique_ptr<graph::Model> m = original.clone();
+  const std::map<std::string, graph::Tensor> s = state();
+  for (Value* v : m->graph->initializers()) {
+    auto it = s.find(v->name());
+    if (it != s.end()) m->graph->set_initializer(v, it->second);
+  }
+  return m;
+}
+
+bool DataParallelSession::replicas_identical() const {
+  const auto& reps = impl_->replicas;
+  for (size_t k = 1; k < reps.size(); ++k)
+    for (const auto& [name, t] : reps[k]->session->all_state()) {
+      const std::string r0 = base_name(name, static_cast<int>(k)) + kReplicaSuffix + "0";
+      if (!reps[0]->session->has_state(r0) || !reps[0]->session->state(r0).equals(t)) return false;
+    }
+  return true;
+}
+
+}  // namespace onnxtrain::runtime
