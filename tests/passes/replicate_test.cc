@@ -509,16 +509,42 @@ TEST(Replicate, PrintedTinyGraph) {
   ASSERT_EQ(info.buckets.num_buckets(), 1u);
   EXPECT_EQ(info.buckets.bytes[0], 24);
   const std::string text = graph::to_text(*m->graph);
+  // Checked by hand: the split, the clones on their devices, and the AllReduce (no device)
+  // right after the last replica's gradient and directly before the updates.
   for (const char* line :
-       {"%x/r0[N/r0,2] f32, %x/r1[N/r1,2] f32 = ai.onnxtrain.ShardBatch<replicas=2>(%x)",
-        "%y/r1[N/r1,3] f32 = MatMul(%x/r1, %W/r1)",
-        "%W_grad/r0/allreduced[2,3] f32, %W_grad/r1/allreduced[2,3] f32 = "
-        "ai.onnxtrain.AllReduce<replicas=2,reduction=\"sum\">(%W_grad/r0, %W_grad/r1)",
-        "%W/r1.updated[2,3] f32 = ai.onnxtrain.SGD<weight_decay=0>(%lr, %W/r1, "
-        "%W_grad/r1/allreduced)"})
+       {"  %x/r0[N/r0,2] f32, %x/r1[N/r1,2] f32 = ai.onnxtrain.ShardBatch<replicas=2>(%x)  # "
+        "shard_batch.x\n",
+        "  %y/r1[N/r1,3] f32 = MatMul(%x/r1, %W/r1)  # matmul/r1 @cpu:1\n",
+        "  %W_grad/r1[2,3] f32 = MatMul(%matmul/grad/r1, %loss.error_grad_sum/r1)  # "
+        "matmul/grad/MatMul/r1 @cpu:1\n"
+        "  %W_grad/r0/allreduced[2,3] f32, %W_grad/r1/allreduced[2,3] f32 = "
+        "ai.onnxtrain.AllReduce<replicas=2,reduction=\"sum\">(%W_grad/r0, %W_grad/r1)  # "
+        "allreduce.bucket0\n"
+        "  %W/r0.updated[2,3] f32 = ai.onnxtrain.SGD<weight_decay=0>(%lr, %W/r0, "
+        "%W_grad/r0/allreduced)  # optimizer.W/r0 @cpu:0\n"
+        "  %W/r1.updated[2,3] f32 = ai.onnxtrain.SGD<weight_decay=0>(%lr, %W/r1, "
+        "%W_grad/r1/allreduced)  # optimizer.W/r1 @cpu:1\n}\n"})
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\n" << text;
   EXPECT_EQ(output_names(g), (std::vector<std::string>{"y/r0", "y/r1", "loss/r0", "loss/r1",
                                                        "W/r0.updated", "W/r1.updated"}));
+  EXPECT_EQ(text.find("%W["), std::string::npos);
+  EXPECT_EQ(text.find("%W.updated"), std::string::npos);
+}
+
+// A batch of known size: replica k's types carry size_k (re-inferred from ShardBatch).
+TEST(Replicate, KnownBatchSizeIsSplitInTheTypes) {
+  auto m = std::make_unique<Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  Value* x = g.add_input("x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({4, 2})));
+  Value* w = g.add_initializer("W", f32({2, 3}, {1, 2, 3, 4, 5, 6}));
+  g.add_output(g.add_node("MatMul", {x, w}, {"y"}, "matmul")->output(0));
+  TrainingOptions o = options(3, OptimizerKind::kSgd);
+  o.loss = passes::LossKind::kMse;
+  passes::build_training_graph(*m, o);
+  EXPECT_EQ(graph::format_type(g.find_value("y/r0")->type), "[2,3] f32");
+  EXPECT_EQ(graph::format_type(g.find_value("y/r2")->type), "[1,3] f32");
+  EXPECT_EQ(graph::format_type(g.find_value("W_grad/r2/allreduced")->type), "[2,3] f32");
 }
 
 }  // namespace
