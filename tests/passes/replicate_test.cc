@@ -233,6 +233,12 @@ TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
                "replicas must be >= 1");
   expect_error([&] { passes::bucket_allreduce(*a, {}); }, "no ShardBatch");
   EXPECT_EQ(graph::to_text(*a->graph), before);
+  // A taken replica name is refused before anything changes.
+  a->graph->add_initializer("relu1/r1", f32({1}, {0.0f}));
+  const std::string taken = graph::to_text(*a->graph);
+  expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {}}); },
+               "replicate: value 'relu1/r1' (replica of node 'relu1' (Relu)) already exists");
+  EXPECT_EQ(graph::to_text(*a->graph), taken);
 }
 
 // ---------------------------------------------------------------- buckets
