@@ -19,10 +19,13 @@ using graph::Value;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::string replica_suffix(int k) { return cat("/r", k); }
+std::string replica_suffix(int k) {
+  return cat("/r", k);
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // R from the ShardBatch nodes replicate put in (they all agree).
@@ -35,7 +38,8 @@ int replica_count(const Graph& g) {
              " replicas but another ShardBatch into ", r);
     r = k;
   }
-  OT_CHECK(r >= 2, "bucket_allreduce: the graph has no ShardBatch over >= 2 replicas (run "
+  OT_CHECK(r >= 2,
+           "bucket_allreduce: the graph has no ShardBatch over >= 2 replicas (run "
            "replicate with replicas > 1 first)");
   return r;
 }
@@ -152,8 +156,8 @@ class Bucketer {
   }
 
   struct BnStat {
-    std::string name;                // S (without the replica suffix)
-    std::vector<Value*> updated;     // `S/r<k>.updated`, produced by BatchNormalization
+    std::string name;             // S (without the replica suffix)
+    std::vector<Value*> updated;  // `S/r<k>.updated`, produced by BatchNormalization
   };
 
   // Graph outputs `S/r0.updated` produced by a BatchNormalization (its running mean / var).
@@ -162,8 +166,8 @@ class Bucketer {
     const std::string tail = replica_suffix(0) + ".updated";
     for (Value* v : g_.outputs()) {
       const Node* p = v->producer();
-      if (!p || p->op_type != "BatchNormalization" || !(p->domain.empty() || p->domain == "ai.onnx") ||
-          !ends_with(v->name(), tail))
+      if (!p || p->op_type != "BatchNormalization" ||
+          !(p->domain.empty() || p->domain == "ai.onnx") || !ends_with(v->name(), tail))
         continue;
       BnStat s{v->name().substr(0, v->name().size() - tail.size()), {}};
       for (int k = 0; k < r_; ++k) {

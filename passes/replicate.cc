@@ -21,10 +21,13 @@ using ValueMap = std::unordered_map<const Value*, Value*>;
 
 constexpr const char* kUpdated = ".updated";
 
-std::string replica_suffix(int k) { return cat("/r", k); }
+std::string replica_suffix(int k) {
+  return cat("/r", k);
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // What the pass reads from the single-replica graph, collected before anything changes.
@@ -42,7 +45,8 @@ Layout read_layout(const Graph& g) {
   std::unordered_set<const Value*> state;
   for (Value* out : g.outputs()) {
     if (!ends_with(out->name(), kUpdated)) continue;
-    Value* s = g.find_value(out->name().substr(0, out->name().size() - std::string(kUpdated).size()));
+    Value* s =
+        g.find_value(out->name().substr(0, out->name().size() - std::string(kUpdated).size()));
     if (!s || !s->has_initializer() || !state.insert(s).second) continue;
     l.state_updated.insert(out);
   }
@@ -58,8 +62,10 @@ Layout read_layout(const Graph& g) {
     l.batch.push_back(in);
     if (!in->shape()) continue;
     const Dim& d = (*in->shape())[0];
-    if (d.is_known()) l.known_batch = true;
-    else if (!d.param.empty()) l.batch_symbols.insert(d.param);
+    if (d.is_known())
+      l.known_batch = true;
+    else if (!d.param.empty())
+      l.batch_symbols.insert(d.param);
   }
   l.nodes = g.topological_order();
   return l;
@@ -68,7 +74,11 @@ Layout read_layout(const Graph& g) {
 class Replicator {
  public:
   Replicator(graph::Model& m, const ReplicateOptions& opts)
-      : model_(m), g_(*m.graph), r_(opts.replicas), devices_(opts.devices), layout_(read_layout(g_)) {
+      : model_(m),
+        g_(*m.graph),
+        r_(opts.replicas),
+        devices_(opts.devices),
+        layout_(read_layout(g_)) {
     if (devices_.empty())
       for (int k = 0; k < r_; ++k) devices_.push_back(cat("cpu:", k));
     for (const Value* v : layout_.state) state_.insert(v);
@@ -99,8 +109,8 @@ class Replicator {
   void check_names() const {
     std::set<std::string> fresh;
     auto claim = [&](const std::string& name, const std::string& what) {
-      OT_CHECK(!g_.lookup(name) && fresh.insert(name).second, "replicate: value '", name,
-               "' (", what, ") already exists; replica names must be free");
+      OT_CHECK(!g_.lookup(name) && fresh.insert(name).second, "replicate: value '", name, "' (",
+               what, ") already exists; replica names must be free");
     };
     for (int k = 0; k < r_; ++k) {
       for (const Value* x : layout_.batch) claim(value_name(x, k), "batch shard");
@@ -129,12 +139,13 @@ class Replicator {
       std::vector<std::string> outs;
       for (int k = 0; k < r_; ++k) outs.push_back(value_name(x, k));
       const std::string name = cat("shard_batch.", x->name());
-      Node* n = first ? g_.insert_node_before(first, "ShardBatch", {x}, outs, name,
-                                              ops::kOnnxtrainDomain)
-                      : g_.add_node("ShardBatch", {x}, outs, name, ops::kOnnxtrainDomain);
+      Node* n =
+          first ? g_.insert_node_before(first, "ShardBatch", {x}, outs, name, ops::kOnnxtrainDomain)
+                : g_.add_node("ShardBatch", {x}, outs, name, ops::kOnnxtrainDomain);
       n->set_attr(graph::Attribute::make_int("replicas", r_));
       infer_node(model_, *n, none);
-      for (int k = 0; k < r_; ++k) maps_[static_cast<size_t>(k)][x] = n->output(static_cast<size_t>(k));
+      for (int k = 0; k < r_; ++k)
+        maps_[static_cast<size_t>(k)][x] = n->output(static_cast<size_t>(k));
     }
   }
 

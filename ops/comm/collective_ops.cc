@@ -22,8 +22,12 @@ int64_t replicas_of(const graph::Node& node) {
 
 // Rows of replica k when n rows are split as evenly as possible over r replicas (the first
 // n % r replicas get one more): [shard_start, shard_start + shard_size).
-int64_t shard_size(int64_t n, int64_t r, int64_t k) { return n / r + (k < n % r ? 1 : 0); }
-int64_t shard_start(int64_t n, int64_t r, int64_t k) { return k * (n / r) + std::min(k, n % r); }
+int64_t shard_size(int64_t n, int64_t r, int64_t k) {
+  return n / r + (k < n % r ? 1 : 0);
+}
+int64_t shard_start(int64_t n, int64_t r, int64_t k) {
+  return k * (n / r) + std::min(k, n % r);
+}
 
 // Output k's dim 0: exact when the batch is known, "<N>/r<k>" when it is the symbol N (each
 // replica's count is its own unknown), unknown otherwise.
@@ -92,9 +96,9 @@ void infer_all_reduce(InferenceContext& ctx) {
   OT_CHECK(reduction == "sum" || reduction == "mean", ctx.where(),
            ": reduction must be \"sum\" or \"mean\", got \"", reduction, "\"");
   const size_t n = ctx.node.inputs().size();
-  OT_CHECK(n >= 1 && n == ctx.node.outputs().size() && n % static_cast<size_t>(r) == 0,
-           ctx.where(), ": expected replicas x G inputs and as many outputs (replicas ", r,
-           "), got ", n, " inputs and ", ctx.node.outputs().size(), " outputs");
+  OT_CHECK(n >= 1 && n == ctx.node.outputs().size() && n % static_cast<size_t>(r) == 0, ctx.where(),
+           ": expected replicas x G inputs and as many outputs (replicas ", r, "), got ", n,
+           " inputs and ", ctx.node.outputs().size(), " outputs");
   // Inputs are replica-major: input k*G + i is tensor i of replica k.
   const size_t per_replica = n / static_cast<size_t>(r);
   for (size_t i = 0; i < n; ++i) {

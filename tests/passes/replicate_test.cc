@@ -27,14 +27,16 @@ using passes::BucketInfo;
 using passes::OptimizerKind;
 using passes::TrainingOptions;
 
-std::string rk(int k) { return "/r" + std::to_string(k); }
+std::string rk(int k) {
+  return "/r" + std::to_string(k);
+}
 bool ends_with(const std::string& s, const std::string& t) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
 std::unique_ptr<Model> zoo(const std::string& name, int64_t width = 0) {
-  const std::vector<int64_t> in = name == "resnet18" ? std::vector<int64_t>{1, 32, 32}
-                                                     : std::vector<int64_t>{1, 28, 28};
+  const std::vector<int64_t> in =
+      name == "resnet18" ? std::vector<int64_t>{1, 32, 32} : std::vector<int64_t>{1, 28, 28};
   return models::build_zoo_model(name, {.input_shape = in, .classes = 10, .width = width});
 }
 
@@ -316,16 +318,18 @@ TEST(BucketAllReduce, MlpBucketCountsAndOrder) {
   // bytes (fc2's weight does not fit 10 KiB), {fc2} = 65536 + 512, fc1's 401408-byte weight
   // alone (larger than a bucket), then fc1's bias.
   const BucketInfo mid = mlp_buckets(0.1, 0.01);
-  EXPECT_EQ(mid.params, (std::vector<std::vector<std::string>>{
-                            {"fc3.weight", "fc3.bias"}, {"fc2.weight", "fc2.bias"},
-                            {"fc1.weight"}, {"fc1.bias"}}));
+  EXPECT_EQ(
+      mid.params,
+      (std::vector<std::vector<std::string>>{
+          {"fc3.weight", "fc3.bias"}, {"fc2.weight", "fc2.bias"}, {"fc1.weight"}, {"fc1.bias"}}));
   EXPECT_EQ(mid.bytes, (std::vector<int64_t>{5160, 66048, 401408, 512}));
   expect_error([] { mlp_buckets(0, 1); }, "bucket_mb must be > 0");
 }
 
 TEST(BucketAllReduce, BatchNormRunningStatsAreAveraged) {
   auto m = zoo("resnet18", 4);
-  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, options(2, OptimizerKind::kAdam, "resnet18"));
+  const passes::TrainingGraphInfo info =
+      passes::build_training_graph(*m, options(2, OptimizerKind::kAdam, "resnet18"));
   const graph::Graph& g = *m->graph;
   const std::vector<std::string>& stats = info.prepared.bn_running_stats;
   ASSERT_EQ(stats.size(), 40u);
@@ -351,7 +355,8 @@ TEST(BucketAllReduce, BatchNormRunningStatsAreAveraged) {
   }
   for (const std::string& s : stats)
     EXPECT_NE(std::find(info.buckets.bn_stats.begin(), info.buckets.bn_stats.end(), s),
-              info.buckets.bn_stats.end()) << s;
+              info.buckets.bn_stats.end())
+        << s;
 }
 
 // ---------------------------------------------------------------- ONNX round trip
@@ -390,8 +395,8 @@ std::unique_ptr<Model> shard_model(int r, graph::DataType dt, std::vector<bool> 
   m->set_opset("", 17);
   m->set_opset("ai.onnxtrain", 1);
   graph::Graph& g = *m->graph;
-  Value* x = g.add_input("x", graph::ValueType::tensor(dt, {{graph::Dim::symbol("N"),
-                                                            graph::Dim::known(2)}}));
+  Value* x = g.add_input(
+      "x", graph::ValueType::tensor(dt, {{graph::Dim::symbol("N"), graph::Dim::known(2)}}));
   std::vector<std::string> outs;
   for (int k = 0; k < r; ++k) outs.push_back(keep[k] ? "x" + rk(k) : "");
   Node* n = g.add_node("ShardBatch", {x}, outs, "shard", "ai.onnxtrain");
@@ -415,8 +420,7 @@ TEST(ShardBatch, SplitsRowsEvenlyInOrder) {
     SCOPED_TRACE(n);
     std::vector<float> x;
     for (double d : rows(0, n)) x.push_back(static_cast<float>(d));
-    auto out = run(*shard_model(3, DataType::kFloat, {true, true, true}),
-                   {{"x", f32({n, 2}, x)}});
+    auto out = run(*shard_model(3, DataType::kFloat, {true, true, true}), {{"x", f32({n, 2}, x)}});
     // Hand-computed: 7 -> 3/2/2, 1 -> 1/0/0, 0 -> 0/0/0, 3 -> 1/1/1.
     const std::map<int64_t, std::vector<int64_t>> sizes = {
         {7, {3, 2, 2}}, {1, {1, 0, 0}}, {0, {0, 0, 0}}, {3, {1, 1, 1}}};
@@ -431,8 +435,8 @@ TEST(ShardBatch, SplitsRowsEvenlyInOrder) {
   }
   // int64 labels, outputs omitted as the runtime runs one replica's share.
   std::vector<int64_t> labels = {0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130};
-  auto out = run(*shard_model(3, DataType::kInt64, {false, true, false}),
-                 {{"x", i64({7, 2}, labels)}});
+  auto out =
+      run(*shard_model(3, DataType::kInt64, {false, true, false}), {{"x", i64({7, 2}, labels)}});
   ASSERT_EQ(out.size(), 1u);
   const graph::Tensor& t = out["x/r1"];
   EXPECT_EQ(t.dims(), (std::vector<int64_t>{2, 2}));
@@ -504,8 +508,9 @@ TEST(Replicate, PrintedTinyGraph) {
   auto m = std::make_unique<Model>();
   m->set_opset("", 17);
   graph::Graph& g = *m->graph;
-  Value* x = g.add_input("x", graph::ValueType::tensor(
-                                  DataType::kFloat, {{graph::Dim::symbol("N"), graph::Dim::known(2)}}));
+  Value* x =
+      g.add_input("x", graph::ValueType::tensor(DataType::kFloat,
+                                                {{graph::Dim::symbol("N"), graph::Dim::known(2)}}));
   Value* w = g.add_initializer("W", f32({2, 3}, {1, 2, 3, 4, 5, 6}));
   Node* mm = g.add_node("MatMul", {x, w}, {"y"}, "matmul");
   g.add_output(mm->output(0));
@@ -542,7 +547,8 @@ TEST(Replicate, KnownBatchSizeIsSplitInTheTypes) {
   auto m = std::make_unique<Model>();
   m->set_opset("", 17);
   graph::Graph& g = *m->graph;
-  Value* x = g.add_input("x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({4, 2})));
+  Value* x =
+      g.add_input("x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({4, 2})));
   Value* w = g.add_initializer("W", f32({2, 3}, {1, 2, 3, 4, 5, 6}));
   g.add_output(g.add_node("MatMul", {x, w}, {"y"}, "matmul")->output(0));
   TrainingOptions o = options(3, OptimizerKind::kSgd);
