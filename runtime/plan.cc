@@ -188,7 +188,7 @@ Plan::Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
     : session_(session), model_(*session.model_), graph_(g), parent_(parent) {
   // Captured outer values: constants stay constants (so they fold here too); the rest are
   // bound from the parent's buffers on every run, with the dims they have now.
-  for (const graph::Value* v : captured_values(g)) {
+  for (const graph::Value* v : g.captured_values()) {
     auto it = parent->slot_index_.find(v);
     OT_CHECK(it != parent->slot_index_.end(), "subgraph '", g.name, "': captured value '",
              v->name(), "' is not available in the enclosing graph");
@@ -343,7 +343,7 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   // Values the node's bodies capture are read while it runs: keep them alive until then.
   for (const auto& a : n.attributes) {
     if (a.type != graph::AttrType::kGraph) continue;
-    for (const graph::Value* v : captured_values(a.g())) {
+    for (const graph::Value* v : a.g().captured_values()) {
       auto it = slot_index_.find(v);
       OT_CHECK(it != slot_index_.end(), n.describe(), ": attribute '", a.name, "' captures '",
                v->name(), "', which has no value here");

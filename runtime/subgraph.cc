@@ -1,35 +1,11 @@
 // SubgraphRunner: If / Loop bodies planned against the enclosing plan (see subgraph.h).
 #include "runtime/subgraph.h"
 
-#include <set>
-
 #include "graph/error.h"
 #include "runtime/plan.h"
 
 namespace onnxtrain::runtime {
 namespace {
-
-bool within(const graph::Graph* g, const graph::Graph* root) {
-  for (; g; g = g->parent())
-    if (g == root) return true;
-  return false;
-}
-
-void collect(const graph::Graph& root, const graph::Graph& g, std::set<const graph::Value*>& seen,
-             std::vector<const graph::Value*>& out) {
-  auto note = [&](const graph::Value* v) {
-    if (v && !within(v->owner(), &root) && seen.insert(v).second) out.push_back(v);
-  };
-  for (const auto& n : g.nodes()) {
-    for (const graph::Value* v : n->inputs()) note(v);
-    for (const auto& a : n->attributes) {
-      if (a.type == graph::AttrType::kGraph) collect(root, a.g(), seen, out);
-      if (a.type == graph::AttrType::kGraphs)
-        for (const auto& sg : a.graphs()) collect(root, *sg, seen, out);
-    }
-  }
-  for (const graph::Value* v : g.outputs()) note(v);
-}
 
 void append_signature(std::string& sig, graph::DataType dt, const std::vector<int64_t>& dims) {
   sig += graph::dtype_short_name(dt);
@@ -39,16 +15,9 @@ void append_signature(std::string& sig, graph::DataType dt, const std::vector<in
 
 }  // namespace
 
-std::vector<const graph::Value*> captured_values(const graph::Graph& body) {
-  std::set<const graph::Value*> seen;
-  std::vector<const graph::Value*> out;
-  collect(body, body, seen, out);
-  return out;
-}
-
 SubgraphRunner::SubgraphRunner(Plan& parent, const graph::Graph& body, std::string where)
     : parent_(parent), body_(body), where_(std::move(where)) {
-  for (const graph::Value* v : captured_values(body)) {
+  for (const graph::Value* v : body.captured_values()) {
     auto it = parent.slot_index_.find(v);
     OT_CHECK(it != parent.slot_index_.end(), where_, ": captured value '", v->name(),
              "' is not available in the enclosing graph");

@@ -16,10 +16,6 @@ namespace onnxtrain::runtime {
 
 class Plan;
 
-// Values that `body` (and the subgraphs nested in it) reads but that belong to an enclosing
-// graph, in first-use order without duplicates.
-std::vector<const graph::Value*> captured_values(const graph::Graph& body);
-
 class SubgraphRunner final : public ops::Subgraph {
  public:
   SubgraphRunner(Plan& parent, const graph::Graph& body, std::string where);
