@@ -1,7 +1,8 @@
-// If and Loop through InferenceSession: captured outer values (kept alive past their last
+// If, Loop and Scan through InferenceSession: captured outer values (kept alive past their last
 // explicit reader, two levels deep), branches of different shapes, a branch returning an outer
 // value, counted / conditional / zero-trip loops, carried values that grow every iteration,
-// scan outputs, and errors. Expected values are computed by hand or by plain loops here.
+// scan outputs, Scan directions/axes and opset-8 batches, and errors. Expected values are
+// computed by hand or by plain loops here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -229,6 +230,72 @@ TEST(Loop, NestedIfCapturesFromTwoLevelsUp) {
   for (int it = 0; it < 4; ++it)
     for (int k = 0; k < 3; ++k) want[k] += (it % 2 == 0 ? 1 : -1) * xs[k];
   EXPECT_EQ(values_of(y[0]), want);
+}
+
+}  // namespace
+}  // namespace onnxtrain::optest
+
+namespace onnxtrain::optest {
+namespace {
+
+// main: Scan(s0, X) with body (s, x) -> (s + x, s + x as a scan output); opset 8 adds a leading
+// sequence_lens input and a batch axis.
+std::unique_ptr<graph::Model> scan_model(int64_t opset, std::vector<Attribute> attrs,
+                                         const std::vector<int64_t>& s_dims,
+                                         const std::vector<int64_t>& x_dims, bool scan_output) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", opset);
+  Graph& g = *m->graph;
+  std::vector<Value*> ins;
+  if (opset < 9) ins.push_back(g.add_input("lens", ValueType::tensor(DataType::kInt64, graph::make_shape({s_dims[0]}))));
+  ins.push_back(g.add_input("s0", f32_type(s_dims)));
+  ins.push_back(g.add_input("X", f32_type(x_dims)));
+  auto body = std::make_unique<Graph>("body", &g);
+  Value* s = body->add_input("s", ValueType::tensor(DataType::kFloat));
+  Value* x = body->add_input("x", ValueType::tensor(DataType::kFloat));
+  Value* sum = body->add_node("Add", {s, x}, {"sum"}, "add")->output(0);
+  body->add_output(sum);
+  std::vector<std::string> outs{"s_final"};
+  if (scan_output) {
+    body->add_output(body->add_node("Identity", {sum}, {"sum_scan"}, "id")->output(0));
+    outs.push_back("ys");
+  }
+  graph::Node* n = g.add_node("Scan", ins, outs, "scan");
+  n->set_attr(Attribute::make_graph("body", std::move(body)));
+  n->set_attr(Attribute::make_int("num_scan_inputs", 1));
+  for (Attribute& a : attrs) n->set_attr(std::move(a));
+  for (Value* o : n->outputs()) g.add_output(o);
+  return m;
+}
+
+TEST(Scan, ReverseInputAxisOneAndReversedOutputOnTheLastAxis) {
+  const std::vector<float> x{1, 2, 3, 10, 20, 30};  // (2, 3): scanned over axis 1, last first
+  auto y = run_model(scan_model(17,
+                                {Attribute::make_ints("scan_input_axes", {1}),
+                                 Attribute::make_ints("scan_input_directions", {1}),
+                                 Attribute::make_ints("scan_output_axes", {-1}),
+                                 Attribute::make_ints("scan_output_directions", {1})},
+                                {2}, {2, 3}, true),
+                     {{"s0", f32({2}, {100, 200})}, {"X", f32({2, 3}, x)}});
+  // Plain loops: step p consumes column 2 - p; scan item p lands at column 2 - p.
+  std::vector<double> s{100, 200}, ys(6);
+  for (int p = 0; p < 3; ++p)
+    for (int r = 0; r < 2; ++r) {
+      s[r] += x[r * 3 + (2 - p)];
+      ys[r * 3 + (2 - p)] = s[r];
+    }
+  EXPECT_EQ(values_of(y[0]), s);
+  EXPECT_EQ(y[1].dims(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(values_of(y[1]), ys);
+}
+
+TEST(Scan, Opset8BatchesWithSequenceLengths) {
+  // Batch of 2 rows of (3 steps, 2 features); row 0 stops after 2 steps.
+  const std::vector<float> x{1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};
+  auto y = run_model(scan_model(8, {}, {2, 2}, {2, 3, 2}, false),
+                     {{"lens", i64({2}, {2, 3})}, {"s0", f32({2, 2}, {0, 0, 1, 1})},
+                      {"X", f32({2, 3, 2}, x)}});
+  EXPECT_EQ(values_of(y[0]), (std::vector<double>{1 + 3, 2 + 4, 1 + 10 + 30 + 50, 1 + 20 + 40 + 60}));
 }
 
 }  // namespace
