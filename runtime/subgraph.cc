@@ -48,7 +48,8 @@ std::vector<graph::Tensor> SubgraphRunner::run(std::span<const graph::Tensor> in
     // A loop whose carried shapes change every iteration would otherwise grow without bound.
     constexpr size_t kMaxCachedPlans = 16;
     if (plans_.size() >= kMaxCachedPlans) plans_.clear();
-    it = plans_.emplace(sig, std::make_unique<Plan>(parent_.session_, body_, &parent_, bound)).first;
+    it =
+        plans_.emplace(sig, std::make_unique<Plan>(parent_.session_, body_, &parent_, bound)).first;
   }
   return it->second->run(bound);
 }

@@ -25,8 +25,8 @@ class SubgraphRunner final : public ops::Subgraph {
  private:
   Plan& parent_;
   const graph::Graph& body_;
-  std::string where_;  // "If 'n0' then_branch", for errors
-  std::vector<int> capture_slots_;  // the parent's slot of each captured value
+  std::string where_;                                   // "If 'n0' then_branch", for errors
+  std::vector<int> capture_slots_;                      // the parent's slot of each captured value
   std::map<std::string, std::unique_ptr<Plan>> plans_;  // by input + capture signature
 };
 

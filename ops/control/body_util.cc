@@ -10,7 +10,8 @@
 
 namespace onnxtrain::ops::control {
 
-const graph::Graph& graph_attr(const graph::Node& node, const char* name, const std::string& where) {
+const graph::Graph& graph_attr(const graph::Node& node, const char* name,
+                               const std::string& where) {
   const graph::Attribute* a = node.find_attr(name);
   OT_CHECK(a && a->type == graph::AttrType::kGraph, where, ": graph attribute '", name,
            "' is required");
@@ -95,6 +96,5 @@ OpSchema make_control(const char* op, InferFn infer, KernelFactory kernel) {
   s.foldable = false;  // bodies may depend on more than the explicit inputs
   return s;
 }
-
 
 }  // namespace onnxtrain::ops::control

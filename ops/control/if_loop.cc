@@ -129,8 +129,8 @@ class LoopKernel final : public Kernel {
       state[0] = graph::Tensor::from_vector(DataType::kInt64, {}, std::vector<int64_t>{it});
       state[1] = graph::Tensor::from_vector(DataType::kBool, {}, std::vector<uint8_t>{1});
       std::vector<graph::Tensor> outs = body.run(state);
-      OT_CHECK(outs.size() == static_cast<size_t>(1 + n + std::max(k, 0)), where, ": the body produced ",
-               outs.size(), " outputs, expected ", 1 + n + std::max(k, 0));
+      OT_CHECK(outs.size() == static_cast<size_t>(1 + n + std::max(k, 0)), where,
+               ": the body produced ", outs.size(), " outputs, expected ", 1 + n + std::max(k, 0));
       // As the ONNX reference and onnxruntime do, the body's condition always decides.
       cond = truth(outs[0], where, "cond");
       for (int i = 0; i < n; ++i) state[static_cast<size_t>(i) + 2] = std::move(outs[1 + i]);

@@ -59,7 +59,9 @@ graph::Tensor stack(const std::vector<graph::Tensor>& items, size_t axis, DataTy
     OT_CHECK(items[p].dims() == item_dims && items[p].dtype() == dt, where,
              ": a scan output changes shape or dtype at iteration ", p);
     for (int64_t o = 0; o < a.outer; ++o)
-      if (row) std::memcpy(dst + (o * a.len + static_cast<int64_t>(p)) * row, items[p].data() + o * row, row);
+      if (row)
+        std::memcpy(dst + (o * a.len + static_cast<int64_t>(p)) * row, items[p].data() + o * row,
+                    row);
   }
   return out;
 }
@@ -83,7 +85,8 @@ std::vector<graph::Tensor> scan_once(Subgraph& body, std::vector<graph::Tensor> 
   for (size_t j = 0; j < m; ++j) {
     const int64_t l = scans[j].dims()[cfg.in_axes[j]];
     if (cfg.length < 0) {
-      OT_CHECK(len < 0 || len == l, where, ": scan inputs have different lengths ", len, " and ", l);
+      OT_CHECK(len < 0 || len == l, where, ": scan inputs have different lengths ", len, " and ",
+               l);
       len = l;
     }
   }
@@ -127,14 +130,15 @@ void infer_scan(InferenceContext& ctx) {
   const int64_t m = ctx.node.attr_int("num_scan_inputs", 0);
   const size_t first = ctx.opset < 9 ? 1 : 0;  // opset 8: sequence_lens comes first
   const size_t total = ctx.node.inputs().size();
-  OT_CHECK(m >= 1 && static_cast<size_t>(m) + first <= total, ctx.where(),
-           ": num_scan_inputs ", m, " does not fit ", total, " inputs");
+  OT_CHECK(m >= 1 && static_cast<size_t>(m) + first <= total, ctx.where(), ": num_scan_inputs ", m,
+           " does not fit ", total, " inputs");
   const size_t n = total - first - static_cast<size_t>(m);
   OT_CHECK(body.inputs().size() == n + static_cast<size_t>(m), ctx.where(), ": the body takes ",
            body.inputs().size(), " inputs, expected ", n + static_cast<size_t>(m));
   std::vector<ValueType> in_types;
   for (size_t i = first; i < total; ++i)
-    in_types.push_back(ValueType::tensor(ctx.input_type(i) ? ctx.input_type(i)->dtype : DataType::kUndefined));
+    in_types.push_back(
+        ValueType::tensor(ctx.input_type(i) ? ctx.input_type(i)->dtype : DataType::kUndefined));
   std::vector<const ValueType*> ptrs;
   for (const auto& t : in_types) ptrs.push_back(&t);
   std::vector<ValueType> out = body_output_types(body, ctx.opset, ptrs);
@@ -166,8 +170,8 @@ class ScanKernel final : public Kernel {
       (i < n ? states : scans).push_back(tensor_of(*v));
     }
     ScanConfig cfg;
-    const std::vector<int64_t> in_dir = ints_attr(node, v8 ? "directions" : "scan_input_directions",
-                                                  m, 0, where);
+    const std::vector<int64_t> in_dir =
+        ints_attr(node, v8 ? "directions" : "scan_input_directions", m, 0, where);
     for (size_t j = 0; j < m; ++j) cfg.in_reverse.push_back(in_dir[j] != 0);
     const std::vector<int64_t> out_dir = ints_attr(node, "scan_output_directions", k, 0, where);
     for (size_t q = 0; q < k; ++q) cfg.out_reverse.push_back(!v8 && out_dir[q] != 0);
@@ -175,10 +179,12 @@ class ScanKernel final : public Kernel {
     if (!v8) {
       const std::vector<int64_t> in_axes = ints_attr(node, "scan_input_axes", m, 0, where);
       for (size_t j = 0; j < m; ++j)
-        cfg.in_axes.push_back(static_cast<size_t>(normalize_axis(in_axes[j], scans[j].rank(), where)));
+        cfg.in_axes.push_back(
+            static_cast<size_t>(normalize_axis(in_axes[j], scans[j].rank(), where)));
       cfg.out_axes = ints_attr(node, "scan_output_axes", k, 0, where);
       auto result = scan_once(body, std::move(states), scans, n + k, cfg, where);
-      for (size_t i = 0; i < result.size(); ++i) write_output(ctx, static_cast<int>(i), result[i], where);
+      for (size_t i = 0; i < result.size(); ++i)
+        write_output(ctx, static_cast<int>(i), result[i], where);
       return;
     }
     run_batched(ctx, body, states, scans, cfg, n, k, where);
@@ -187,14 +193,15 @@ class ScanKernel final : public Kernel {
  private:
   // Opset 8: axis 0 of every input is the batch; row b scans axis 1 of its slices for
   // sequence_lens[b] steps (all when omitted); outputs are restacked along the batch axis.
-  static void run_batched(KernelContext& ctx, Subgraph& body, const std::vector<graph::Tensor>& states,
+  static void run_batched(KernelContext& ctx, Subgraph& body,
+                          const std::vector<graph::Tensor>& states,
                           const std::vector<graph::Tensor>& scans, ScanConfig cfg, size_t n,
                           size_t k, const std::string& where) {
     const int64_t batch = scans[0].dims()[0];
     std::vector<int64_t> lens;
     if (const TensorView* sl = ctx.input(0)) lens = shape::view_ints(*sl, where);
-    OT_CHECK(lens.empty() || static_cast<int64_t>(lens.size()) == batch, where, ": sequence_lens has ",
-             lens.size(), " values for a batch of ", batch);
+    OT_CHECK(lens.empty() || static_cast<int64_t>(lens.size()) == batch, where,
+             ": sequence_lens has ", lens.size(), " values for a batch of ", batch);
     cfg.in_axes.assign(scans.size(), 0);
     cfg.out_axes.assign(k, 0);
     std::vector<std::vector<graph::Tensor>> rows(n + k);

@@ -31,7 +31,9 @@ struct ResizeAttrs {
   int scales_input = 2, sizes_input = 3, roi_input = 1;  // -1: not an input at this opset
 };
 
-bool is_upsample(const graph::Node& node) { return node.op_type == "Upsample"; }
+bool is_upsample(const graph::Node& node) {
+  return node.op_type == "Upsample";
+}
 
 template <typename C>
 void check_one_of(const std::string& value, const C& allowed, const char* attr,
@@ -59,11 +61,11 @@ ResizeAttrs attrs_of(const graph::Node& node, int64_t opset, const std::string& 
   }
   check_one_of(a.mode, std::array{"nearest", "linear", "cubic"}, "mode", where);
   a.coord = node.attr_string("coordinate_transformation_mode", "half_pixel");
-  check_one_of(a.coord,
-               std::array{"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
-                          "align_corners", "asymmetric", "tf_half_pixel_for_nn",
-                          "tf_crop_and_resize"},
-               "coordinate_transformation_mode", where);
+  check_one_of(
+      a.coord,
+      std::array{"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                 "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"},
+      "coordinate_transformation_mode", where);
   a.nearest = node.attr_string("nearest_mode", "round_prefer_floor");
   check_one_of(a.nearest, std::array{"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"},
                "nearest_mode", where);
@@ -150,8 +152,8 @@ Geometry geometry(const ResizeAttrs& a, std::span<const int64_t> in, const Resiz
     for (int64_t ax : axes) {
       const auto d = static_cast<size_t>(ax);
       OT_CHECK(sizes[d] >= 0, where, ": size ", sizes[d], " of axis ", d, " is negative");
-      OT_CHECK(in[d] > 0 || sizes[d] == 0, where, ": axis ", d, " is empty and cannot be resized to ",
-               sizes[d]);
+      OT_CHECK(in[d] > 0 || sizes[d] == 0, where, ": axis ", d,
+               " is empty and cannot be resized to ", sizes[d]);
     }
     if (a.keep_aspect == "stretch") {
       for (int64_t ax : axes) {
@@ -303,16 +305,21 @@ ResizeArgs infer_args(const InferenceContext& ctx, const ResizeAttrs& a) {
     const auto& f = ctx.node.find_attr("scales")->floats();
     args.scales = std::vector<double>(f.begin(), f.end());
   }
-  read_input(ctx, a.scales_input, [&](const graph::Tensor& t) {
-    args.scales = floats_of(t.dtype(), t.data(), t.numel(), where, "scales");
-  }, args);
-  read_input(ctx, a.sizes_input, [&](const graph::Tensor& t) {
-    args.sizes = to_int64s(t, where);
-  }, args);
+  read_input(
+      ctx, a.scales_input,
+      [&](const graph::Tensor& t) {
+        args.scales = floats_of(t.dtype(), t.data(), t.numel(), where, "scales");
+      },
+      args);
+  read_input(
+      ctx, a.sizes_input, [&](const graph::Tensor& t) { args.sizes = to_int64s(t, where); }, args);
   if (a.coord == "tf_crop_and_resize")
-    read_input(ctx, a.roi_input, [&](const graph::Tensor& t) {
-      args.roi = floats_of(t.dtype(), t.data(), t.numel(), where, "roi");
-    }, args);
+    read_input(
+        ctx, a.roi_input,
+        [&](const graph::Tensor& t) {
+          args.roi = floats_of(t.dtype(), t.data(), t.numel(), where, "roi");
+        },
+        args);
   return args;
 }
 
@@ -448,9 +455,15 @@ OpSchema make_resize(const char* op, int since, int until) {
 }  // namespace
 
 // Resize-10: (X, scales); 11+: (X, roi, scales, sizes); 18+: antialias, axes, aspect policy.
-ONNXTRAIN_REGISTER_OP(resize_10) { return make_resize("Resize", 10, 10); }
-ONNXTRAIN_REGISTER_OP(resize_11) { return make_resize("Resize", 11, 1 << 30); }
+ONNXTRAIN_REGISTER_OP(resize_10) {
+  return make_resize("Resize", 10, 10);
+}
+ONNXTRAIN_REGISTER_OP(resize_11) {
+  return make_resize("Resize", 11, 1 << 30);
+}
 // Upsample-7: scales attribute; 9: scales input. Deprecated from opset 10.
-ONNXTRAIN_REGISTER_OP(upsample_7) { return make_resize("Upsample", 7, 9); }
+ONNXTRAIN_REGISTER_OP(upsample_7) {
+  return make_resize("Upsample", 7, 9);
+}
 
 }  // namespace onnxtrain::ops::nn

@@ -135,8 +135,14 @@ OpSchema make_topk(int since, int until) {
 }  // namespace
 
 // One registration per signature change: k attribute (1), k input (10), largest/sorted (11).
-ONNXTRAIN_REGISTER_OP(topk_1) { return make_topk(1, 9); }
-ONNXTRAIN_REGISTER_OP(topk_10) { return make_topk(10, 10); }
-ONNXTRAIN_REGISTER_OP(topk_11) { return make_topk(11, 1 << 30); }
+ONNXTRAIN_REGISTER_OP(topk_1) {
+  return make_topk(1, 9);
+}
+ONNXTRAIN_REGISTER_OP(topk_10) {
+  return make_topk(10, 10);
+}
+ONNXTRAIN_REGISTER_OP(topk_11) {
+  return make_topk(11, 1 << 30);
+}
 
 }  // namespace onnxtrain::ops::reduce

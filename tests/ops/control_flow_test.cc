@@ -20,9 +20,12 @@ using graph::ValueType;
 ValueType f32_type(std::vector<int64_t> dims) {
   return ValueType::tensor(DataType::kFloat, graph::make_shape(dims));
 }
-ValueType scalar(DataType dt) { return ValueType::tensor(dt, graph::Shape{}); }
+ValueType scalar(DataType dt) {
+  return ValueType::tensor(dt, graph::Shape{});
+}
 
-std::vector<Tensor> run_model(std::unique_ptr<graph::Model> m, std::map<std::string, Tensor> feeds) {
+std::vector<Tensor> run_model(std::unique_ptr<graph::Model> m,
+                              std::map<std::string, Tensor> feeds) {
   graph::verify_model(*m);
   runtime::SessionOptions opts;
   opts.threads = 2;
@@ -65,8 +68,8 @@ TEST(If, BranchesCaptureALiveOuterValue) {
   for (bool outer : {false, true}) {
     auto y_then = run_model(if_model(outer), {{"x", x}, {"cond", boolean({}, {1})}});
     EXPECT_EQ(values_of(y_then[0]), (std::vector<double>{1, -2, -3}));
-    const std::vector<double> want = outer ? std::vector<double>{0, 2, 3}
-                                           : std::vector<double>{10, 12, 13};
+    const std::vector<double> want =
+        outer ? std::vector<double>{0, 2, 3} : std::vector<double>{10, 12, 13};
     EXPECT_EQ(values_of(y_then[1]), want);
     auto y_else = run_model(if_model(outer), {{"x", x}, {"cond", boolean({}, {0})}});
     EXPECT_EQ(y_else[1].dims(), (std::vector<int64_t>{6}));
@@ -129,7 +132,8 @@ std::unique_ptr<graph::Model> loop_model(const LoopSpec& spec, F&& fill) {
   Value* x = g.add_input("x", f32_type({3}));
   Value* trip = spec.trip ? g.add_initializer("M", i64({}, {*spec.trip})) : nullptr;
   Value* cond = spec.cond ? g.add_initializer("c0", boolean({}, {*spec.cond})) : nullptr;
-  Value* v0 = g.add_input("v0", ValueType::tensor(spec.v0.dtype(), graph::make_shape(spec.v0.dims())));
+  Value* v0 =
+      g.add_input("v0", ValueType::tensor(spec.v0.dtype(), graph::make_shape(spec.v0.dims())));
   auto body = std::make_unique<Graph>("body", &g);
   Value* i = body->add_input("i", scalar(DataType::kInt64));
   Value* c = body->add_input("c", scalar(DataType::kBool));
@@ -247,7 +251,9 @@ std::unique_ptr<graph::Model> scan_model(int64_t opset, std::vector<Attribute> a
   m->set_opset("", opset);
   Graph& g = *m->graph;
   std::vector<Value*> ins;
-  if (opset < 9) ins.push_back(g.add_input("lens", ValueType::tensor(DataType::kInt64, graph::make_shape({s_dims[0]}))));
+  if (opset < 9)
+    ins.push_back(
+        g.add_input("lens", ValueType::tensor(DataType::kInt64, graph::make_shape({s_dims[0]}))));
   ins.push_back(g.add_input("s0", f32_type(s_dims)));
   ins.push_back(g.add_input("X", f32_type(x_dims)));
   auto body = std::make_unique<Graph>("body", &g);
@@ -292,10 +298,11 @@ TEST(Scan, ReverseInputAxisOneAndReversedOutputOnTheLastAxis) {
 TEST(Scan, Opset8BatchesWithSequenceLengths) {
   // Batch of 2 rows of (3 steps, 2 features); row 0 stops after 2 steps.
   const std::vector<float> x{1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};
-  auto y = run_model(scan_model(8, {}, {2, 2}, {2, 3, 2}, false),
-                     {{"lens", i64({2}, {2, 3})}, {"s0", f32({2, 2}, {0, 0, 1, 1})},
-                      {"X", f32({2, 3, 2}, x)}});
-  EXPECT_EQ(values_of(y[0]), (std::vector<double>{1 + 3, 2 + 4, 1 + 10 + 30 + 50, 1 + 20 + 40 + 60}));
+  auto y = run_model(
+      scan_model(8, {}, {2, 2}, {2, 3, 2}, false),
+      {{"lens", i64({2}, {2, 3})}, {"s0", f32({2, 2}, {0, 0, 1, 1})}, {"X", f32({2, 3, 2}, x)}});
+  EXPECT_EQ(values_of(y[0]),
+            (std::vector<double>{1 + 3, 2 + 4, 1 + 10 + 30 + 50, 1 + 20 + 40 + 60}));
 }
 
 }  // namespace

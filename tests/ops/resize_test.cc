@@ -47,8 +47,10 @@ double cubic(double x, double a) {
 std::vector<double> ref_coeffs(const RefAttrs& at, double ratio, double scale) {
   if (at.mode == "nearest") {
     if (ratio == std::floor(ratio)) return {0, 1};
-    if (at.nearest == "round_prefer_floor") return {ratio <= 0.5 ? 1.0 : 0.0, ratio > 0.5 ? 1.0 : 0.0};
-    if (at.nearest == "round_prefer_ceil") return {ratio < 0.5 ? 1.0 : 0.0, ratio >= 0.5 ? 1.0 : 0.0};
+    if (at.nearest == "round_prefer_floor")
+      return {ratio <= 0.5 ? 1.0 : 0.0, ratio > 0.5 ? 1.0 : 0.0};
+    if (at.nearest == "round_prefer_ceil")
+      return {ratio < 0.5 ? 1.0 : 0.0, ratio >= 0.5 ? 1.0 : 0.0};
     if (at.nearest == "floor") return {1, 0};
     return {0, 1};
   }
@@ -65,7 +67,8 @@ std::vector<double> ref_coeffs(const RefAttrs& at, double ratio, double scale) {
       c.push_back(std::clamp(1 - std::abs((static_cast<double>(i) - ratio) * scale), 0.0, 1.0));
   } else {
     int64_t start = static_cast<int64_t>(std::floor(-2 / scale) + 1), end = 2 - start;
-    for (int64_t i = start; i < end; ++i) c.push_back(cubic(scale * (static_cast<double>(i) - ratio), at.a));
+    for (int64_t i = start; i < end; ++i)
+      c.push_back(cubic(scale * (static_cast<double>(i) - ratio), at.a));
   }
   double sum = std::accumulate(c.begin(), c.end(), 0.0);
   for (double& v : c) v /= sum;
@@ -167,8 +170,7 @@ std::vector<Attribute> attrs_of(const RefAttrs& at) {
 void expect_near_all(const std::vector<double>& got, const std::vector<double>& want,
                      const std::string& what, double tol = 1e-5) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
 }
 
 // Resize-18+ with scales: X, roi omitted, scales constant.
@@ -178,13 +180,12 @@ void check_scales(const RefAttrs& at, const std::vector<int64_t>& dims,
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   auto x = random_floats(static_cast<size_t>(n), 11);
-  auto r = run_node(resize_call(
-      {{f32(dims, x)}, {}, {f32({static_cast<int64_t>(scales.size())}, scales), true}},
-      attrs_of(at), opset));
+  auto r = run_node(
+      resize_call({{f32(dims, x)}, {}, {f32({static_cast<int64_t>(scales.size())}, scales), true}},
+                  attrs_of(at), opset));
   ASSERT_EQ(r.outputs[0].dims(), want_dims);
   std::vector<double> s(scales.begin(), scales.end());
-  expect_near_all(values_of(r.outputs[0]),
-                  ref_resize(at, {x.begin(), x.end()}, dims, s, want_dims),
+  expect_near_all(values_of(r.outputs[0]), ref_resize(at, {x.begin(), x.end()}, dims, s, want_dims),
                   at.mode + "/" + at.coord + "/" + at.nearest);
 }
 
@@ -224,8 +225,8 @@ TEST(Resize, LinearAndCubicEveryCoordinateMode) {
         at.mode = mode;
         at.coord = coord;
         const int64_t out = static_cast<int64_t>(std::floor(6.0 * scale));
-        check_scales(at, {3, 6}, {scale, scale}, {static_cast<int64_t>(std::floor(3.0 * scale)), out},
-                     19);
+        check_scales(at, {3, 6}, {scale, scale},
+                     {static_cast<int64_t>(std::floor(3.0 * scale)), out}, 19);
       }
 }
 
@@ -236,10 +237,9 @@ TEST(Resize, AxesAndKeepAspectRatioPolicy) {
   at.mode = "linear";
   // sizes (3, 3) on axes (1, 2): not_larger scales both by min(3/6, 3/8) = 0.375 -> (2, 2, 3);
   // not_smaller by max = 0.5 -> (2, 3, 4).
-  for (auto [policy, s, want] :
-       {std::tuple{"not_larger", 0.375, std::vector<int64_t>{2, 2, 3}},
-        std::tuple{"not_smaller", 0.5, std::vector<int64_t>{2, 3, 4}},
-        std::tuple{"stretch", 0.0, std::vector<int64_t>{2, 3, 3}}}) {
+  for (auto [policy, s, want] : {std::tuple{"not_larger", 0.375, std::vector<int64_t>{2, 2, 3}},
+                                 std::tuple{"not_smaller", 0.5, std::vector<int64_t>{2, 3, 4}},
+                                 std::tuple{"stretch", 0.0, std::vector<int64_t>{2, 3, 3}}}) {
     auto attrs = attrs_of(at);
     attrs.push_back(Attribute::make_ints("axes", {-2, 2}));
     attrs.push_back(Attribute::make_string("keep_aspect_ratio_policy", policy));
@@ -247,8 +247,8 @@ TEST(Resize, AxesAndKeepAspectRatioPolicy) {
     ASSERT_EQ(r.outputs[0].dims(), want) << policy;
     std::vector<double> scales{1, s, s};
     if (s == 0) scales = {1, 0.5, 3.0 / 8};
-    expect_near_all(values_of(r.outputs[0]), ref_resize(at, {x.begin(), x.end()}, dims, scales, want),
-                    policy);
+    expect_near_all(values_of(r.outputs[0]),
+                    ref_resize(at, {x.begin(), x.end()}, dims, scales, want), policy);
   }
 }
 
@@ -263,8 +263,8 @@ TEST(Resize, CropAndResizeExtrapolates) {
       {{f32({2, 4}, x)}, {f32({4}, roi), true}, {}, {i64({2}, {2, 6}), true}}, attrs_of(at), 13));
   ASSERT_EQ(r.outputs[0].dims(), (std::vector<int64_t>{2, 6}));
   auto got = values_of(r.outputs[0]);
-  auto want = ref_resize(at, {x.begin(), x.end()}, {2, 4}, {1.0, 1.5}, {2, 6},
-                         {roi.begin(), roi.end()});
+  auto want =
+      ref_resize(at, {x.begin(), x.end()}, {2, 4}, {1.0, 1.5}, {2, 6}, {roi.begin(), roi.end()});
   expect_near_all(got, want, "crop");
   // x_original = -0.5 * 3 + j * 2 * 3 / 5 = -1.5, -0.3, 0.9, 2.1, 3.3, 4.5: only columns 2 and 3
   // lie inside [0, 3].

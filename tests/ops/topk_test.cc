@@ -30,8 +30,8 @@ NodeCall topk_call(std::vector<NodeInput> inputs, std::vector<Attribute> attrs, 
   return c;
 }
 
-TopKResult run_topk(const Tensor& x, int64_t k, int64_t axis, int64_t largest,
-                    int64_t opset = 11, bool k_constant = true) {
+TopKResult run_topk(const Tensor& x, int64_t k, int64_t axis, int64_t largest, int64_t opset = 11,
+                    bool k_constant = true) {
   NodeCall c = topk_call({{x}}, {Attribute::make_int("axis", axis)}, opset);
   if (opset >= 10)
     c.inputs.push_back({i64({1}, {k}), k_constant});
@@ -136,9 +136,9 @@ TEST(TopK, Errors) {
   const Tensor x = f32({2, 3}, {1, 2, 3, 4, 5, 6});
   EXPECT_NE(message(topk_call({{x}, {i64({1}, {4}), true}}, {}, 11)).find("k must be in [0, 3]"),
             std::string::npos);
-  EXPECT_NE(message(topk_call({{x}, {i64({2}, {1, 2}), true}}, {}, 11))
-                .find("must hold exactly 1 value"),
-            std::string::npos);
+  EXPECT_NE(
+      message(topk_call({{x}, {i64({2}, {1, 2}), true}}, {}, 11)).find("must hold exactly 1 value"),
+      std::string::npos);
   EXPECT_NE(message(topk_call({{x}, {i64({1}, {1}), true}}, {Attribute::make_int("axis", 2)}, 11))
                 .find("n0"),
             std::string::npos);
