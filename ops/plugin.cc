@@ -35,7 +35,9 @@ std::map<const OpSchema*, std::string>& schema_owner() {
   return owners;
 }
 
-std::string normalized_domain(const std::string& d) { return d == "ai.onnx" ? "" : d; }
+std::string normalized_domain(const std::string& d) {
+  return d == "ai.onnx" ? "" : d;
+}
 
 std::string op_text(const OpSchema& s) {
   const std::string domain = normalized_domain(s.domain);
@@ -86,8 +88,8 @@ const OpLibraryInfo* library_info(void* handle, const std::string& path) {
   OT_CHECK(info->api_version == kOpApiVersion, "custom-op library ", path,
            ": built against op API ", info->api_version, ", this onnxtrain has ", kOpApiVersion,
            " (rebuild it against this onnxtrain's ops/op_api.h)");
-  OT_CHECK(info->schema_size == sizeof(OpSchema), "custom-op library ", path,
-           ": OpSchema is ", info->schema_size, " bytes there and ", sizeof(OpSchema),
+  OT_CHECK(info->schema_size == sizeof(OpSchema), "custom-op library ", path, ": OpSchema is ",
+           info->schema_size, " bytes there and ", sizeof(OpSchema),
            " here (built with another compiler or standard library?)");
   OT_CHECK(info->register_ops, "custom-op library ", path, ": no register function");
   return info;
@@ -108,9 +110,9 @@ std::vector<OpSchema> staged_ops(const OpLibraryInfo& info, const std::string& p
     if (const OpSchema* clash = overlapping(*s)) {
       auto owner = schema_owner().find(clash);
       fail("custom-op library ", path, ": ", op_text(*s), " clashes with ",
-           owner == schema_owner().end() ? "the built-in " + op_text(*clash)
-                                         : op_text(*clash) + " of custom-op library " +
-                                               owner->second);
+           owner == schema_owner().end()
+               ? "the built-in " + op_text(*clash)
+               : op_text(*clash) + " of custom-op library " + owner->second);
     }
     out.push_back(*s);
   }
@@ -124,8 +126,8 @@ LoadedOpLibrary load_op_library(const std::string& path) {
   OT_CHECK(!path.empty(), "custom-op library: empty path");
   std::error_code ec;
   const bool exists = fs::is_regular_file(path, ec);
-  OT_CHECK(exists, "custom-op library ", path, ": cannot be opened: ",
-           ec ? ec.message() : "no such file");
+  OT_CHECK(exists, "custom-op library ", path,
+           ": cannot be opened: ", ec ? ec.message() : "no such file");
   const std::string canonical = fs::canonical(path, ec).string();
   OT_CHECK(!ec, "custom-op library ", path, ": cannot be opened: ", ec.message());
 

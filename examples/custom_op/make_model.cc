@@ -97,8 +97,8 @@ int run(int argc, char** argv) {
   auto model = b.finish(y, "logits");
   graph::export_onnx_file(*model, o.out);
   std::printf("%s: scaled_tanh_mlp, input [N,%lld], %lld classes, width %lld, scale %g\n",
-              o.out.c_str(), static_cast<long long>(o.input_dim),
-              static_cast<long long>(o.classes), static_cast<long long>(o.width), o.scale);
+              o.out.c_str(), static_cast<long long>(o.input_dim), static_cast<long long>(o.classes),
+              static_cast<long long>(o.width), o.scale);
   return 0;
 }
 

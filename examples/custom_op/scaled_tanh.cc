@@ -25,7 +25,9 @@ namespace graph = onnxtrain::graph;
 
 constexpr const char* kDomain = "my.ops";
 
-float scale_of(const graph::Node& n) { return n.attr_float("scale", 1.0f); }
+float scale_of(const graph::Node& n) {
+  return n.attr_float("scale", 1.0f);
+}
 
 bool is_float(graph::DataType dt) {
   return dt == graph::DataType::kFloat || dt == graph::DataType::kDouble;
@@ -49,8 +51,12 @@ void infer_elementwise(InferenceContext& ctx, size_t num_inputs) {
   ctx.output_types[0] = *x;
 }
 
-void infer_scaled_tanh(InferenceContext& ctx) { infer_elementwise(ctx, 1); }
-void infer_scaled_tanh_grad(InferenceContext& ctx) { infer_elementwise(ctx, 2); }
+void infer_scaled_tanh(InferenceContext& ctx) {
+  infer_elementwise(ctx, 1);
+}
+void infer_scaled_tanh_grad(InferenceContext& ctx) {
+  infer_elementwise(ctx, 2);
+}
 
 const TensorView& required_input(KernelContext& ctx, int i) {
   const TensorView* t = ctx.input(i);

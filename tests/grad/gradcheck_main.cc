@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   }
   std::sort(unchecked.begin(), unchecked.end());
   unchecked.erase(std::unique(unchecked.begin(), unchecked.end()), unchecked.end());
-  std::printf("gradcheck: %zu gradient rules checked\n", onnxtrain::testing::checked_gradient_rules().size());
+  std::printf("gradcheck: %zu gradient rules checked\n",
+              onnxtrain::testing::checked_gradient_rules().size());
   if (!unchecked.empty() && !filtered) {
     std::string list;
     for (const std::string& u : unchecked) list += " " + u;

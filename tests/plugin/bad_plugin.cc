@@ -24,7 +24,8 @@ class SquareKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const auto* x = ctx.input(0);
     auto& y = ctx.output(0, x->dims);
-    for (int64_t i = 0; i < x->numel(); ++i) y.as<float>()[i] = x->as<float>()[i] * x->as<float>()[i];
+    for (int64_t i = 0; i < x->numel(); ++i)
+      y.as<float>()[i] = x->as<float>()[i] * x->as<float>()[i];
   }
 };
 
@@ -60,7 +61,9 @@ OpSchema square(const char* domain, const char* op_type) {
 }  // namespace bad_plugin
 
 #if BAD_PLUGIN_KIND == 1
-extern "C" __attribute__((visibility("default"))) int not_the_entry_point() { return 0; }
+extern "C" __attribute__((visibility("default"))) int not_the_entry_point() {
+  return 0;
+}
 #elif BAD_PLUGIN_KIND == 2
 // What a library built against a newer op API would hand over.
 extern "C" __attribute__((visibility("default"))) const onnxtrain::ops::OpLibraryInfo*

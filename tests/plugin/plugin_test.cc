@@ -1,6 +1,8 @@
 // Custom-op plugins: the example library (my.ops.ScaledTanh) registers through
 // ops::load_op_library, its kernel matches a float64 reference, its gradient matches finite
 // differences, a model using it runs and trains; the loader's error cases; --custom-op-lib.
+#include "ops/plugin.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,6 @@
 #include "graph/onnx_io.h"
 #include "graph/printer.h"
 #include "ops/op_api.h"
-#include "ops/plugin.h"
 #include "passes/passes.h"
 #include "runtime/npy.h"
 #include "runtime/session.h"
@@ -32,7 +33,9 @@ using graph::Tensor;
 
 const std::string kExample = EXAMPLE_PLUGIN;
 
-void load_example() { ops::load_op_library(kExample); }
+void load_example() {
+  ops::load_op_library(kExample);
+}
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("onnxtrain_plugin_test_" + name);
@@ -209,7 +212,8 @@ TEST(PluginModel, InferenceMatchesFloat64Reference) {
   const fs::path path = make_model(dir, {"--input-dim", "6", "--classes", "4", "--width", "16",
                                          "--scale", "0.8", "--seed", "3"});
   auto m = graph::import_onnx_file(path.string());
-  const std::vector<double> want = reference_logits(*m, uniform(DataType::kFloat, {5, 6}, 31), 0.8f);
+  const std::vector<double> want =
+      reference_logits(*m, uniform(DataType::kFloat, {5, 6}, 31), 0.8f);
   runtime::InferenceSession session(std::move(m));
   const Tensor got = session.run({{"input", uniform(DataType::kFloat, {5, 6}, 31)}}).at(0);
   ASSERT_EQ(got.dims(), (std::vector<int64_t>{5, 4}));
@@ -286,9 +290,9 @@ TEST(PluginErrors, UnreadableFiles) {
   const fs::path dir = temp_dir("junk");
   std::ofstream(dir / "libjunk.so") << "not a shared object\n";
   e = load_error((dir / "libjunk.so").string());
-  EXPECT_EQ(e.rfind(cat("custom-op library ", (dir / "libjunk.so").string(), ": cannot be opened: "),
-                    0),
-            0u)
+  EXPECT_EQ(
+      e.rfind(cat("custom-op library ", (dir / "libjunk.so").string(), ": cannot be opened: "), 0),
+      0u)
       << e;
   e = load_error(dir.string());
   EXPECT_NE(e.find("cannot be opened"), std::string::npos) << e;
@@ -351,9 +355,9 @@ TEST(PluginErrors, OpWithoutGradientRuleIsNamedByAutodiff) {
   m->set_opset("", 17);
   m->set_opset("my.test", 1);
   graph::Graph& g = *m->graph;
-  graph::Value* x =
-      g.add_input("input", graph::ValueType::tensor(DataType::kFloat,
-                                        graph::Shape{graph::Dim::symbol("N"), graph::Dim::known(4)}));
+  graph::Value* x = g.add_input(
+      "input", graph::ValueType::tensor(
+                   DataType::kFloat, graph::Shape{graph::Dim::symbol("N"), graph::Dim::known(4)}));
   graph::Value* w = g.add_initializer("w", uniform(DataType::kFloat, {4, 3}, 51));
   graph::Value* h = g.add_node("MatMul", {x, w}, {"h"}, "mm")->output(0);
   graph::Value* y = g.add_node("Square", {h}, {"logits"}, "sq", "my.test")->output(0);
@@ -393,8 +397,8 @@ TEST(PluginCli, OnnxrunAndOnnxdumpWithCustomOpLib) {
   for (int64_t i = 0; i < got.numel(); ++i)
     EXPECT_NEAR(got.data_as<float>()[i], want.data_as<float>()[i], 1e-6);
 
-  r = cli_test::run_process({onnxrun, model.string(), "--input", "input=" + (dir / "x.npy").string()},
-                            dir);
+  r = cli_test::run_process(
+      {onnxrun, model.string(), "--input", "input=" + (dir / "x.npy").string()}, dir);
   EXPECT_EQ(r.rc, 1);
   EXPECT_EQ(r.err, cat("onnxrun: error: ", model.string(),
                        ": unsupported ops (no CPU kernel): my.ops.ScaledTanh (ops of a custom "
@@ -402,7 +406,8 @@ TEST(PluginCli, OnnxrunAndOnnxdumpWithCustomOpLib) {
 
   r = cli_test::run_process({onnxrun, "--custom-op-lib", BAD_PLUGIN_2, model.string()}, dir);
   EXPECT_EQ(r.rc, 1);
-  EXPECT_TRUE(cli_test::has_line_matching(r.err, "onnxrun: error: custom-op library .*bad_plugin_2.*: built against op API .*"))
+  EXPECT_TRUE(cli_test::has_line_matching(
+      r.err, "onnxrun: error: custom-op library .*bad_plugin_2.*: built against op API .*"))
       << r.err;
   r = cli_test::run_process({onnxrun, model.string(), "--custom-op-lib"}, dir);
   EXPECT_EQ(r.rc, 2) << r.err;
@@ -418,8 +423,9 @@ TEST(PluginCli, OnnxrunAndOnnxdumpWithCustomOpLib) {
       << r.out;
   r = cli_test::run_process({onnxdump, "--custom-op-lib", BAD_PLUGIN_1, model.string()}, dir);
   EXPECT_EQ(r.rc, 1);
-  EXPECT_EQ(r.err.rfind(cat("onnxdump: error: custom-op library ", BAD_PLUGIN_1, ": no entry point"), 0),
-            0u)
+  EXPECT_EQ(
+      r.err.rfind(cat("onnxdump: error: custom-op library ", BAD_PLUGIN_1, ": no entry point"), 0),
+      0u)
       << r.err;
 }
 
