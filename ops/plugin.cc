@@ -138,6 +138,7 @@ LoadedOpLibrary load_op_library(const std::string& path) {
       r.already_loaded = true;
       return r;
     }
+  const size_t registered_before = OpRegistry::global().all().size();
   dlerror();
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
@@ -145,6 +146,15 @@ LoadedOpLibrary load_op_library(const std::string& path) {
     fail("custom-op library ", path, ": cannot be opened: ", why ? why : "dlopen failed");
   }
   HandleGuard guard(handle);
+  // Static registrars (ONNXTRAIN_REGISTER_OP) ran inside dlopen, unchecked. Their schemas now
+  // point into the library, so it must stay loaded; the error says how to register instead.
+  const size_t at_load = OpRegistry::global().all().size() - registered_before;
+  if (at_load > 0) {
+    guard.release();
+    fail("custom-op library ", path, ": registered ", at_load,
+         " op(s) while loading, with ONNXTRAIN_REGISTER_OP (that is for built-in ops; a plugin "
+         "registers through ONNXTRAIN_OP_LIBRARY so the loader can check its ops)");
+  }
   // The same file by another name (a hard link): dlopen hands back the loaded handle.
   for (const Library& lib : libraries())
     if (lib.handle == handle) {
@@ -159,6 +169,8 @@ LoadedOpLibrary load_op_library(const std::string& path) {
   Library lib;
   lib.record.path = canonical;
   lib.record.name = info->name ? info->name : "";
+  // From the first add on, the registry holds the library's code: never close it again.
+  lib.handle = guard.release();
   OpRegistry& global = OpRegistry::global();
   for (OpSchema& s : ops) {
     const std::string text = op_text(s);
@@ -169,7 +181,6 @@ LoadedOpLibrary load_op_library(const std::string& path) {
     schema_owner()[global.find(domain, op_type, since)] = canonical;
     lib.record.ops.push_back(text);
   }
-  lib.handle = guard.release();
   libraries().push_back(lib);
   return lib.record;
 }

@@ -4,6 +4,7 @@
 //   4 registers my.test4.Square, then clashes with the example's my.ops.ScaledTanh
 //   5 registers my.test5.Square, then its register function throws
 //   6 a valid library whose op my.test.Square has no gradient rule
+//   7 registers my.test7.Square at load time with ONNXTRAIN_REGISTER_OP
 #include <memory>
 #include <stdexcept>
 
@@ -59,6 +60,12 @@ OpSchema square(const char* domain, const char* op_type) {
 
 }  // namespace
 }  // namespace bad_plugin
+
+#if BAD_PLUGIN_KIND == 7
+ONNXTRAIN_REGISTER_OP(bad_plugin_static) {
+  return bad_plugin::square("my.test7", "Square");
+}
+#endif
 
 #if BAD_PLUGIN_KIND == 1
 extern "C" __attribute__((visibility("default"))) int not_the_entry_point() {

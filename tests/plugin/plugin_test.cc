@@ -347,6 +347,16 @@ TEST(PluginErrors, RegisterFunctionThrows) {
     EXPECT_EQ(l.path.find("bad_plugin_5"), std::string::npos);
 }
 
+// ONNXTRAIN_REGISTER_OP in a plugin registers inside dlopen, past every check: refused with a
+// message saying how to register instead (the op stays, as the library must).
+TEST(PluginErrors, StaticRegistrationAtLoadTime) {
+  const std::string e = load_error(BAD_PLUGIN_7);
+  EXPECT_EQ(e, cat("custom-op library ", BAD_PLUGIN_7,
+                   ": registered 1 op(s) while loading, with ONNXTRAIN_REGISTER_OP (that is for "
+                   "built-in ops; a plugin registers through ONNXTRAIN_OP_LIBRARY so the loader "
+                   "can check its ops)"));
+}
+
 // A library op without a gradient rule: it runs, and autodiff names it when it lies on a path
 // to the loss.
 TEST(PluginErrors, OpWithoutGradientRuleIsNamedByAutodiff) {
