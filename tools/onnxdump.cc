@@ -12,6 +12,7 @@
 #include "graph/error.h"
 #include "graph/onnx_io.h"
 #include "graph/printer.h"
+#include "ops/plugin.h"
 #include "tools/cli_main.h"
 #include "tools/dump.h"
 
@@ -41,6 +42,10 @@ views (at most one; default: the whole graph in the --format):
   --grep OPTYPE       only the nodes of that op type (or DOMAIN.OPTYPE), then their count
 
 other options:
+  --custom-op-lib PATH
+                      load a custom-op library (ops/plugin_api.h) first (repeatable).
+                      Printing needs no op library; the flag lets onnxrun / onnxtrain
+                      command lines be reused, and a bad library fails here as there
   --no-initializers   text format: leave out the initializer lines
   --no-verify         do not run the graph verifier after loading (inspect a broken graph)
   -h, --help          this text
@@ -65,6 +70,7 @@ struct Options {
   Format format = Format::kText;
   bool format_given = false;
   std::string grep;
+  std::vector<std::string> custom_op_libs;
   bool show_initializers = true;
   bool verify = true;
   bool help = false;
@@ -120,6 +126,9 @@ Options parse_args(int argc, char** argv) {
     } else if (auto f = value_of("--format")) {
       o.format = parse_format(*f);
       o.format_given = true;
+    } else if (auto lib = value_of("--custom-op-lib")) {
+      if (lib->empty()) throw UsageError("--custom-op-lib needs a path");
+      o.custom_op_libs.push_back(*lib);
     } else if (auto g = value_of("--grep")) {
       if (g->empty()) throw UsageError("--grep needs an op type");
       set_view(o, View::kGrep, "--grep");
@@ -170,6 +179,7 @@ int run(int argc, char** argv) {
     return 0;
   }
 
+  for (const std::string& lib : o.custom_op_libs) ops::load_op_library(lib);
   std::unique_ptr<graph::Model> model = load(o);
   std::ostream& os = std::cout;
   switch (o.view) {

@@ -14,6 +14,7 @@
 #include "graph/error.h"
 #include "graph/onnx_io.h"
 #include "ops/op_api.h"
+#include "ops/plugin.h"
 #include "runtime/npy.h"
 #include "runtime/session.h"
 #include "tools/cli_main.h"
@@ -39,6 +40,9 @@ constexpr const char* kUsage =
     "  --threads N        intra-op threads (default: all cores)\n"
     "  --bench N          after the first run, run N more times and print the median latency\n"
     "  --profile FILE     write a Chrome trace (chrome://tracing, Perfetto) of all runs\n"
+    "  --custom-op-lib PATH\n"
+    "                     load a custom-op library (built against ops/plugin_api.h) before\n"
+    "                     the model (repeatable; --list-ops then lists its ops too)\n"
     "  --list-ops         print the registered ops and exit\n"
     "  -h, --help         show this help\n";
 
@@ -56,6 +60,7 @@ template <typename... Args>
 struct Args {
   std::string model;
   std::vector<std::pair<std::string, std::string>> inputs;  // name, file
+  std::vector<std::string> custom_op_libs;
   std::string output_dir;
   std::string profile;
   int threads = 0;
@@ -90,6 +95,9 @@ Args parse_args(int argc, char** argv) {
       if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
         usage_fail("--input expects NAME=FILE, got '", v, "'");
       a.inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    } else if (arg == "--custom-op-lib") {
+      a.custom_op_libs.push_back(take_value());
+      if (a.custom_op_libs.back().empty()) usage_fail(arg, ": empty path");
     } else if (arg == "--output-dir" || arg == "-o") {
       a.output_dir = take_value();
       if (a.output_dir.empty()) usage_fail(arg, ": empty folder name");
@@ -181,6 +189,25 @@ void list_ops() {
   }
 }
 
+// The session would refuse unknown ops too; here the message can point at the flag.
+void check_ops_known(const graph::Model& m, const std::string& path) {
+  std::vector<std::string> missing = runtime::unsupported_ops(m);
+  if (missing.empty()) return;
+  std::string list;
+  bool custom = false;
+  for (const std::string& op : missing) {
+    list += cat(list.empty() ? "" : ", ", op);
+    const auto dot = op.rfind('.');
+    const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
+    custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
+                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
+  }
+  fail(path, ": unsupported ops (no CPU kernel): ", list,
+       custom ? " (ops of a custom domain: load the library that defines them with "
+                "--custom-op-lib PATH)"
+              : "");
+}
+
 double run_ms(runtime::InferenceSession& session, const std::map<std::string, Tensor>& feed) {
   auto start = std::chrono::steady_clock::now();
   session.run(feed);
@@ -194,6 +221,7 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  for (const std::string& lib : a.custom_op_libs) ops::load_op_library(lib);
   if (a.list_ops) {
     list_ops();
     return 0;
@@ -226,6 +254,7 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> out_names;
   for (const auto* v : g.outputs()) out_names.push_back(v->name());
+  check_ops_known(*model, a.model);
   runtime::SessionOptions opts;
   opts.threads = a.threads;
   opts.profile_path = a.profile;

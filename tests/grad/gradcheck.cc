@@ -1,5 +1,5 @@
-// The finite-difference harness of tests/grad (gradcheck.h) and the test binary's main: every
-// registered gradient rule must be exercised by at least one case.
+// The finite-difference harness of tests/grad (gradcheck.h), a library: the gradcheck binary
+// (gradcheck_main.cc) and the plugin tests link it.
 #include "tests/grad/gradcheck.h"
 
 #include <gtest/gtest.h>
@@ -28,10 +28,6 @@ using graph::Value;
 std::set<std::string>& checked_rules() {
   static std::set<std::string> s;
   return s;
-}
-
-std::string rule_key(const std::string& domain, const std::string& op) {
-  return domain.empty() || domain == "ai.onnx" ? op : domain + "." + op;
 }
 
 bool is_float(DataType dt) { return dt == DataType::kFloat || dt == DataType::kDouble; }
@@ -129,6 +125,12 @@ double run_loss(runtime::InferenceSession& s, const std::map<std::string, Tensor
 
 }  // namespace
 
+std::string gradient_rule_key(const std::string& domain, const std::string& op_type) {
+  return domain.empty() || domain == "ai.onnx" ? op_type : domain + "." + op_type;
+}
+
+const std::set<std::string>& checked_gradient_rules() { return checked_rules(); }
+
 Tensor random_tensor(DataType dt, std::vector<int64_t> dims, uint64_t seed, double lo, double hi) {
   Tensor t(dt, std::move(dims));
   std::mt19937_64 gen(seed);
@@ -158,7 +160,7 @@ GradReport check_gradient(const GradCase& c) {
   passes::dce(*train);
   runtime::InferenceSession backward(std::move(train), so);
   std::vector<Tensor> analytic = backward.run(h.feeds);
-  checked_rules().insert(rule_key(c.domain, c.op_type));
+  checked_rules().insert(gradient_rule_key(c.domain, c.op_type));
 
   for (size_t k = 0; k < h.checked.size(); ++k) {
     const std::string& name = h.checked[k];
@@ -213,27 +215,3 @@ GradReport check_gradient(const GradCase& c) {
 }
 
 }  // namespace onnxtrain::testing
-
-// Runs every case, then fails if a registered gradient rule had none.
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rc = RUN_ALL_TESTS();
-  const bool filtered = ::testing::GTEST_FLAG(filter) != "*";
-  std::vector<std::string> unchecked;
-  for (const onnxtrain::ops::OpSchema* s : onnxtrain::ops::OpRegistry::global().all()) {
-    if (!s->gradient) continue;
-    const std::string key = onnxtrain::testing::rule_key(s->domain, s->op_type);
-    if (!onnxtrain::testing::checked_rules().count(key)) unchecked.push_back(key);
-  }
-  std::sort(unchecked.begin(), unchecked.end());
-  unchecked.erase(std::unique(unchecked.begin(), unchecked.end()), unchecked.end());
-  std::printf("gradcheck: %zu gradient rules checked\n", onnxtrain::testing::checked_rules().size());
-  if (!unchecked.empty() && !filtered) {
-    std::string list;
-    for (const std::string& u : unchecked) list += " " + u;
-    std::printf("gradcheck: %zu registered gradient rules have no case:%s\n", unchecked.size(),
-                list.c_str());
-    return 1;
-  }
-  return rc;
-}

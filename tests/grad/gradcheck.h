@@ -6,13 +6,15 @@
 // graph with the runtime and compares each analytic gradient element with the central
 // difference (L(x + eps) - L(x - eps)) / 2eps of the forward graph. float64 inputs use
 // eps 1e-6 and tight tolerances; float32 inputs eps 1e-3 and looser ones.
-// Every rule checked is recorded; the test binary's main prints "gradcheck: N gradient rules
-// checked" and fails when a registered gradient rule was never checked.
+// Every rule checked is recorded; the gradcheck binary's main (gradcheck_main.cc) prints
+// "gradcheck: N gradient rules checked" and fails when a registered gradient rule was never
+// checked. Other test binaries (tests/plugin) link the harness as library onnxtrain_gradcheck.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,11 @@ struct GradReport {
 // Runs the check; ADD_FAILURE()s (gtest) with the worst element on a mismatch and returns
 // the report. Throws onnxtrain::Error when the graph cannot be built or run.
 GradReport check_gradient(const GradCase& c);
+
+// "Op" for ai.onnx, "domain.Op" otherwise: how checked rules are keyed.
+std::string gradient_rule_key(const std::string& domain, const std::string& op_type);
+// Keys of the rules check_gradient has run in this process.
+const std::set<std::string>& checked_gradient_rules();
 
 // Random tensors for cases (deterministic per seed).
 graph::Tensor random_tensor(graph::DataType dt, std::vector<int64_t> dims, uint64_t seed,
