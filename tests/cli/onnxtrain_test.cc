@@ -107,8 +107,16 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   const std::string model = small_mlp();
   RunResult r = train({model, "--data", "synthetic:5656", "--val-data", "synthetic:300",
                        "--batch-size", "64", "--threads", "1", "--metrics-json",
-                       path("m.jsonl")});
+                       path("m.jsonl"), "--save-graph", path("train_graph.onnx"), "--profile",
+                       path("trace.json")});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  // The training graph re-imports with its optimizer updates; the trace is one JSON document.
+  auto tg = graph::import_onnx_file(path("train_graph.onnx"));
+  EXPECT_NE(tg->graph->find_value("loss"), nullptr);
+  EXPECT_NE(tg->graph->find_value("fc1.weight.updated"), nullptr);
+  std::string trace_why;
+  EXPECT_TRUE(cli_test::is_valid_json(cli_test::read_file(path("trace.json")), &trace_why))
+      << trace_why;
   EXPECT_TRUE(has_line_matching(r.out, "replicas +1 \\(cpu:0\\)")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "batch +64 per replica, 64 global")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "data +synthetic:5656: 5656 examples.*")) << r.out;
