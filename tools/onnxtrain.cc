@@ -185,7 +185,8 @@ Args parse_args(int argc, char** argv) {
       if (c.val_data.empty()) usage_fail("--val-data: empty spec (use 'none' for no validation)");
     } else if (arg == "--val-split") {
       c.val_split = parse_float(arg, value(), 0);
-      if (c.val_split >= 1) usage_fail("--val-split: expected a fraction in [0, 1), got ", c.val_split);
+      if (c.val_split >= 1)
+        usage_fail("--val-split: expected a fraction in [0, 1), got ", c.val_split);
     } else if (arg == "--epochs") {
       c.epochs = parse_int(arg, value(), 1);
       a.epochs_given = true;

@@ -47,7 +47,8 @@ constexpr const char* kCheckpointFormat = "onnxtrain-checkpoint/1";
 
 std::string read_model_bytes(const std::string& path) {
   std::error_code ec;
-  OT_CHECK(fs::is_regular_file(path, ec), "model file '", path, "' does not exist or is not a file");
+  OT_CHECK(fs::is_regular_file(path, ec), "model file '", path,
+           "' does not exist or is not a file");
   std::ifstream in(path, std::ios::binary);
   OT_CHECK(in, "cannot open model file '", path, "': ", std::strerror(errno));
   std::ostringstream s;
@@ -100,8 +101,8 @@ std::vector<int64_t> output_dims(const graph::Model& tg, const std::string& name
 
 // The inference model plus the loss (BatchNormalization stays in inference mode); the state the
 // training changes becomes overridable graph inputs fed from the session at each evaluation.
-std::unique_ptr<graph::Model> validation_graph(const graph::Model& original,
-                                               const TrainConfig& c, passes::LossKind kind,
+std::unique_ptr<graph::Model> validation_graph(const graph::Model& original, const TrainConfig& c,
+                                               passes::LossKind kind,
                                                const std::map<std::string, Tensor>& state,
                                                std::vector<std::string>& fed_state) {
   std::unique_ptr<graph::Model> m = original.clone();
@@ -160,11 +161,17 @@ ValResult evaluate(runtime::InferenceSession& s, const std::vector<std::string>&
   return out;
 }
 
-std::string f2s(double v) { return cat(v); }
+std::string f2s(double v) {
+  return cat(v);
+}
 
 // Exact text of a double (checkpointed running sums must resume bit for bit).
-std::string bits_of(double v) { return std::to_string(std::bit_cast<uint64_t>(v)); }
-double from_bits(const std::string& s) { return std::bit_cast<double>(std::stoull(s)); }
+std::string bits_of(double v) {
+  return std::to_string(std::bit_cast<uint64_t>(v));
+}
+double from_bits(const std::string& s) {
+  return std::bit_cast<double>(std::stoull(s));
+}
 
 int64_t meta_int(const runtime::Checkpoint& c, const std::string& key, const std::string& path) {
   const std::string& v = c.meta(key);
@@ -312,6 +319,17 @@ void check_config(const TrainConfig& c) {
            "--output '", c.output, "' is the input model; choose another file");
   OT_CHECK(c.model_path.empty() || c.save_graph.empty() || !same_path(c.model_path, c.save_graph),
            "--save-graph '", c.save_graph, "' is the input model; choose another file");
+  for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--output", c.output},
+                                   {"--save-graph", c.save_graph},
+                                   {"--metrics-json", c.metrics_json},
+                                   {"--profile", c.profile}}) {
+    if (file.empty()) continue;
+    // A missing folder would only show after training, when the file is written.
+    const fs::path parent = fs::absolute(file).parent_path();
+    std::error_code ec;
+    OT_CHECK(fs::is_directory(parent, ec), flag, " '", file, "': folder '", parent.string(),
+             "' does not exist");
+  }
   OT_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   OT_CHECK(c.epochs >= 1 && c.steps >= 0, "--epochs must be >= 1 and --steps >= 0");
   OT_CHECK(c.batch_size >= 1 && c.global_batch >= 0, "batch sizes must be >= 1");
@@ -358,7 +376,8 @@ TrainResult run_training(const TrainConfig& c) {
   const runtime::InputAdapter adapter =
       runtime::InputAdapter::for_dataset(data.train, input.dims, c.normalization);
   std::optional<runtime::InputAdapter> val_adapter;
-  if (data.val) val_adapter = runtime::InputAdapter::for_dataset(*data.val, input.dims, c.normalization);
+  if (data.val)
+    val_adapter = runtime::InputAdapter::for_dataset(*data.val, input.dims, c.normalization);
 
   TrainResult res;
   res.global_batch = c.global_batch > 0 ? c.global_batch : c.batch_size * c.replicas;
@@ -379,9 +398,8 @@ TrainResult run_training(const TrainConfig& c) {
     metrics = std::fopen(c.metrics_json.c_str(), "a");
     OT_CHECK(metrics, "--metrics-json '", c.metrics_json, "': ", std::strerror(errno));
   }
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_owner(metrics, [](std::FILE* f) {
-    return f ? std::fclose(f) : 0;
-  });
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_owner(
+      metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
   if (!c.checkpoint_dir.empty()) {
     std::error_code ec;
     fs::create_directories(c.checkpoint_dir, ec);
@@ -413,9 +431,19 @@ TrainResult run_training(const TrainConfig& c) {
     acc = rp.accum;
   }
 
-  PlanFacts plan{c.model_path, input.name, input.dims, info.prepared.logits, classes,
-                 data.train.name(), data.train.size(), data.val ? data.val->name() : "",
-                 data.val ? data.val->size() : 0, adapter.describe(), info, res, epochs,
+  PlanFacts plan{c.model_path,
+                 input.name,
+                 input.dims,
+                 info.prepared.logits,
+                 classes,
+                 data.train.name(),
+                 data.train.size(),
+                 data.val ? data.val->name() : "",
+                 data.val ? data.val->size() : 0,
+                 adapter.describe(),
+                 info,
+                 res,
+                 epochs,
                  std::max(1, so.threads / c.replicas)};
   print_plan(c, plan);
 
@@ -440,9 +468,9 @@ TrainResult run_training(const TrainConfig& c) {
     acc.steps += 1;
     acc.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     const int64_t epoch = s / spe + 1;
-    progress.step(epoch, s % spe + 1, acc.seconds, acc.loss_sum / static_cast<double>(acc.examples),
-                  ce ? std::optional<double>(acc.correct / static_cast<double>(acc.examples))
-                     : std::nullopt);
+    progress.step(
+        epoch, s % spe + 1, acc.seconds, acc.loss_sum / static_cast<double>(acc.examples),
+        ce ? std::optional<double>(acc.correct / static_cast<double>(acc.examples)) : std::nullopt);
     const bool epoch_end = (s + 1) % spe == 0 || s + 1 == res.total_steps;
     if (epoch_end) {
       EpochMetrics m;

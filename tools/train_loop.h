@@ -40,8 +40,8 @@ struct TrainConfig {
   bool sync_batchnorm = false;
   double bucket_mb = 25;
   // Files.
-  std::string output;       // trained inference model
-  std::string save_graph;   // the training graph, written before training
+  std::string output;      // trained inference model
+  std::string save_graph;  // the training graph, written before training
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0 = at the end of every epoch
   bool resume = false;
@@ -58,9 +58,9 @@ struct EpochMetrics {
   int64_t steps = 0;  // steps run in this epoch
   int64_t examples = 0;
   double seconds = 0;
-  double loss = 0;                    // mean over the epoch's examples
-  std::optional<double> accuracy;     // cross-entropy only
-  std::optional<double> val_loss;     // with validation
+  double loss = 0;                 // mean over the epoch's examples
+  std::optional<double> accuracy;  // cross-entropy only
+  std::optional<double> val_loss;  // with validation
   std::optional<double> val_accuracy;
 };
 

@@ -82,11 +82,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
 
 std::string epoch_line(const EpochMetrics& m, int64_t epochs) {
   const double sec = m.seconds > 0 ? m.seconds : 1e-9;
-  std::string s = cat("Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", m.steps, "  ",
-                      fmt("%.1fs", m.seconds), "  ",
-                      per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))),
-                      "  ", fmt("%.0f img/s", static_cast<double>(m.examples) / sec),
-                      "  loss ", fmt("%.4f", m.loss));
+  std::string s = cat(
+      "Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", m.steps, "  ", fmt("%.1fs", m.seconds),
+      "  ", per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))), "  ",
+      fmt("%.0f img/s", static_cast<double>(m.examples) / sec), "  loss ", fmt("%.4f", m.loss));
   if (m.accuracy) s += "  accuracy " + fmt("%.4f", *m.accuracy);
   if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
   if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);
@@ -104,8 +103,7 @@ std::string metrics_json(const EpochMetrics& m) {
 
 void write_metrics_line(std::FILE* f, const EpochMetrics& m) {
   const std::string line = metrics_json(m) + "\n";
-  OT_CHECK(std::fputs(line.c_str(), f) >= 0 && std::fflush(f) == 0,
-           "--metrics-json: write failed");
+  OT_CHECK(std::fputs(line.c_str(), f) >= 0 && std::fflush(f) == 0, "--metrics-json: write failed");
 }
 
 void Progress::step(int64_t epoch, int64_t step_in_epoch, double seconds, double loss,
@@ -120,9 +118,9 @@ void Progress::step(int64_t epoch, int64_t step_in_epoch, double seconds, double
   if (done < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - done - 1), '.');
   const double eta = seconds / static_cast<double>(step_in_epoch) *
                      static_cast<double>(steps_per_epoch_ - step_in_epoch);
-  std::string line = cat("\r\033[KEpoch ", epoch, "/", epochs_, "  ", step_in_epoch, "/",
-                         steps_per_epoch_, " [", bar, "]  ETA ", fmt("%.0fs", eta), "  loss ",
-                         fmt("%.4f", loss));
+  std::string line =
+      cat("\r\033[KEpoch ", epoch, "/", epochs_, "  ", step_in_epoch, "/", steps_per_epoch_, " [",
+          bar, "]  ETA ", fmt("%.0fs", eta), "  loss ", fmt("%.4f", loss));
   if (accuracy) line += "  accuracy " + fmt("%.4f", *accuracy);
   std::fputs(line.c_str(), log_);
   std::fflush(log_);

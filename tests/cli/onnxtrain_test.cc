@@ -106,9 +106,8 @@ class OnnxtrainTest : public ::testing::Test {
 TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   const std::string model = small_mlp();
   RunResult r = train({model, "--data", "synthetic:5656", "--val-data", "synthetic:300",
-                       "--batch-size", "64", "--threads", "1", "--metrics-json",
-                       path("m.jsonl"), "--save-graph", path("train_graph.onnx"), "--profile",
-                       path("trace.json")});
+                       "--batch-size", "64", "--threads", "1", "--metrics-json", path("m.jsonl"),
+                       "--save-graph", path("train_graph.onnx"), "--profile", path("trace.json")});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   // The training graph re-imports with its optimizer updates; the trace is one JSON document.
   auto tg = graph::import_onnx_file(path("train_graph.onnx"));
@@ -139,8 +138,8 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   EXPECT_TRUE(cli_test::is_valid_json(lines[0], &why)) << why << ": " << lines[0];
   EXPECT_EQ(json_number(lines[0], "epoch"), 1.0);
   EXPECT_EQ(json_number(lines[0], "steps"), 89.0);
-  for (const char* key : {"seconds", "images_per_sec", "loss", "accuracy", "val_loss",
-                          "val_accuracy"})
+  for (const char* key :
+       {"seconds", "images_per_sec", "loss", "accuracy", "val_loss", "val_accuracy"})
     EXPECT_TRUE(json_number(lines[0], key).has_value()) << key << " in " << lines[0];
   // Random labels over 10 classes: the accuracies are fractions, the loss near ln 10.
   EXPECT_NEAR(*json_number(lines[0], "loss"), std::log(10.0), 0.3);
@@ -162,8 +161,7 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
 TEST_F(OnnxtrainTest, TwoReplicasHalveTheSteps) {
   const std::string model = small_mlp();
   RunResult r = train({model, "--replicas", "2", "--data", "synthetic:5656", "--val-data", "none",
-                       "--batch-size", "64", "--threads", "2", "--metrics-json",
-                       path("m.jsonl")});
+                       "--batch-size", "64", "--threads", "2", "--metrics-json", path("m.jsonl")});
   if (r.rc != 0 && r.err.find("not wired into onnxtrain yet") != std::string::npos)
     GTEST_SKIP() << "replicas > 1 not available yet: " << r.err;
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -233,11 +231,27 @@ TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
   make(kN, "x.npy", "y.npy");
   make(kVal, "xv.npy", "yv.npy");
   const std::string model = zoo("linear", {"--input", "4", "--classes", "2"}, "linear.onnx");
-  RunResult r = train({model, "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
-                       "--val-data", "npy:" + path("xv.npy") + "," + path("yv.npy"), "--loss",
-                       "mse", "--optimizer", "sgd", "--lr", "0.1", "--epochs", "40",
-                       "--batch-size", "32", "--threads", "1", "--output", path("fit.onnx"),
-                       "--metrics-json", path("m.jsonl")});
+  RunResult r = train({model,
+                       "--data",
+                       "npy:" + path("x.npy") + "," + path("y.npy"),
+                       "--val-data",
+                       "npy:" + path("xv.npy") + "," + path("yv.npy"),
+                       "--loss",
+                       "mse",
+                       "--optimizer",
+                       "sgd",
+                       "--lr",
+                       "0.1",
+                       "--epochs",
+                       "40",
+                       "--batch-size",
+                       "32",
+                       "--threads",
+                       "1",
+                       "--output",
+                       path("fit.onnx"),
+                       "--metrics-json",
+                       path("m.jsonl")});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "loss +mse on 'logits'")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "optimizer +sgd, lr 0.1, .*")) << r.out;
@@ -247,8 +261,8 @@ TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
   const double val_loss = json_number(lines.back(), "val_loss").value_or(-1);
 
   // onnxrun on the trained model, outputs compared with the exact targets in float64.
-  r = run_process({kOnnxrun, path("fit.onnx"), "--input", "input=" + path("xv.npy"),
-                   "--output-dir", path("out"), "--threads", "1"},
+  r = run_process({kOnnxrun, path("fit.onnx"), "--input", "input=" + path("xv.npy"), "--output-dir",
+                   path("out"), "--threads", "1"},
                   dir_);
   ASSERT_EQ(r.rc, 0) << r.err;
   const Tensor pred = runtime::read_npy(path("out/logits.npy"));
@@ -256,8 +270,8 @@ TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
   ASSERT_EQ(pred.dims(), truth.dims());
   double mse = 0;
   for (int64_t i = 0; i < pred.numel(); ++i) {
-    const double d =
-        static_cast<double>(pred.data_as<float>()[i]) - static_cast<double>(truth.data_as<float>()[i]);
+    const double d = static_cast<double>(pred.data_as<float>()[i]) -
+                     static_cast<double>(truth.data_as<float>()[i]);
     mse += d * d;
   }
   mse /= static_cast<double>(pred.numel());  // = mean over examples of the per-example mean
@@ -304,19 +318,34 @@ std::map<std::string, Tensor> initializers(const std::string& file) {
 TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
   const std::string model = small_mlp();
   // 2000 examples at 16: 125 steps per epoch, 3 epochs; Adam (moments and step count are state).
-  const std::vector<std::string> common = {
-      model, "--data", "synthetic:2000", "--val-data", "none", "--batch-size", "16", "--epochs",
-      "3", "--lr", "0.01", "--seed", "7", "--threads", "1", "--checkpoint-every", "4"};
+  const std::vector<std::string> common = {model,
+                                           "--data",
+                                           "synthetic:2000",
+                                           "--val-data",
+                                           "none",
+                                           "--batch-size",
+                                           "16",
+                                           "--epochs",
+                                           "3",
+                                           "--lr",
+                                           "0.01",
+                                           "--seed",
+                                           "7",
+                                           "--threads",
+                                           "1",
+                                           "--checkpoint-every",
+                                           "4"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = common;
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  RunResult full = train(with({"--checkpoint-dir", path("ck_full"), "--output", path("full.onnx")}));
+  RunResult full =
+      train(with({"--checkpoint-dir", path("ck_full"), "--output", path("full.onnx")}));
   ASSERT_EQ(full.rc, 0) << full.err;
 
-  std::vector<std::string> args = with({"--checkpoint-dir", path("ck"), "--output",
-                                        path("resumed.onnx")});
+  std::vector<std::string> args =
+      with({"--checkpoint-dir", path("ck"), "--output", path("resumed.onnx")});
   args.insert(args.begin(), kOnnxtrain);
   const pid_t pid = spawn(args, dir_ / "killed.out");
   ASSERT_GT(pid, 0);
@@ -341,8 +370,8 @@ TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
   const int64_t killed_at = runtime::list_checkpoints(path("ck")).back().step;
   EXPECT_LT(killed_at, 375);
 
-  RunResult resumed = train(with({"--checkpoint-dir", path("ck"), "--output",
-                                  path("resumed.onnx"), "--resume"}));
+  RunResult resumed =
+      train(with({"--checkpoint-dir", path("ck"), "--output", path("resumed.onnx"), "--resume"}));
   ASSERT_EQ(resumed.rc, 0) << resumed.err;
   EXPECT_TRUE(has_line_matching(resumed.out, ".*\\(resuming after step [0-9]+\\)")) << resumed.out;
   EXPECT_TRUE(has_line_matching(resumed.out, "Epoch 3/3  125/125  .*")) << resumed.out;
@@ -366,8 +395,9 @@ TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
 
 TEST_F(OnnxtrainTest, ResumeErrors) {
   const std::string model = small_mlp();
-  const std::vector<std::string> base = {model, "--data", "synthetic:64", "--val-data", "none",
-                                         "--threads", "1", "--checkpoint-dir", path("ck")};
+  const std::vector<std::string> base = {
+      model,       "--data", "synthetic:64",     "--val-data", "none",
+      "--threads", "1",      "--checkpoint-dir", path("ck")};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -393,7 +423,8 @@ TEST_F(OnnxtrainTest, ResumeErrors) {
 TEST_F(OnnxtrainTest, UsageErrorsExitWith2) {
   const std::string model = small_mlp();
   expect_error(train({model, "--bogus"}), 2, "unknown option '--bogus'");
-  expect_error(train({model, "--epochs", "two"}), 2, "--epochs: expected an integer >= 1, got 'two'");
+  expect_error(train({model, "--epochs", "two"}), 2,
+               "--epochs: expected an integer >= 1, got 'two'");
   expect_error(train({model, "--lr", "0.1x"}), 2, "--lr: expected a number > 0, got '0.1x'");
   expect_error(train({model, "--lr"}), 2, "--lr needs a value");
   expect_error(train({model, "--epochs", "2", "--steps", "5"}), 2, "either --epochs or --steps");
@@ -408,9 +439,7 @@ TEST_F(OnnxtrainTest, UsageErrorsExitWith2) {
 TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
   const std::string model = small_mlp();
   expect_error(train({path("missing.onnx")}), 1, "model file '.*missing.onnx' does not exist");
-  {
-    std::ofstream(path("garbage.onnx")) << "not a model";
-  }
+  { std::ofstream(path("garbage.onnx")) << "not a model"; }
   expect_error(train({path("garbage.onnx"), "--data", "synthetic:10"}), 1, "garbage.onnx");
   expect_error(train({model, "--data", "bogus:1"}), 1, "data spec 'bogus:1'");
   expect_error(train({model, "--sync-batchnorm"}), 1, "--sync-batchnorm is not supported yet");
@@ -421,19 +450,22 @@ TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
   runtime::write_npy(path("x.npy"), x);
   runtime::write_npy(path("y.npy"), y);
   fs::resize_file(path("x.npy"), fs::file_size(path("x.npy")) - 100);
-  RunResult r = train({model, "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
-                       "--val-data", "none", "--output", path("never.onnx")});
+  RunResult r = train({model, "--data", "npy:" + path("x.npy") + "," + path("y.npy"), "--val-data",
+                       "none", "--output", path("never.onnx")});
   expect_error(r, 1, "x\\.npy");
   EXPECT_FALSE(fs::exists(path("never.onnx")));
   EXPECT_EQ(r.out.find("Epoch"), std::string::npos);
+
+  expect_error(train({model, "--data", "synthetic:10", "--output", path("no/such/dir/t.onnx")}), 1,
+               "--output '.*t.onnx': folder '.*/no/such/dir' does not exist");
 
   // --output must not be the input model; the model file is left as it was.
   const std::string before = cli_test::read_file(model);
   expect_error(train({model, "--data", "synthetic:10", "--output", model}), 1,
                "--output '.*' is the input model");
-  expect_error(train({model, "--data", "synthetic:10", "--output",
-                      (dir_ / "." / "mlp.onnx").string()}),
-               1, "is the input model");
+  expect_error(
+      train({model, "--data", "synthetic:10", "--output", (dir_ / "." / "mlp.onnx").string()}), 1,
+      "is the input model");
   EXPECT_EQ(cli_test::read_file(model), before);
 }
 
