@@ -11,7 +11,9 @@
 #include <string_view>
 
 #include "graph/error.h"
+#include "runtime/data/dataset.h"
 #include "runtime/data/transform.h"
+#include "runtime/lr_schedule.h"
 #include "tools/cli_main.h"
 #include "tools/train_loop.h"
 
@@ -79,8 +81,8 @@ files:
   --version               print the version
 
 exit status: 0 success, 1 the model, data, checkpoint or a file could not be used (one
-             line on stderr), 2 usage error (unknown option, missing or bad value,
-             conflicting options)
+             line on stderr), 2 usage error (unknown option, missing or bad value, a
+             malformed --data/--val-data/--lr-schedule spec, conflicting options)
 )";
 
 class UsageError : public Error {
@@ -276,10 +278,22 @@ Args parse_args(int argc, char** argv) {
   }
   // `sgd` is plain SGD (momentum 0); an explicit --momentum > 0 makes it the momentum optimizer.
   if (c.graph.optimizer.kind == passes::OptimizerKind::kSgd) {
-    if (a.momentum_given && c.graph.optimizer.momentum > 0)
+    if (a.momentum_given && c.graph.optimizer.momentum > 0) {
       c.graph.optimizer.kind = passes::OptimizerKind::kMomentum;
-    else
+      c.optimizer_name = "momentum";
+    } else {
       c.graph.optimizer.momentum = 0;
+    }
+  }
+  // Pure syntax of the specs: a malformed one is a usage error like a bad number.
+  try {
+    runtime::parse_lr_schedule(c.lr_schedule, c.lr);
+    runtime::parse_data_spec(c.data);
+    if (!c.val_data.empty() && c.val_data != "none") runtime::parse_data_spec(c.val_data);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    usage_fail(e.what());
   }
   return a;
 }

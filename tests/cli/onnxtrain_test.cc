@@ -434,6 +434,10 @@ TEST_F(OnnxtrainTest, UsageErrorsExitWith2) {
   expect_error(train({model, "--resume"}), 2, "--resume needs --checkpoint-dir");
   expect_error(train({"--epochs", "1"}), 2, "no model given");
   expect_error(train({model, model}), 2, "unexpected argument");
+  // Malformed specs are usage errors too; a spec naming a missing file is not (exit 1, below).
+  expect_error(train({model, "--data", "bogus:1"}), 2, "data spec 'bogus:1'");
+  expect_error(train({model, "--val-data", "synthetic:x"}), 2, "synthetic:x");
+  expect_error(train({model, "--lr-schedule", "cosine:x"}), 2, "lr schedule 'cosine:x'");
 }
 
 TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
@@ -441,8 +445,9 @@ TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
   expect_error(train({path("missing.onnx")}), 1, "model file '.*missing.onnx' does not exist");
   { std::ofstream(path("garbage.onnx")) << "not a model"; }
   expect_error(train({path("garbage.onnx"), "--data", "synthetic:10"}), 1, "garbage.onnx");
-  expect_error(train({model, "--data", "bogus:1"}), 1, "data spec 'bogus:1'");
   expect_error(train({model, "--sync-batchnorm"}), 1, "--sync-batchnorm is not supported yet");
+  expect_error(train({model, "--data", "mnist:" + path("no_such_dir"), "--val-data", "none"}), 1,
+               "no_such_dir");
 
   // A truncated .npy: the error names the file.
   Tensor x(DataType::kFloat, {32, 16});
