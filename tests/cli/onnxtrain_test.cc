@@ -292,6 +292,117 @@ TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
   EXPECT_GT(mse0 / static_cast<double>(pred0.numel()), 0.1);
 }
 
+std::map<std::string, Tensor> initializers(const std::string& file) {
+  std::map<std::string, Tensor> out;
+  auto m = graph::import_onnx_file(file);
+  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
+  return out;
+}
+
+// x[N,4] -> Gemm(8) -> BatchNormalization -> Relu -> Gemm(3) -> logits[N,3]: a BN model small
+// enough for a test, with seeded random weights.
+std::unique_ptr<graph::Model> make_bn_mlp() {
+  using graph::Attribute;
+  using graph::Dim;
+  using graph::Shape;
+  using graph::ValueType;
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-0.6f, 0.6f);
+  auto rnd = [&](std::vector<int64_t> dims) {
+    Tensor t(DataType::kFloat, std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = u(gen);
+    return t;
+  };
+  auto fill = [](std::vector<int64_t> dims, float v) {
+    Tensor t(DataType::kFloat, std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = v;
+    return t;
+  };
+  graph::Value* x =
+      g.add_input("x", ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("N"), Dim::known(4)}));
+  graph::Node* g1 = g.add_node(
+      "Gemm", {x, g.add_initializer("fc1.w", rnd({8, 4})), g.add_initializer("fc1.b", rnd({8}))},
+      {"h"}, "fc1");
+  g1->set_attr(Attribute::make_int("transB", 1));
+  graph::Node* bn = g.add_node(
+      "BatchNormalization",
+      {g1->output(0), g.add_initializer("bn.scale", fill({8}, 1.0f)),
+       g.add_initializer("bn.bias", fill({8}, 0.0f)), g.add_initializer("bn.mean", fill({8}, 0.0f)),
+       g.add_initializer("bn.var", fill({8}, 1.0f))},
+      {"hb"}, "bn");
+  bn->set_attr(Attribute::make_float("epsilon", 1e-5f));
+  graph::Node* r = g.add_node("Relu", {bn->output(0)}, {"hr"}, "relu");
+  graph::Node* g2 = g.add_node(
+      "Gemm",
+      {r->output(0), g.add_initializer("fc2.w", rnd({3, 8})), g.add_initializer("fc2.b", rnd({3}))},
+      {"logits"}, "fc2");
+  g2->set_attr(Attribute::make_int("transB", 1));
+  g2->output(0)->type = ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("N"), Dim::known(3)});
+  g.add_output(g2->output(0));
+  return m;
+}
+
+// Validation runs the inference graph (BN on running statistics) with the trained state: its
+// val_loss / val_accuracy equal what onnxrun computes from the --output model, in float64.
+TEST_F(OnnxtrainTest, ValidationOfABatchNormModelMatchesOnnxrunOnTheTrainedModel) {
+  graph::export_onnx_file(*make_bn_mlp(), path("bn.onnx"));
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto make = [&](int64_t n, const std::string& xf, const std::string& yf) {
+    Tensor x(DataType::kFloat, {n, 4});
+    std::vector<int64_t> y(static_cast<size_t>(n));
+    float* xp = x.mutable_data_as<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t d = 0; d < 4; ++d) xp[i * 4 + d] = 2.0f * dist(gen) + 1.0f;
+      // A learnable rule: which of three projections is largest.
+      const float s[3] = {xp[i * 4] + xp[i * 4 + 1], xp[i * 4 + 2] - xp[i * 4], xp[i * 4 + 3]};
+      y[static_cast<size_t>(i)] = std::max_element(s, s + 3) - s;
+    }
+    runtime::write_npy(path(xf), x);
+    runtime::write_npy(path(yf), Tensor::from_vector(DataType::kInt64, {n}, y));
+  };
+  make(96, "x.npy", "y.npy");
+  make(40, "xv.npy", "yv.npy");
+  RunResult r = train({path("bn.onnx"), "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
+                       "--val-data", "npy:" + path("xv.npy") + "," + path("yv.npy"), "--epochs",
+                       "3", "--batch-size", "16", "--lr", "0.01", "--threads", "1", "--output",
+                       path("bn_trained.onnx"), "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  // 8x4+8 + 8+8 (BN scale, bias) + 3x8+3 = 83; the running mean/var are state, not parameters.
+  EXPECT_TRUE(has_line_matching(r.out, "parameters +83 trainable in 6 tensors")) << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 3u);
+  const double val_loss = json_number(lines.back(), "val_loss").value_or(-1);
+  const double val_acc = json_number(lines.back(), "val_accuracy").value_or(-1);
+
+  // The running statistics were trained (the validation must feed them, not the initial 0/1).
+  const auto trained = initializers(path("bn_trained.onnx"));
+  EXPECT_GT(std::fabs(trained.at("bn.mean").data_as<float>()[0]), 1e-3);
+
+  r = run_process({kOnnxrun, path("bn_trained.onnx"), "--input", "x=" + path("xv.npy"),
+                   "--output-dir", path("out"), "--threads", "1"},
+                  dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const Tensor logits = runtime::read_npy(path("out/logits.npy"));
+  const Tensor labels = runtime::read_npy(path("yv.npy"));
+  ASSERT_EQ(logits.dims(), (std::vector<int64_t>{40, 3}));
+  double loss = 0, correct = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    const float* z = logits.data_as<float>() + i * 3;
+    const int64_t t = labels.data_as<int64_t>()[i];
+    const double mx = std::max({z[0], z[1], z[2]});
+    double se = 0;
+    for (int k = 0; k < 3; ++k) se += std::exp(static_cast<double>(z[k]) - mx);
+    loss += mx + std::log(se) - static_cast<double>(z[t]);
+    correct += (std::max_element(z, z + 3) - z) == t ? 1 : 0;
+  }
+  EXPECT_NEAR(val_loss, loss / 40, 1e-5 + 1e-4 * loss / 40);
+  EXPECT_NEAR(val_acc, correct / 40, 1e-9);
+}
+
 // ---------------------------------------------------------------- checkpoints
 
 pid_t spawn(const std::vector<std::string>& args, const fs::path& out) {
@@ -306,13 +417,6 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& out) {
   const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
-}
-
-std::map<std::string, Tensor> initializers(const std::string& file) {
-  std::map<std::string, Tensor> out;
-  auto m = graph::import_onnx_file(file);
-  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
-  return out;
 }
 
 TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
