@@ -80,12 +80,13 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fflush(f);
 }
 
-std::string epoch_line(const EpochMetrics& m, int64_t epochs) {
+std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_epoch) {
   const double sec = m.seconds > 0 ? m.seconds : 1e-9;
-  std::string s = cat(
-      "Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", m.steps, "  ", fmt("%.1fs", m.seconds),
-      "  ", per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))), "  ",
-      fmt("%.0f img/s", static_cast<double>(m.examples) / sec), "  loss ", fmt("%.4f", m.loss));
+  std::string s =
+      cat("Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", steps_per_epoch, "  ",
+          fmt("%.1fs", m.seconds), "  ",
+          per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))), "  ",
+          fmt("%.0f img/s", static_cast<double>(m.examples) / sec), "  loss ", fmt("%.4f", m.loss));
   if (m.accuracy) s += "  accuracy " + fmt("%.4f", *m.accuracy);
   if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
   if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);
@@ -128,7 +129,8 @@ void Progress::step(int64_t epoch, int64_t step_in_epoch, double seconds, double
 
 void Progress::epoch_done(const EpochMetrics& m) {
   last_draw_ = -1;
-  std::fprintf(log_, "%s%s\n", live_ ? "\r\033[K" : "", epoch_line(m, epochs_).c_str());
+  std::fprintf(log_, "%s%s\n", live_ ? "\r\033[K" : "",
+               epoch_line(m, epochs_, steps_per_epoch_).c_str());
   std::fflush(log_);
 }
 

@@ -33,7 +33,8 @@ struct PlanFacts {
 void print_plan(const TrainConfig& c, const PlanFacts& p);
 
 // "Epoch 2/3  45/45  60.1s  1.34s/step  2150 img/s  loss 0.4721  accuracy 0.8312  val_loss ..."
-std::string epoch_line(const EpochMetrics& m, int64_t epochs);
+// (a partial last epoch under --steps shows e.g. 20/1875).
+std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_epoch);
 // One JSON object (no newline): epoch, steps, seconds, images_per_sec, loss, accuracy,
 // val_loss, val_accuracy; null where absent or not finite.
 std::string metrics_json(const EpochMetrics& m);
