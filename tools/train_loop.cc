@@ -235,6 +235,17 @@ struct ResumePoint {
   EpochAccum accum;
 };
 
+// A run killed while writing a checkpoint leaves its temporary file (ckpt-<step>.otck.tmp.<pid>);
+// the resumed run owns the folder, so those go.
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("ckpt-") && name.find(".otck.tmp.") != std::string::npos)
+      fs::remove(e.path(), ec);
+  }
+}
+
 ResumePoint resume_from(const TrainConfig& c, runtime::DataParallelSession& session,
                         const std::vector<std::pair<std::string, std::string>>& opts,
                         const std::string& hash, int64_t steps_per_epoch) {
@@ -266,6 +277,7 @@ ResumePoint resume_from(const TrainConfig& c, runtime::DataParallelSession& sess
     t = *saved;
   }
   session.set_state(state);
+  remove_stale_temporaries(c.checkpoint_dir);
   ResumePoint r;
   r.step = meta_int(ck, "step", path);
   OT_CHECK(meta_int(ck, "loader_epoch", path) == r.step / steps_per_epoch &&
@@ -311,7 +323,7 @@ void check_config(const TrainConfig& c) {
            "--sync-batchnorm is not supported yet (the runtime has no cross-replica "
            "BatchNormalization); leave it out to use per-replica batch statistics");
   // TODO(lead): build_training_graph replicates once passes::TrainingOptions has `replicas`,
-  // `devices` and `bucket_mb` (helper-replicate); then set them below and drop this check.
+  // `devices` and `bucket_mb` (helper-replicate); set them in run_training and drop this check.
   OT_CHECK(c.replicas == 1, "--replicas ", c.replicas,
            ": more than one replica is not wired into onnxtrain yet (the replicate pass has "
            "not landed); use --replicas 1");
@@ -350,7 +362,12 @@ TrainResult run_training(const TrainConfig& c) {
       model_bytes, c.model_path, fs::path(c.model_path).parent_path().string());
   const ModelInput input = model_input(*original, c.model_path);
   auto training_graph = original->clone();
-  passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, c.graph);
+  passes::TrainingOptions topts = c.graph;
+  // TODO(lead): when passes::TrainingOptions gains them (helper-replicate), set
+  //   topts.replicas = c.replicas; topts.devices = {"cpu:0", ..., "cpu:<R-1>"};
+  //   topts.bucket_mb = c.bucket_mb;
+  // and drop the replicas == 1 check in check_config.
+  passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, topts);
   const bool ce = info.loss.kind == passes::LossKind::kCrossEntropy;
   const std::vector<int64_t> out_dims = output_dims(*training_graph, info.prepared.logits);
   const int64_t classes = ce && !out_dims.empty() ? out_dims.back() : 0;
@@ -431,20 +448,20 @@ TrainResult run_training(const TrainConfig& c) {
     acc = rp.accum;
   }
 
-  PlanFacts plan{c.model_path,
-                 input.name,
-                 input.dims,
-                 info.prepared.logits,
-                 classes,
-                 data.train.name(),
-                 data.train.size(),
-                 data.val ? data.val->name() : "",
-                 data.val ? data.val->size() : 0,
-                 adapter.describe(),
-                 info,
-                 res,
-                 epochs,
-                 std::max(1, so.threads / c.replicas)};
+  const PlanFacts plan{.model_path = c.model_path,
+                       .input_name = input.name,
+                       .input_dims = input.dims,
+                       .output_name = info.prepared.logits,
+                       .classes = classes,
+                       .train_name = data.train.name(),
+                       .train_examples = data.train.size(),
+                       .val_name = data.val ? data.val->name() : "",
+                       .val_examples = data.val ? data.val->size() : 0,
+                       .adapter = adapter.describe(),
+                       .info = info,
+                       .result = res,
+                       .epochs = epochs,
+                       .threads_per_replica = std::max(1, so.threads / c.replicas)};
   print_plan(c, plan);
 
   runtime::LoaderOptions tl;

@@ -521,9 +521,13 @@ TEST_F(OnnxtrainTest, ResumeErrors) {
   expect_error(train(with({"--lr", "0.02", "--resume"})), 1,
                "ckpt-1\\.otck was written with different options \\(lr '0.01' -> '0.02'\\)");
   expect_error(train(with({"--lr", "0.01", "--seed", "3", "--resume"})), 1, "seed '0' -> '3'");
-  // Same options: resumes (nothing left to do) and succeeds.
+  // Same options: resumes (nothing left to do) and succeeds, removing what a kill mid-write
+  // left behind.
+  { std::ofstream(path("ck/ckpt-2.otck.tmp.12345")) << "partial"; }
   r = train(with({"--lr", "0.01", "--resume"}));
   EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(fs::exists(path("ck/ckpt-2.otck.tmp.12345")));
+  EXPECT_TRUE(fs::exists(path("ck/ckpt-1.otck")));
   // A corrupt newest checkpoint is skipped in favour of none: the error says what was skipped.
   fs::resize_file(path("ck/ckpt-1.otck"), 40);
   expect_error(train(with({"--lr", "0.01", "--resume"})), 1, "no readable checkpoint.*skipped");
