@@ -87,9 +87,9 @@ ModelInput model_input(const graph::Model& m, const std::string& path) {
   fail(path, ": the model has no input to feed (every graph input has an initializer)");
 }
 
-// Dims past the batch of `name` in the typed training graph; empty when unknown.
-std::vector<int64_t> output_dims(const graph::Model& tg, const std::string& name) {
-  const graph::Value* v = tg.graph->find_value(name);
+// Dims past the batch of `name` in a typed model; empty when unknown.
+std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name) {
+  const graph::Value* v = m.graph->find_value(name);
   std::vector<int64_t> dims;
   if (!v || !v->shape()) return dims;
   for (size_t i = 1; i < v->shape()->size(); ++i) {
@@ -320,13 +320,8 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
 void check_config(const TrainConfig& c) {
   OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
   OT_CHECK(!c.sync_batchnorm,
-           "--sync-batchnorm is not supported yet (the runtime has no cross-replica "
-           "BatchNormalization); leave it out to use per-replica batch statistics");
-  // TODO(lead): build_training_graph replicates once passes::TrainingOptions has `replicas`,
-  // `devices` and `bucket_mb` (helper-replicate); set them in run_training and drop this check.
-  OT_CHECK(c.replicas == 1, "--replicas ", c.replicas,
-           ": more than one replica is not wired into onnxtrain yet (the replicate pass has "
-           "not landed); use --replicas 1");
+           "--sync-batchnorm is not supported yet (build_training_graph has no option for "
+           "cross-replica BatchNormalization); leave it out to use per-replica batch statistics");
   OT_CHECK(c.model_path.empty() || c.output.empty() || !same_path(c.model_path, c.output),
            "--output '", c.output, "' is the input model; choose another file");
   OT_CHECK(c.model_path.empty() || c.save_graph.empty() || !same_path(c.model_path, c.save_graph),
@@ -363,13 +358,15 @@ TrainResult run_training(const TrainConfig& c) {
   const ModelInput input = model_input(*original, c.model_path);
   auto training_graph = original->clone();
   passes::TrainingOptions topts = c.graph;
-  // TODO(lead): when passes::TrainingOptions gains them (helper-replicate), set
-  //   topts.replicas = c.replicas; topts.devices = {"cpu:0", ..., "cpu:<R-1>"};
-  //   topts.bucket_mb = c.bucket_mb;
-  // and drop the replicas == 1 check in check_config.
+  topts.replicas = c.replicas;
+  for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(cat("cpu:", k));
+  topts.bucket_mb = c.bucket_mb;
   passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, topts);
   const bool ce = info.loss.kind == passes::LossKind::kCrossEntropy;
-  const std::vector<int64_t> out_dims = output_dims(*training_graph, info.prepared.logits);
+  // The trained output's dims from the typed inference model (replicated graphs rename it).
+  std::unique_ptr<graph::Model> typed = original->clone();
+  passes::infer_shapes(*typed);
+  const std::vector<int64_t> out_dims = output_dims(*typed, info.prepared.logits);
   const int64_t classes = ce && !out_dims.empty() ? out_dims.back() : 0;
   if (!c.save_graph.empty()) graph::export_onnx_file(*training_graph, c.save_graph);
 

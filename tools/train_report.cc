@@ -33,6 +33,10 @@ std::string per_step(double seconds) {
   return seconds >= 1 ? fmt("%.2fs/step", seconds) : fmt("%.0fms/step", seconds * 1e3);
 }
 
+std::string mib(int64_t bytes) {
+  return fmt("%.3g MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
 std::string loss_name(passes::LossKind k) {
   return k == passes::LossKind::kCrossEntropy ? "cross-entropy" : "mse";
 }
@@ -72,6 +76,13 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "loss        %s on '%s'\n", loss_name(p.info.loss.kind).c_str(),
                p.output_name.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
+  if (c.replicas > 1) {
+    int64_t bytes = 0;
+    for (int64_t b : p.info.buckets.bytes) bytes += b;
+    std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
+                 p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
+                 mib(bytes).c_str(), c.bucket_mb);
+  }
   if (p.val_name.empty())
     std::fprintf(f, "validation  none\n");
   else
