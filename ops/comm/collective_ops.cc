@@ -99,11 +99,15 @@ void infer_all_reduce(InferenceContext& ctx) {
   OT_CHECK(n >= 1 && n == ctx.node.outputs().size() && n % static_cast<size_t>(r) == 0, ctx.where(),
            ": expected replicas x G inputs and as many outputs (replicas ", r, "), got ", n,
            " inputs and ", ctx.node.outputs().size(), " outputs");
-  // Inputs are replica-major: input k*G + i is tensor i of replica k.
+  // Inputs are replica-major: input k*G + i is tensor i of replica k. A replica's executor sees
+  // only its own slots (the runtime omits the others), so absent slots are skipped.
   const size_t per_replica = n / static_cast<size_t>(r);
   for (size_t i = 0; i < n; ++i) {
+    if (!ctx.input_type(i)) continue;
     const ValueType& t = tensor_input(ctx, i);
-    const ValueType& first = tensor_input(ctx, i % per_replica);
+    const ValueType* first_p = nullptr;
+    for (size_t j = i % per_replica; j < n && !first_p; j += per_replica) first_p = ctx.input_type(j);
+    const ValueType& first = *first_p;
     OT_CHECK(t.dtype == first.dtype, ctx.where(), ": input ", i, " is ",
              graph::dtype_short_name(t.dtype), " but replica 0's tensor ", i % per_replica, " is ",
              graph::dtype_short_name(first.dtype));
