@@ -68,6 +68,13 @@ std::vector<std::string> words(const std::string& s) {
   return out;
 }
 
+std::map<std::string, Tensor> initializers(const std::string& file) {
+  std::map<std::string, Tensor> out;
+  auto m = graph::import_onnx_file(file);
+  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
+  return out;
+}
+
 class OnnxtrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -167,19 +174,55 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   EXPECT_FALSE(json_number(lines[1], "val_accuracy").has_value());
 }
 
-TEST_F(OnnxtrainTest, TwoReplicasHalveTheSteps) {
+TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch) {
   const std::string model = small_mlp();
-  RunResult r = train({model, "--replicas", "2", "--data", "synthetic:5656", "--val-data", "none",
-                       "--batch-size", "64", "--threads", "2", "--metrics-json", path("m.jsonl")});
-  if (r.rc != 0 && r.err.find("not wired into onnxtrain yet") != std::string::npos)
-    GTEST_SKIP() << "replicas > 1 not available yet: " << r.err;
+  RunResult r =
+      train({model, "--replicas", "2", "--data", "synthetic:5656", "--val-data", "synthetic:300",
+             "--batch-size", "64", "--threads", "2", "--metrics-json", path("m.jsonl")});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has_line_matching(r.out, "replicas +2 \\(cpu:0, cpu:1\\)")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "batch +64 per replica, 128 global")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "steps +45 steps per epoch.*")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "allreduce +[0-9]+ buckets?, .*")) << r.out;
   std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(json_number(lines[0], "steps"), 45.0);
+  EXPECT_TRUE(json_number(lines[0], "val_accuracy").has_value());
+
+  // 2 replicas x 64 and 1 replica x 128 compute the same global-batch mean gradient, so the
+  // weights agree to float tolerance: 8 steps = one epoch of synthetic:1000 at 128, whose last
+  // batch has 104 rows (52 per replica).
+  const std::vector<std::string> common = words(
+      "--data synthetic:1000 --val-data none --steps 8 --optimizer momentum --lr 0.05 --seed 4");
+  auto run = [&](std::vector<std::string> extra, const std::string& out) {
+    std::vector<std::string> a = {model};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult rr = train(a);
+    EXPECT_EQ(rr.rc, 0) << rr.err;
+  };
+  run(words("--replicas 1 --global-batch-size 128 --threads 1"), "r1.onnx");
+  run(words("--replicas 2 --batch-size 64 --threads 2"), "r2.onnx");
+  const auto a = initializers(path("r1.onnx"));
+  const auto b = initializers(path("r2.onnx"));
+  const auto base = initializers(model);
+  ASSERT_EQ(a.size(), b.size());
+  double moved = 0;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.dims(), u.dims()) << name;
+    if (t.dtype() != DataType::kFloat) continue;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.data_as<float>()[i], y = u.data_as<float>()[i];
+      EXPECT_NEAR(x, y, 1e-5 * std::max(std::fabs(x), std::fabs(y)) + 1e-7)
+          << name << "[" << i << "]";
+      moved =
+          std::max(moved, std::fabs(x - static_cast<double>(base.at(name).data_as<float>()[i])));
+    }
+  }
+  EXPECT_GT(moved, 1e-3) << "training did not move the weights";
 }
 
 TEST_F(OnnxtrainTest, StepsMakeAPartialLastEpochInProcess) {
@@ -308,13 +351,6 @@ TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
     mse0 += d * d;
   }
   EXPECT_GT(mse0 / static_cast<double>(pred0.numel()), 0.1);
-}
-
-std::map<std::string, Tensor> initializers(const std::string& file) {
-  std::map<std::string, Tensor> out;
-  auto m = graph::import_onnx_file(file);
-  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
-  return out;
 }
 
 // x[N,4] -> Gemm(8) -> BatchNormalization -> Relu -> Gemm(3) -> logits[N,3]: a BN model small
