@@ -223,6 +223,23 @@ TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch
     }
   }
   EXPECT_GT(moved, 1e-3) << "training did not move the weights";
+
+  // Resuming a 2-replica run from its epoch-1 checkpoint writes the same model file as the
+  // uninterrupted 2-epoch run (every state tensor restored on both replicas).
+  auto run2 = [&](const std::string& extra, const std::string& out) {
+    std::vector<std::string> a = words(
+        "--data synthetic:1000 --val-data none --replicas 2 --batch-size 64 --threads 2 "
+        "--optimizer adam --lr 1e-3 " +
+        extra);
+    a.insert(a.begin(), model);
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult rr = train(a);
+    EXPECT_EQ(rr.rc, 0) << rr.err;
+  };
+  run2("--epochs 2", "full2.onnx");
+  run2("--epochs 1 --checkpoint-dir " + path("ck2"), "half2.onnx");
+  run2("--epochs 2 --resume --checkpoint-dir " + path("ck2"), "resumed2.onnx");
+  EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("resumed2.onnx")));
 }
 
 TEST_F(OnnxtrainTest, StepsMakeAPartialLastEpochInProcess) {
