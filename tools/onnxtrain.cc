@@ -75,7 +75,7 @@ files:
   --checkpoint-every N    every N steps (default: at the end of every epoch)
   --resume                continue from the newest checkpoint in --checkpoint-dir
   --metrics-json FILE     append one JSON object per epoch
-  --profile FILE          Chrome trace of the executed kernels
+  --profile FILE          Chrome trace of the executed kernels (FILE.r<k> per replica)
 
   -h, --help              this text
   --version               print the version
