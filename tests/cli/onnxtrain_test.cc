@@ -1,0 +1,656 @@
+// End-to-end tests of onnxtrain: zoo models (onnxzoo) trained on synthetic and .npy data by the
+// built binary — steps per epoch, the plan, epoch lines and metrics JSON, a linear fit checked
+// through onnxrun, resume after SIGKILL bit for bit, and every error path's exit code + message.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "graph/onnx_io.h"
+#include "graph/tensor.h"
+#include "runtime/checkpoint.h"
+#include "runtime/npy.h"
+#include "tests/cli/cli_support.h"
+#include "tools/train_loop.h"
+
+extern char** environ;
+
+namespace onnxtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using cli_test::has_line_matching;
+using cli_test::lines_of;
+using cli_test::run_process;
+using cli_test::RunResult;
+using graph::DataType;
+using graph::Tensor;
+
+const std::string kOnnxtrain = ONNXTRAIN_BIN_DIR "/onnxtrain";
+const std::string kOnnxzoo = ONNXTRAIN_BIN_DIR "/onnxzoo";
+const std::string kOnnxrun = ONNXTRAIN_BIN_DIR "/onnxrun";
+
+// The value of a number (or null) key in a one-line JSON object; nullopt when null. Fails the
+// test when the key is missing.
+std::optional<double> json_number(const std::string& line, const std::string& key) {
+  std::smatch m;
+  const std::regex re("\"" + key + "\": (null|-?[0-9.eE+-]+)");
+  if (!std::regex_search(line, m, re)) {
+    ADD_FAILURE() << "no key " << key << " in " << line;
+    return std::nullopt;
+  }
+  if (m[1] == "null") return std::nullopt;
+  return std::stod(m[1]);
+}
+
+// "a b c" -> {"a", "b", "c"}: long argument lists stay readable.
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+std::map<std::string, Tensor> initializers(const std::string& file) {
+  std::map<std::string, Tensor> out;
+  auto m = graph::import_onnx_file(file);
+  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
+  return out;
+}
+
+class OnnxtrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("onnxtrain_test_") + info->name() + "_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // onnxzoo NAME with args -> dir/file.
+  std::string zoo(const std::string& name, std::vector<std::string> args, const std::string& file) {
+    args.insert(args.begin(), {kOnnxzoo, name});
+    args.insert(args.end(), {"-o", path(file)});
+    RunResult r = run_process(args, dir_);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return path(file);
+  }
+  // A 16-input MLP (width 8, 10 classes): fast enough for hundreds of steps.
+  std::string small_mlp() { return zoo("mlp", {"--input", "16", "--width", "8"}, "mlp.onnx"); }
+
+  RunResult train(std::vector<std::string> args) {
+    args.insert(args.begin(), kOnnxtrain);
+    return run_process(args, dir_);
+  }
+  // The one-line error contract: "onnxtrain: error: ..." and nothing else on stderr.
+  static void expect_error(const RunResult& r, int rc, const std::string& pattern) {
+    EXPECT_EQ(r.rc, rc) << r.err;
+    EXPECT_EQ(r.err.rfind("onnxtrain: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(std::regex_search(r.err, std::regex(pattern))) << r.err << " !~ " << pattern;
+  }
+
+  fs::path dir_;
+};
+
+// ---------------------------------------------------------------- plan, epochs, metrics
+
+TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
+  const std::string model = small_mlp();
+  RunResult r = train({model, "--data", "synthetic:5656", "--val-data", "synthetic:300",
+                       "--batch-size", "64", "--threads", "1", "--metrics-json", path("m.jsonl"),
+                       "--save-graph", path("train_graph.onnx"), "--profile", path("trace.json")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  // The training graph re-imports with its optimizer updates; the trace is one JSON document.
+  auto tg = graph::import_onnx_file(path("train_graph.onnx"));
+  EXPECT_NE(tg->graph->find_value("loss"), nullptr);
+  EXPECT_NE(tg->graph->find_value("fc1.weight.updated"), nullptr);
+  std::string trace_why;
+  EXPECT_TRUE(cli_test::is_valid_json(cli_test::read_file(path("trace.json")), &trace_why))
+      << trace_why;
+  EXPECT_TRUE(has_line_matching(r.out, "replicas +1 \\(cpu:0\\)")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "batch +64 per replica, 64 global")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "data +synthetic:5656: 5656 examples.*")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "steps +89 steps per epoch, 1 epoch, 89 steps")) << r.out;
+  // mlp 16 -> 8 -> 8 -> 10: (16*8+8) + (8*8+8) + (8*10+10) = 298 parameters.
+  EXPECT_TRUE(has_line_matching(r.out, "parameters +298 trainable in 6 tensors")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "optimizer +adam, lr 0.0001, schedule constant")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "validation +synthetic:300.*: 300 examples")) << r.out;
+  // stdout is a file here: one plain line per epoch, no carriage returns.
+  EXPECT_EQ(r.out.find('\r'), std::string::npos);
+  EXPECT_TRUE(has_line_matching(
+      r.out,
+      "Epoch 1/1  89/89  [0-9.]+s  [0-9.]+m?s/step  [0-9]+ img/s  loss [0-9.]+  accuracy "
+      "[0-9.]+  val_loss [0-9.]+  val_accuracy [0-9.]+"))
+      << r.out;
+
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 1u);
+  std::string why;
+  EXPECT_TRUE(cli_test::is_valid_json(lines[0], &why)) << why << ": " << lines[0];
+  EXPECT_EQ(json_number(lines[0], "epoch"), 1.0);
+  EXPECT_EQ(json_number(lines[0], "steps"), 89.0);
+  for (const char* key :
+       {"seconds", "images_per_sec", "loss", "accuracy", "val_loss", "val_accuracy"})
+    EXPECT_TRUE(json_number(lines[0], key).has_value()) << key << " in " << lines[0];
+  // Random labels over 10 classes: the accuracies are fractions, the loss near ln 10.
+  EXPECT_NEAR(*json_number(lines[0], "loss"), std::log(10.0), 0.3);
+  EXPECT_GE(*json_number(lines[0], "val_accuracy"), 0.0);
+  EXPECT_LE(*json_number(lines[0], "val_accuracy"), 1.0);
+
+  // --metrics-json appends: a second run adds its line.
+  r = train({model, "--data", "synthetic:100", "--val-data", "none", "--threads", "1",
+             "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(cli_test::is_valid_json(lines[1], &why)) << why;
+  EXPECT_EQ(json_number(lines[1], "steps"), 2.0);  // ceil(100 / 64)
+  EXPECT_FALSE(json_number(lines[1], "val_loss").has_value());
+  EXPECT_FALSE(json_number(lines[1], "val_accuracy").has_value());
+}
+
+TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch) {
+  const std::string model = small_mlp();
+  RunResult r =
+      train({model, "--replicas", "2", "--data", "synthetic:5656", "--val-data", "synthetic:300",
+             "--batch-size", "64", "--threads", "2", "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has_line_matching(r.out, "replicas +2 \\(cpu:0, cpu:1\\)")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "batch +64 per replica, 128 global")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "steps +45 steps per epoch.*")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "allreduce +[0-9]+ buckets?, .*")) << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(json_number(lines[0], "steps"), 45.0);
+  EXPECT_TRUE(json_number(lines[0], "val_accuracy").has_value());
+
+  // 2 replicas x 64 and 1 replica x 128 compute the same global-batch mean gradient, so the
+  // weights agree to float tolerance: 8 steps = one epoch of synthetic:1000 at 128, whose last
+  // batch has 104 rows (52 per replica).
+  const std::vector<std::string> common = words(
+      "--data synthetic:1000 --val-data none --steps 8 --optimizer momentum --lr 0.05 --seed 4");
+  auto run = [&](std::vector<std::string> extra, const std::string& out) {
+    std::vector<std::string> a = {model};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult rr = train(a);
+    EXPECT_EQ(rr.rc, 0) << rr.err;
+  };
+  run(words("--replicas 1 --global-batch-size 128 --threads 1"), "r1.onnx");
+  run(words("--replicas 2 --batch-size 64 --threads 2"), "r2.onnx");
+  const auto a = initializers(path("r1.onnx"));
+  const auto b = initializers(path("r2.onnx"));
+  const auto base = initializers(model);
+  ASSERT_EQ(a.size(), b.size());
+  double moved = 0;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.dims(), u.dims()) << name;
+    if (t.dtype() != DataType::kFloat) continue;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.data_as<float>()[i], y = u.data_as<float>()[i];
+      EXPECT_NEAR(x, y, 1e-5 * std::max(std::fabs(x), std::fabs(y)) + 1e-7)
+          << name << "[" << i << "]";
+      moved =
+          std::max(moved, std::fabs(x - static_cast<double>(base.at(name).data_as<float>()[i])));
+    }
+  }
+  EXPECT_GT(moved, 1e-3) << "training did not move the weights";
+
+  // Resuming a 2-replica run from its epoch-1 checkpoint writes the same model file as the
+  // uninterrupted 2-epoch run (every state tensor restored on both replicas).
+  auto run2 = [&](const std::string& extra, const std::string& out) {
+    std::vector<std::string> a = words(
+        "--data synthetic:1000 --val-data none --replicas 2 --batch-size 64 --threads 2 "
+        "--optimizer adam --lr 1e-3 " +
+        extra);
+    a.insert(a.begin(), model);
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult rr = train(a);
+    EXPECT_EQ(rr.rc, 0) << rr.err;
+  };
+  run2("--epochs 2", "full2.onnx");
+  run2("--epochs 1 --checkpoint-dir " + path("ck2"), "half2.onnx");
+  run2("--epochs 2 --resume --checkpoint-dir " + path("ck2"), "resumed2.onnx");
+  EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("resumed2.onnx")));
+}
+
+TEST_F(OnnxtrainTest, StepsMakeAPartialLastEpochInProcess) {
+  const std::string model = small_mlp();
+  tools::TrainConfig c;
+  c.model_path = model;
+  c.data = "synthetic:200";
+  c.val_data = "none";
+  c.batch_size = 32;  // 7 steps per epoch
+  c.steps = 10;
+  c.threads = 1;
+  std::FILE* log = std::tmpfile();
+  ASSERT_NE(log, nullptr);
+  c.log = log;
+  c.live = true;
+  tools::TrainResult res = tools::run_training(c);
+  EXPECT_EQ(res.steps_per_epoch, 7);
+  EXPECT_EQ(res.total_steps, 10);
+  ASSERT_EQ(res.epochs.size(), 2u);
+  EXPECT_EQ(res.epochs[0].steps, 7);
+  EXPECT_EQ(res.epochs[0].examples, 200);
+  EXPECT_EQ(res.epochs[1].steps, 3);
+  EXPECT_EQ(res.epochs[1].examples, 96);
+  std::rewind(log);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, log)) > 0;) text.append(buf, n);
+  std::fclose(log);
+  // A terminal gets the live line (redrawn with \r) and then the final epoch line.
+  EXPECT_NE(text.find("\r\033[KEpoch 1/2  "), std::string::npos) << text;
+  EXPECT_NE(text.find("Epoch 2/2  3/7  "), std::string::npos) << text;
+}
+
+TEST_F(OnnxtrainTest, FashionMnistDefaultsNormalizeAndValidateOnTheTestSplit) {
+  if (!fs::is_regular_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string model = zoo("cnn", {"--input", "1x28x28", "--width", "4"}, "cnn.onnx");
+  RunResult r = train({model, "--steps", "20", "--batch-size", "32", "--lr", "1e-3", "--threads",
+                       "1", "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_TRUE(has_line_matching(
+      r.out,
+      "data +fashion-mnist \\(train\\): 60000 examples, normalize mean=\\(0.286\\) "
+      "std=\\(0.353\\)"))
+      << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "steps +1875 steps per epoch, 1 epoch, 20 steps")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "validation +fashion-mnist \\(test\\): 10000 examples"))
+      << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "Epoch 1/1  20/1875  .*val_accuracy [0-9.]+")) << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(json_number(lines[0], "steps"), 20.0);
+  // 20 Adam steps at 1e-3 already beat chance (0.1) on the 10000 test images.
+  EXPECT_GT(json_number(lines[0], "val_accuracy").value_or(0), 0.15);
+}
+
+// ---------------------------------------------------------------- numerics
+
+// y = x W + b with a known W: plain SGD on MSE fits it, onnxrun on --output reproduces it, and
+// the reported val_loss is the MSE onnxrun's outputs give.
+TEST_F(OnnxtrainTest, LinearModelFitsNpyTargetsAndOnnxrunReproducesIt) {
+  constexpr int64_t kN = 256, kVal = 64, kD = 4, kOut = 2;
+  const float w[kD][kOut] = {{0.5f, -1.0f}, {2.0f, 0.25f}, {-0.75f, 1.5f}, {1.0f, -0.5f}};
+  const float b[kOut] = {0.3f, -0.2f};
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto make = [&](int64_t n, const std::string& xf, const std::string& yf) {
+    Tensor x(DataType::kFloat, {n, kD}), y(DataType::kFloat, {n, kOut});
+    float* xp = x.mutable_data_as<float>();
+    float* yp = y.mutable_data_as<float>();
+    for (int64_t i = 0; i < n * kD; ++i) xp[i] = dist(gen);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < kOut; ++o) {
+        double s = b[o];
+        for (int64_t d = 0; d < kD; ++d) s += static_cast<double>(xp[i * kD + d]) * w[d][o];
+        yp[i * kOut + o] = static_cast<float>(s);
+      }
+    runtime::write_npy(path(xf), x);
+    runtime::write_npy(path(yf), y);
+  };
+  make(kN, "x.npy", "y.npy");
+  make(kVal, "xv.npy", "yv.npy");
+  const std::string model = zoo("linear", {"--input", "4", "--classes", "2"}, "linear.onnx");
+  std::vector<std::string> args = words(
+      "--loss mse --optimizer sgd --lr 0.1 --epochs 40 "
+      "--batch-size 32 --threads 1");
+  args.insert(args.begin(), {model, "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
+                             "--val-data", "npy:" + path("xv.npy") + "," + path("yv.npy"),
+                             "--output", path("fit.onnx"), "--metrics-json", path("m.jsonl")});
+  RunResult r = train(args);
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "loss +mse on 'logits'")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "optimizer +sgd, lr 0.1, .*")) << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 40u);
+  EXPECT_FALSE(json_number(lines.back(), "accuracy").has_value());  // MSE: no accuracy
+  const double val_loss = json_number(lines.back(), "val_loss").value_or(-1);
+
+  // onnxrun on the trained model, outputs compared with the exact targets in float64.
+  r = run_process({kOnnxrun, path("fit.onnx"), "--input", "input=" + path("xv.npy"), "--output-dir",
+                   path("out"), "--threads", "1"},
+                  dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const Tensor pred = runtime::read_npy(path("out/logits.npy"));
+  const Tensor truth = runtime::read_npy(path("yv.npy"));
+  ASSERT_EQ(pred.dims(), truth.dims());
+  double mse = 0;
+  for (int64_t i = 0; i < pred.numel(); ++i) {
+    const double d = static_cast<double>(pred.data_as<float>()[i]) -
+                     static_cast<double>(truth.data_as<float>()[i]);
+    mse += d * d;
+  }
+  mse /= static_cast<double>(pred.numel());  // = mean over examples of the per-example mean
+  EXPECT_LT(mse, 1e-4);
+  EXPECT_NEAR(val_loss, mse, 1e-6 + 1e-3 * mse);
+  // The input model is untouched and far from the fit: the error above comes from training.
+  r = run_process({kOnnxrun, model, "--input", "input=" + path("xv.npy"), "--output-dir",
+                   path("out0"), "--threads", "1"},
+                  dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const Tensor pred0 = runtime::read_npy(path("out0/logits.npy"));
+  double mse0 = 0;
+  for (int64_t i = 0; i < pred0.numel(); ++i) {
+    const double d = static_cast<double>(pred0.data_as<float>()[i]) -
+                     static_cast<double>(truth.data_as<float>()[i]);
+    mse0 += d * d;
+  }
+  EXPECT_GT(mse0 / static_cast<double>(pred0.numel()), 0.1);
+}
+
+// x[N,4] -> Gemm(8) -> BatchNormalization -> Relu -> Gemm(3) -> logits[N,3]: a BN model small
+// enough for a test, with seeded random weights.
+std::unique_ptr<graph::Model> make_bn_mlp() {
+  using graph::Attribute;
+  using graph::Dim;
+  using graph::Shape;
+  using graph::ValueType;
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-0.6f, 0.6f);
+  auto rnd = [&](std::vector<int64_t> dims) {
+    Tensor t(DataType::kFloat, std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = u(gen);
+    return t;
+  };
+  auto fill = [](std::vector<int64_t> dims, float v) {
+    Tensor t(DataType::kFloat, std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = v;
+    return t;
+  };
+  graph::Value* x =
+      g.add_input("x", ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("N"), Dim::known(4)}));
+  graph::Node* g1 = g.add_node(
+      "Gemm", {x, g.add_initializer("fc1.w", rnd({8, 4})), g.add_initializer("fc1.b", rnd({8}))},
+      {"h"}, "fc1");
+  g1->set_attr(Attribute::make_int("transB", 1));
+  graph::Node* bn = g.add_node(
+      "BatchNormalization",
+      {g1->output(0), g.add_initializer("bn.scale", fill({8}, 1.0f)),
+       g.add_initializer("bn.bias", fill({8}, 0.0f)), g.add_initializer("bn.mean", fill({8}, 0.0f)),
+       g.add_initializer("bn.var", fill({8}, 1.0f))},
+      {"hb"}, "bn");
+  bn->set_attr(Attribute::make_float("epsilon", 1e-5f));
+  graph::Node* r = g.add_node("Relu", {bn->output(0)}, {"hr"}, "relu");
+  graph::Node* g2 = g.add_node(
+      "Gemm",
+      {r->output(0), g.add_initializer("fc2.w", rnd({3, 8})), g.add_initializer("fc2.b", rnd({3}))},
+      {"logits"}, "fc2");
+  g2->set_attr(Attribute::make_int("transB", 1));
+  g2->output(0)->type = ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("N"), Dim::known(3)});
+  g.add_output(g2->output(0));
+  return m;
+}
+
+// Validation runs the inference graph (BN on running statistics) with the trained state: its
+// val_loss / val_accuracy equal what onnxrun computes from the --output model, in float64.
+TEST_F(OnnxtrainTest, ValidationOfABatchNormModelMatchesOnnxrunOnTheTrainedModel) {
+  graph::export_onnx_file(*make_bn_mlp(), path("bn.onnx"));
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto make = [&](int64_t n, const std::string& xf, const std::string& yf) {
+    Tensor x(DataType::kFloat, {n, 4});
+    std::vector<int64_t> y(static_cast<size_t>(n));
+    float* xp = x.mutable_data_as<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t d = 0; d < 4; ++d) xp[i * 4 + d] = 2.0f * dist(gen) + 1.0f;
+      // A learnable rule: which of three projections is largest.
+      const float s[3] = {xp[i * 4] + xp[i * 4 + 1], xp[i * 4 + 2] - xp[i * 4], xp[i * 4 + 3]};
+      y[static_cast<size_t>(i)] = std::max_element(s, s + 3) - s;
+    }
+    runtime::write_npy(path(xf), x);
+    runtime::write_npy(path(yf), Tensor::from_vector(DataType::kInt64, {n}, y));
+  };
+  make(96, "x.npy", "y.npy");
+  make(40, "xv.npy", "yv.npy");
+  RunResult r = train({path("bn.onnx"), "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
+                       "--val-data", "npy:" + path("xv.npy") + "," + path("yv.npy"), "--epochs",
+                       "3", "--batch-size", "16", "--lr", "0.01", "--threads", "1", "--output",
+                       path("bn_trained.onnx"), "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  // 8x4+8 + 8+8 (BN scale, bias) + 3x8+3 = 83; the running mean/var are state, not parameters.
+  EXPECT_TRUE(has_line_matching(r.out, "parameters +83 trainable in 6 tensors")) << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 3u);
+  const double val_loss = json_number(lines.back(), "val_loss").value_or(-1);
+  const double val_acc = json_number(lines.back(), "val_accuracy").value_or(-1);
+
+  // The running statistics were trained (the validation must feed them, not the initial 0/1).
+  const auto trained = initializers(path("bn_trained.onnx"));
+  EXPECT_GT(std::fabs(trained.at("bn.mean").data_as<float>()[0]), 1e-3);
+
+  r = run_process({kOnnxrun, path("bn_trained.onnx"), "--input", "x=" + path("xv.npy"),
+                   "--output-dir", path("out"), "--threads", "1"},
+                  dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const Tensor logits = runtime::read_npy(path("out/logits.npy"));
+  const Tensor labels = runtime::read_npy(path("yv.npy"));
+  ASSERT_EQ(logits.dims(), (std::vector<int64_t>{40, 3}));
+  double loss = 0, correct = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    const float* z = logits.data_as<float>() + i * 3;
+    const int64_t t = labels.data_as<int64_t>()[i];
+    const double mx = std::max({z[0], z[1], z[2]});
+    double se = 0;
+    for (int k = 0; k < 3; ++k) se += std::exp(static_cast<double>(z[k]) - mx);
+    loss += mx + std::log(se) - static_cast<double>(z[t]);
+    correct += (std::max_element(z, z + 3) - z) == t ? 1 : 0;
+  }
+  EXPECT_NEAR(val_loss, loss / 40, 1e-5 + 1e-4 * loss / 40);
+  EXPECT_NEAR(val_acc, correct / 40, 1e-9);
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& out) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
+  const std::string model = small_mlp();
+  // 2000 examples at 24: 84 steps per epoch (the last of 8 rows), 3 epochs = 252 steps; Adam
+  // (moments and step count are state).
+  std::vector<std::string> common = words(
+      "--data synthetic:2000 --val-data none --batch-size 24 "
+      "--epochs 3 --lr 0.01 --seed 7 --threads 1 "
+      "--checkpoint-every 4");
+  common.insert(common.begin(), model);
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  RunResult full =
+      train(with({"--checkpoint-dir", path("ck_full"), "--output", path("full.onnx")}));
+  ASSERT_EQ(full.rc, 0) << full.err;
+
+  std::vector<std::string> args =
+      with({"--checkpoint-dir", path("ck"), "--output", path("resumed.onnx")});
+  args.insert(args.begin(), kOnnxtrain);
+  const pid_t pid = spawn(args, dir_ / "killed.out");
+  ASSERT_GT(pid, 0);
+  // Kill once a checkpoint past step 20 exists (mid-epoch 1), wherever the run then is —
+  // possibly in the middle of writing the next checkpoint.
+  bool killed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<runtime::CheckpointFile> files = runtime::list_checkpoints(path("ck"));
+    if (!files.empty() && files.back().step >= 20) {
+      killed = ::kill(pid, SIGKILL) == 0;
+      break;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) break;  // finished before we could kill it
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(killed && WIFSIGNALED(status)) << "the run ended before it could be killed";
+  ASSERT_FALSE(fs::exists(path("resumed.onnx")));
+  const int64_t killed_at = runtime::list_checkpoints(path("ck")).back().step;
+  EXPECT_LT(killed_at, 252);
+
+  RunResult resumed =
+      train(with({"--checkpoint-dir", path("ck"), "--output", path("resumed.onnx"), "--resume"}));
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_TRUE(has_line_matching(resumed.out, ".*\\(resuming after step [0-9]+\\)")) << resumed.out;
+  EXPECT_TRUE(has_line_matching(resumed.out, "Epoch 3/3  84/84  .*")) << resumed.out;
+
+  const auto a = initializers(path("full.onnx"));
+  const auto b = initializers(path("resumed.onnx"));
+  ASSERT_EQ(a.size(), b.size());
+  const auto base = initializers(model);
+  int changed = 0;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(t.equals(b.at(name))) << name << " differs after resume";
+    changed += t.equals(base.at(name)) ? 0 : 1;
+  }
+  EXPECT_GT(changed, 0) << "training changed no weight";
+  // Only the last 3 checkpoints are kept; the final one is the last step.
+  std::vector<runtime::CheckpointFile> files = runtime::list_checkpoints(path("ck"));
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files.back().step, 252);
+}
+
+TEST_F(OnnxtrainTest, ResumeErrors) {
+  const std::string model = small_mlp();
+  const std::vector<std::string> base = {
+      model,       "--data", "synthetic:64",     "--val-data", "none",
+      "--threads", "1",      "--checkpoint-dir", path("ck")};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expect_error(train(with({"--resume"})), 1, "--resume: no readable checkpoint .* in '.*ck'");
+  RunResult r = train(with({"--lr", "0.01"}));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(runtime::list_checkpoints(path("ck")).size(), 1u);
+  expect_error(train(with({"--lr", "0.02", "--resume"})), 1,
+               "ckpt-1\\.otck was written with different options \\(lr '0.01' -> '0.02'\\)");
+  expect_error(train(with({"--lr", "0.01", "--seed", "3", "--resume"})), 1, "seed '0' -> '3'");
+  // Same options: resumes (nothing left to do) and succeeds, removing what a kill mid-write
+  // left behind.
+  { std::ofstream(path("ck/ckpt-2.otck.tmp.12345")) << "partial"; }
+  r = train(with({"--lr", "0.01", "--resume"}));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(fs::exists(path("ck/ckpt-2.otck.tmp.12345")));
+  EXPECT_TRUE(fs::exists(path("ck/ckpt-1.otck")));
+  // A corrupt newest checkpoint is skipped in favour of none: the error says what was skipped.
+  fs::resize_file(path("ck/ckpt-1.otck"), 40);
+  expect_error(train(with({"--lr", "0.01", "--resume"})), 1, "no readable checkpoint.*skipped");
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_F(OnnxtrainTest, UsageErrorsExitWith2) {
+  const std::string model = small_mlp();
+  expect_error(train({model, "--bogus"}), 2, "unknown option '--bogus'");
+  expect_error(train({model, "--epochs", "two"}), 2,
+               "--epochs: expected an integer >= 1, got 'two'");
+  expect_error(train({model, "--lr", "0.1x"}), 2, "--lr: expected a number > 0, got '0.1x'");
+  expect_error(train({model, "--lr"}), 2, "--lr needs a value");
+  expect_error(train({model, "--epochs", "2", "--steps", "5"}), 2, "either --epochs or --steps");
+  expect_error(train({model, "--batch-size", "8", "--global-batch-size", "16"}), 2,
+               "either --batch-size or --global-batch-size");
+  expect_error(train({model, "--optimizer", "lamb"}), 2, "--optimizer: unknown 'lamb'");
+  expect_error(train({model, "--resume"}), 2, "--resume needs --checkpoint-dir");
+  expect_error(train({"--epochs", "1"}), 2, "no model given");
+  expect_error(train({model, model}), 2, "unexpected argument");
+  // Malformed specs are usage errors too; a spec naming a missing file is not (exit 1, below).
+  expect_error(train({model, "--data", "bogus:1"}), 2, "data spec 'bogus:1'");
+  expect_error(train({model, "--val-data", "synthetic:x"}), 2, "synthetic:x");
+  expect_error(train({model, "--lr-schedule", "cosine:x"}), 2, "lr schedule 'cosine:x'");
+}
+
+TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
+  const std::string model = small_mlp();
+  expect_error(train({path("missing.onnx")}), 1, "model file '.*missing.onnx' does not exist");
+  { std::ofstream(path("garbage.onnx")) << "not a model"; }
+  expect_error(train({path("garbage.onnx"), "--data", "synthetic:10"}), 1, "garbage.onnx");
+  expect_error(train({model, "--sync-batchnorm"}), 1, "--sync-batchnorm is not supported yet");
+  expect_error(train({model, "--data", "mnist:" + path("no_such_dir"), "--val-data", "none"}), 1,
+               "no_such_dir");
+
+  // A truncated .npy: the error names the file.
+  Tensor x(DataType::kFloat, {32, 16});
+  Tensor y = Tensor::from_vector(DataType::kInt64, {32}, std::vector<int64_t>(32, 1));
+  runtime::write_npy(path("x.npy"), x);
+  runtime::write_npy(path("y.npy"), y);
+  fs::resize_file(path("x.npy"), fs::file_size(path("x.npy")) - 100);
+  RunResult r = train({model, "--data", "npy:" + path("x.npy") + "," + path("y.npy"), "--val-data",
+                       "none", "--output", path("never.onnx")});
+  expect_error(r, 1, "x\\.npy");
+  EXPECT_FALSE(fs::exists(path("never.onnx")));
+  EXPECT_EQ(r.out.find("Epoch"), std::string::npos);
+
+  expect_error(train({model, "--data", "synthetic:10", "--output", path("no/such/dir/t.onnx")}), 1,
+               "--output '.*t.onnx': folder '.*/no/such/dir' does not exist");
+
+  // --output must not be the input model; the model file is left as it was.
+  const std::string before = cli_test::read_file(model);
+  expect_error(train({model, "--data", "synthetic:10", "--output", model}), 1,
+               "--output '.*' is the input model");
+  expect_error(
+      train({model, "--data", "synthetic:10", "--output", (dir_ / "." / "mlp.onnx").string()}), 1,
+      "is the input model");
+  EXPECT_EQ(cli_test::read_file(model), before);
+}
+
+TEST_F(OnnxtrainTest, HelpAndVersion) {
+  RunResult r = train({"--help"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("usage: onnxtrain MODEL.onnx"), std::string::npos);
+  EXPECT_NE(r.out.find("2 usage error"), std::string::npos);
+  r = train({"--version"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_TRUE(has_line_matching(r.out, "onnxtrain [0-9.]+")) << r.out;
+}
+
+}  // namespace
+}  // namespace onnxtrain

@@ -1,0 +1,328 @@
+// onnxtrain: trains an ONNX model with synchronous data parallelism. This file only parses the
+// command line into a TrainConfig; tools/train_loop.cc does the work. Usage errors exit with 2.
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "graph/error.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/transform.h"
+#include "runtime/lr_schedule.h"
+#include "tools/cli_main.h"
+#include "tools/train_loop.h"
+
+#ifndef ONNXTRAIN_VERSION
+#define ONNXTRAIN_VERSION "0.1.0"
+#endif
+
+namespace onnxtrain::tools {
+namespace {
+
+constexpr int kUsageExit = 2;
+
+constexpr const char* kUsage = R"(usage: onnxtrain MODEL.onnx [options]
+
+Trains MODEL (an inference ONNX model) on the CPU: builds the training graph (loss, gradients,
+optimizer), runs it on R replicas that split each global batch and sum their gradients, and
+writes the trained inference model. Prints the plan, then one line per epoch (a live progress
+line when stdout is a terminal).
+
+data:
+  --data SPEC             fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
+                          synthetic:N (default fashion-mnist)
+  --val-data SPEC         validation data ('none' = no validation; default: the dataset's
+                          test split when it has one)
+  --val-split F           hold out fraction F of the training data for validation
+  --mean LIST --std LIST  normalization after scaling pixels to [0,1], e.g. 0.5 or
+                          0.485,0.456,0.406 (default: the dataset's own)
+  --seed N                shuffle order, synthetic data, holdout (default 0)
+
+length and batch:
+  --epochs N              epochs (default 1)
+  --steps N               optimizer steps instead of epochs (the last epoch may be partial)
+  --batch-size N          examples per replica per step (default 64)
+  --global-batch-size N   examples per step over all replicas (instead of --batch-size)
+
+model and optimizer:
+  --output-name NAME      the model output to train (default: the only/first float output)
+  --loss KIND             auto (default) | cross-entropy | mse
+  --freeze REGEX          do not train parameters whose name matches
+  --trainable REGEX       train only parameters whose name matches
+  --optimizer KIND        sgd | momentum | adam (default) | adamw | adagrad
+  --lr F                  learning rate (default 1e-4)
+  --momentum F            momentum (default 0.9 for 'momentum'; with 'sgd' it makes it momentum)
+  --weight-decay F        L2 penalty (decoupled for adamw; default 0)
+  --lr-schedule SPEC      constant (default) | step:SIZE[:GAMMA] | cosine[:TOTAL[:MIN_LR]],
+                          optionally after warmup:N, e.g. warmup:100,cosine (counts in steps)
+  --clip-norm F           clip the gradients' global L2 norm to F
+
+replicas and threads:
+  --replicas N            data-parallel replicas cpu:0..N-1 (default 1)
+  --threads N             total intra-op threads, split across replicas (default: all cores)
+  --bucket-mb F           gradient bucket size for AllReduce (default 25)
+  --sync-batchnorm        BatchNormalization statistics across replicas (not supported yet)
+
+files:
+  --output FILE           the trained inference model (written atomically; never the input)
+  --save-graph FILE       the training graph as ONNX, written before training (see onnxdump)
+  --checkpoint-dir DIR    write DIR/ckpt-<step>.otck (the last 3 are kept)
+  --checkpoint-every N    every N steps (default: at the end of every epoch)
+  --resume                continue from the newest checkpoint in --checkpoint-dir
+  --metrics-json FILE     append one JSON object per epoch
+  --profile FILE          Chrome trace of the executed kernels (FILE.r<k> per replica)
+
+  -h, --help              this text
+  --version               print the version
+
+exit status: 0 success, 1 the model, data, checkpoint or a file could not be used (one
+             line on stderr), 2 usage error (unknown option, missing or bad value, a
+             malformed --data/--val-data/--lr-schedule spec, conflicting options)
+)";
+
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+template <typename... Args>
+[[noreturn]] void usage_fail(Args&&... args) {
+  throw UsageError(cat(std::forward<Args>(args)..., " (see onnxtrain --help)"));
+}
+
+int64_t parse_int(std::string_view flag, std::string_view text, int64_t min) {
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < min)
+    usage_fail(flag, ": expected an integer >= ", min, ", got '", text, "'");
+  return v;
+}
+
+double parse_float(std::string_view flag, const std::string& text, double min,
+                   bool min_inclusive = true) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || !std::isfinite(v) ||
+      v < min || (!min_inclusive && v == min))
+    usage_fail(flag, ": expected a number ", min_inclusive ? ">= " : "> ", min, ", got '", text,
+               "'");
+  return v;
+}
+
+struct Args {
+  TrainConfig config;
+  bool help = false, version = false;
+  bool epochs_given = false, steps_given = false;
+  bool batch_given = false, global_batch_given = false;
+  bool momentum_given = false;
+  std::string mean, std;
+};
+
+passes::OptimizerKind optimizer_kind(const std::string& s) {
+  if (s == "sgd") return passes::OptimizerKind::kSgd;
+  if (s == "momentum") return passes::OptimizerKind::kMomentum;
+  if (s == "adam") return passes::OptimizerKind::kAdam;
+  if (s == "adamw") return passes::OptimizerKind::kAdamW;
+  if (s == "adagrad") return passes::OptimizerKind::kAdagrad;
+  usage_fail("--optimizer: unknown '", s, "' (expected sgd, momentum, adam, adamw or adagrad)");
+}
+
+passes::LossKind loss_kind(const std::string& s) {
+  if (s == "auto") return passes::LossKind::kAuto;
+  if (s == "cross-entropy") return passes::LossKind::kCrossEntropy;
+  if (s == "mse") return passes::LossKind::kMse;
+  usage_fail("--loss: unknown '", s, "' (expected auto, cross-entropy or mse)");
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  TrainConfig& c = a.config;
+  bool only_positional = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::optional<std::string> inline_value;
+    if (!only_positional && arg.starts_with("--") && arg.find('=') != std::string::npos) {
+      inline_value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) usage_fail(arg, " needs a value");
+      return argv[++i];
+    };
+    auto path = [&]() -> std::string {
+      std::string v = value();
+      if (v.empty()) usage_fail(arg, ": empty file name");
+      return v;
+    };
+    auto no_value = [&] {
+      if (inline_value) usage_fail(arg, " takes no value");
+    };
+    if (only_positional || arg.empty() || arg[0] != '-' || arg == "-") {
+      if (!c.model_path.empty())
+        usage_fail("unexpected argument '", arg, "' (the model is already '", c.model_path, "')");
+      if (arg.empty()) usage_fail("empty model path");
+      c.model_path = arg;
+    } else if (arg == "--") {
+      only_positional = true;
+    } else if (arg == "-h" || arg == "--help") {
+      no_value();
+      a.help = true;
+    } else if (arg == "--version") {
+      no_value();
+      a.version = true;
+    } else if (arg == "--replicas") {
+      c.replicas = static_cast<int>(parse_int(arg, value(), 1));
+      if (c.replicas > 1024) usage_fail("--replicas: at most 1024, got ", c.replicas);
+    } else if (arg == "--data") {
+      c.data = value();
+    } else if (arg == "--val-data") {
+      c.val_data = value();
+      if (c.val_data.empty()) usage_fail("--val-data: empty spec (use 'none' for no validation)");
+    } else if (arg == "--val-split") {
+      c.val_split = parse_float(arg, value(), 0);
+      if (c.val_split >= 1)
+        usage_fail("--val-split: expected a fraction in [0, 1), got ", c.val_split);
+    } else if (arg == "--epochs") {
+      c.epochs = parse_int(arg, value(), 1);
+      a.epochs_given = true;
+    } else if (arg == "--steps") {
+      c.steps = parse_int(arg, value(), 1);
+      a.steps_given = true;
+    } else if (arg == "--batch-size") {
+      c.batch_size = parse_int(arg, value(), 1);
+      a.batch_given = true;
+    } else if (arg == "--global-batch-size") {
+      c.global_batch = parse_int(arg, value(), 1);
+      a.global_batch_given = true;
+    } else if (arg == "--optimizer") {
+      c.optimizer_name = value();
+      c.graph.optimizer.kind = optimizer_kind(c.optimizer_name);
+    } else if (arg == "--lr") {
+      c.lr = static_cast<float>(parse_float(arg, value(), 0, false));
+    } else if (arg == "--momentum") {
+      c.graph.optimizer.momentum = static_cast<float>(parse_float(arg, value(), 0));
+      if (c.graph.optimizer.momentum >= 1) usage_fail("--momentum: expected a value in [0, 1)");
+      a.momentum_given = true;
+    } else if (arg == "--weight-decay") {
+      c.graph.optimizer.weight_decay = static_cast<float>(parse_float(arg, value(), 0));
+    } else if (arg == "--lr-schedule") {
+      c.lr_schedule = value();
+    } else if (arg == "--clip-norm") {
+      c.graph.optimizer.clip_global_norm = static_cast<float>(parse_float(arg, value(), 0, false));
+    } else if (arg == "--loss") {
+      c.graph.loss = loss_kind(value());
+    } else if (arg == "--output-name") {
+      c.graph.output = value();
+    } else if (arg == "--freeze") {
+      c.graph.trainable.freeze_regex = value();
+    } else if (arg == "--trainable") {
+      c.graph.trainable.trainable_regex = value();
+    } else if (arg == "--threads") {
+      c.threads = static_cast<int>(parse_int(arg, value(), 1));
+    } else if (arg == "--seed") {
+      c.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
+    } else if (arg == "--mean") {
+      a.mean = value();
+    } else if (arg == "--std") {
+      a.std = value();
+    } else if (arg == "--output") {
+      c.output = path();
+    } else if (arg == "--save-graph") {
+      c.save_graph = path();
+    } else if (arg == "--checkpoint-dir") {
+      c.checkpoint_dir = path();
+    } else if (arg == "--checkpoint-every") {
+      c.checkpoint_every = parse_int(arg, value(), 1);
+    } else if (arg == "--resume") {
+      no_value();
+      c.resume = true;
+    } else if (arg == "--metrics-json") {
+      c.metrics_json = path();
+    } else if (arg == "--profile") {
+      c.profile = path();
+    } else if (arg == "--sync-batchnorm") {
+      no_value();
+      c.sync_batchnorm = true;
+    } else if (arg == "--bucket-mb") {
+      c.bucket_mb = parse_float(arg, value(), 0, false);
+    } else {
+      usage_fail("unknown option '", arg, "'");
+    }
+  }
+  if (a.help || a.version) return a;
+  if (c.model_path.empty()) usage_fail("no model given");
+  if (a.epochs_given && a.steps_given) usage_fail("give either --epochs or --steps, not both");
+  if (a.batch_given && a.global_batch_given)
+    usage_fail("give either --batch-size or --global-batch-size, not both");
+  if (c.global_batch > 0 && c.global_batch < c.replicas)
+    usage_fail("--global-batch-size ", c.global_batch, " is smaller than --replicas ", c.replicas);
+  if (c.val_split > 0 && !c.val_data.empty())
+    usage_fail("give either --val-data or --val-split, not both");
+  if (c.resume && c.checkpoint_dir.empty()) usage_fail("--resume needs --checkpoint-dir");
+  if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
+    usage_fail("--checkpoint-every needs --checkpoint-dir");
+  if (a.mean.empty() != a.std.empty()) usage_fail("give --mean and --std together");
+  if (!a.mean.empty()) {
+    try {
+      c.normalization = runtime::parse_normalization(a.mean, a.std);
+    } catch (const Error& e) {
+      usage_fail(e.what());
+    }
+  }
+  // `sgd` is plain SGD (momentum 0); an explicit --momentum > 0 makes it the momentum optimizer.
+  if (c.graph.optimizer.kind == passes::OptimizerKind::kSgd) {
+    if (a.momentum_given && c.graph.optimizer.momentum > 0) {
+      c.graph.optimizer.kind = passes::OptimizerKind::kMomentum;
+      c.optimizer_name = "momentum";
+    } else {
+      c.graph.optimizer.momentum = 0;
+    }
+  }
+  // Pure syntax of the specs: a malformed one is a usage error like a bad number.
+  try {
+    runtime::parse_lr_schedule(c.lr_schedule, c.lr);
+    runtime::parse_data_spec(c.data);
+    if (!c.val_data.empty() && c.val_data != "none") runtime::parse_data_spec(c.val_data);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    usage_fail(e.what());
+  }
+  return a;
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "onnxtrain: error: %s\n", e.what());
+    return kUsageExit;
+  }
+  if (a.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (a.version) {
+    std::printf("onnxtrain %s\n", ONNXTRAIN_VERSION);
+    return 0;
+  }
+  a.config.log = stdout;
+  a.config.live = isatty(STDOUT_FILENO) != 0;
+  run_training(a.config);
+  return 0;
+}
+
+}  // namespace
+}  // namespace onnxtrain::tools
+
+int main(int argc, char** argv) {
+  return onnxtrain::tools::run_cli("onnxtrain", [&] { return onnxtrain::tools::run(argc, argv); });
+}

@@ -1,0 +1,520 @@
+// run_training (train_loop.h): checks every input before the first step, then steps the
+// DataParallelSession through the loader, validating, reporting and checkpointing per epoch.
+#include "tools/train_loop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "graph/error.h"
+#include "graph/onnx_io.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data/loader.h"
+#include "runtime/data_parallel.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/session.h"
+#include "tools/train_report.h"
+
+namespace onnxtrain::tools {
+
+uint64_t fnv1a64(std::string_view bytes, uint64_t h) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using graph::Tensor;
+
+constexpr int kKeepCheckpoints = 3;
+constexpr const char* kCheckpointFormat = "onnxtrain-checkpoint/1";
+
+std::string read_model_bytes(const std::string& path) {
+  std::error_code ec;
+  OT_CHECK(fs::is_regular_file(path, ec), "model file '", path,
+           "' does not exist or is not a file");
+  std::ifstream in(path, std::ios::binary);
+  OT_CHECK(in, "cannot open model file '", path, "': ", std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  OT_CHECK(!in.bad(), "cannot read model file '", path, "'");
+  return s.str();
+}
+
+// Same file, also when one of them does not exist yet (then compared as absolute paths).
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
+}
+
+// The model's batch input: the first graph input without an initializer, dims past the batch.
+struct ModelInput {
+  std::string name;
+  std::vector<int64_t> dims;
+};
+
+ModelInput model_input(const graph::Model& m, const std::string& path) {
+  for (const graph::Value* v : m.graph->inputs()) {
+    if (v->has_initializer()) continue;
+    OT_CHECK(v->type.is_tensor() && v->shape() && !v->shape()->empty(), path, ": input '",
+             v->name(), "' needs a tensor type with a batch dimension");
+    ModelInput in{v->name(), {}};
+    for (size_t i = 1; i < v->shape()->size(); ++i) {
+      const graph::Dim& d = (*v->shape())[i];
+      OT_CHECK(d.is_known(), path, ": input '", v->name(), "' dimension ", i,
+               " is not a fixed size (onnxtrain needs one example shape)");
+      in.dims.push_back(d.value);
+    }
+    return in;
+  }
+  fail(path, ": the model has no input to feed (every graph input has an initializer)");
+}
+
+// Dims past the batch of `name` in a typed model; empty when unknown.
+std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name) {
+  const graph::Value* v = m.graph->find_value(name);
+  std::vector<int64_t> dims;
+  if (!v || !v->shape()) return dims;
+  for (size_t i = 1; i < v->shape()->size(); ++i) {
+    if (!(*v->shape())[i].is_known()) return {};
+    dims.push_back((*v->shape())[i].value);
+  }
+  return dims;
+}
+
+// The inference model plus the loss (BatchNormalization stays in inference mode); the state the
+// training changes becomes overridable graph inputs fed from the session at each evaluation.
+std::unique_ptr<graph::Model> validation_graph(const graph::Model& original, const TrainConfig& c,
+                                               passes::LossKind kind,
+                                               const std::map<std::string, Tensor>& state,
+                                               std::vector<std::string>& fed_state) {
+  std::unique_ptr<graph::Model> m = original.clone();
+  passes::infer_shapes(*m);
+  // prepare_training rewrites BN/Dropout into training mode: run it on a copy only, to learn
+  // which value the loss attaches to.
+  std::unique_ptr<graph::Model> scratch = m->clone();
+  const passes::PreparedModel p =
+      passes::prepare_training(*scratch, c.graph.trainable, c.graph.output);
+  passes::attach_loss(*m, p.logits, kind);
+  passes::infer_shapes(*m);
+  for (graph::Value* v : m->graph->initializers()) {
+    if (!state.count(v->name())) continue;
+    if (!v->is_graph_input()) m->graph->mark_input(v);
+    fed_state.push_back(v->name());
+  }
+  return m;
+}
+
+struct ValResult {
+  double loss = 0;
+  std::optional<double> accuracy;
+};
+
+ValResult evaluate(runtime::InferenceSession& s, const std::vector<std::string>& fed_state,
+                   const std::map<std::string, Tensor>& state, const runtime::Dataset& val,
+                   const runtime::InputAdapter& adapter, int64_t batch,
+                   const std::string& input_name, bool cross_entropy) {
+  std::map<std::string, Tensor> feeds;
+  for (const std::string& name : fed_state) feeds[name] = state.at(name);
+  feeds["loss_scale"] = Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
+  int loss_at = -1, correct_at = -1;
+  const auto& outs = s.model().graph->outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i]->name() == "loss") loss_at = static_cast<int>(i);
+    if (outs[i]->name() == "correct") correct_at = static_cast<int>(i);
+  }
+  OT_CHECK(loss_at >= 0, "validation graph has no `loss` output");
+  runtime::LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = false;
+  runtime::DataLoader loader(val, adapter, lo);
+  double loss_sum = 0, correct = 0;
+  for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
+    runtime::Batch b = loader.next();
+    feeds[input_name] = std::move(b.inputs);
+    feeds[cross_entropy ? "labels" : "targets"] = std::move(b.targets);
+    std::vector<Tensor> r = s.run(feeds);
+    loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]);
+    if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
+  }
+  ValResult out;
+  const double n = static_cast<double>(val.size());
+  out.loss = loss_sum / n;
+  if (cross_entropy && correct_at >= 0) out.accuracy = correct / n;
+  return out;
+}
+
+std::string f2s(double v) {
+  return cat(v);
+}
+
+// Exact text of a double (checkpointed running sums must resume bit for bit).
+std::string bits_of(double v) {
+  return std::to_string(std::bit_cast<uint64_t>(v));
+}
+double from_bits(const std::string& s) {
+  return std::bit_cast<double>(std::stoull(s));
+}
+
+int64_t meta_int(const runtime::Checkpoint& c, const std::string& key, const std::string& path) {
+  const std::string& v = c.meta(key);
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail(path, ": metadata '", key, "' is not an integer: '", v, "'");
+}
+
+// The options that change the math, as (key, value): a resumed run must match them all.
+std::vector<std::pair<std::string, std::string>> math_options(const TrainConfig& c,
+                                                              const std::string& model_bytes,
+                                                              int64_t global_batch) {
+  const auto& o = c.graph.optimizer;
+  std::string norm = "default";
+  if (c.normalization) {
+    norm = "mean=";
+    for (float x : c.normalization->mean) norm += f2s(x) + ",";
+    norm += " std=";
+    for (float x : c.normalization->std) norm += f2s(x) + ",";
+  }
+  char model_hash[17];
+  std::snprintf(model_hash, sizeof model_hash, "%016llx",
+                static_cast<unsigned long long>(fnv1a64(model_bytes)));
+  return {
+      {"model", model_hash},
+      {"optimizer", cat(c.optimizer_name, " momentum=", o.momentum, " nesterov=", o.nesterov,
+                        " weight_decay=", o.weight_decay, " clip_norm=", o.clip_global_norm)},
+      {"lr", f2s(c.lr)},
+      {"lr_schedule", c.lr_schedule},
+      {"global_batch", std::to_string(global_batch)},
+      {"replicas", std::to_string(c.replicas)},
+      {"seed", std::to_string(c.seed)},
+      {"data", c.data + " val_split=" + f2s(c.val_split) + " " + norm},
+      {"loss", std::to_string(static_cast<int>(c.graph.loss))},
+      {"output_name", c.graph.output},
+      {"trainable", "freeze=" + c.graph.trainable.freeze_regex +
+                        " trainable=" + c.graph.trainable.trainable_regex},
+  };
+}
+
+std::string options_hash(const std::vector<std::pair<std::string, std::string>>& opts) {
+  uint64_t h = fnv1a64("onnxtrain-options");
+  for (const auto& [k, v] : opts) h = fnv1a64(v, fnv1a64(k + "=", h)) * 31 + 1;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Running sums of the epoch in progress (checkpointed, so a resumed epoch reports the same).
+struct EpochAccum {
+  double loss_sum = 0, correct = 0, seconds = 0;
+  int64_t examples = 0, steps = 0;
+};
+
+struct ResumePoint {
+  int64_t step = 0;
+  EpochAccum accum;
+};
+
+// A run killed while writing a checkpoint leaves its temporary file (ckpt-<step>.otck.tmp.<pid>);
+// the resumed run owns the folder, so those go.
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("ckpt-") && name.find(".otck.tmp.") != std::string::npos)
+      fs::remove(e.path(), ec);
+  }
+}
+
+ResumePoint resume_from(const TrainConfig& c, runtime::DataParallelSession& session,
+                        const std::vector<std::pair<std::string, std::string>>& opts,
+                        const std::string& hash, int64_t steps_per_epoch) {
+  std::vector<std::string> skipped;
+  std::optional<runtime::LoadedCheckpoint> got =
+      runtime::load_latest_checkpoint(c.checkpoint_dir, &skipped);
+  OT_CHECK(got, "--resume: no readable checkpoint (ckpt-<step>.otck) in '", c.checkpoint_dir, "'",
+           skipped.empty() ? std::string() : cat(" (skipped: ", skipped.front(), ")"));
+  const runtime::Checkpoint& ck = got->ckpt;
+  const std::string& path = got->file.path;
+  OT_CHECK(ck.metadata.count("format") && ck.meta("format") == kCheckpointFormat, path,
+           ": not an onnxtrain training checkpoint (metadata 'format' is not ", kCheckpointFormat,
+           ")");
+  if (ck.meta("options_hash") != hash) {
+    std::string diff;
+    for (const auto& [k, v] : opts) {
+      auto it = ck.metadata.find("opt." + k);
+      const std::string was = it == ck.metadata.end() ? "?" : it->second;
+      if (was != v) diff += cat(diff.empty() ? "" : ", ", k, " '", was, "' -> '", v, "'");
+    }
+    fail("--resume: ", path, " was written with different options (",
+         diff.empty() ? "options hash" : diff,
+         "); resume with the original options or use a new --checkpoint-dir");
+  }
+  std::map<std::string, Tensor> state = session.state();
+  for (auto& [name, t] : state) {
+    const Tensor* saved = ck.find_tensor(name);
+    OT_CHECK(saved, path, ": no tensor '", name, "' (the training graph's state)");
+    t = *saved;
+  }
+  session.set_state(state);
+  remove_stale_temporaries(c.checkpoint_dir);
+  ResumePoint r;
+  r.step = meta_int(ck, "step", path);
+  OT_CHECK(meta_int(ck, "loader_epoch", path) == r.step / steps_per_epoch &&
+               meta_int(ck, "loader_step", path) == r.step % steps_per_epoch,
+           path, ": loader position does not match step ", r.step, " at ", steps_per_epoch,
+           " steps per epoch");
+  r.accum.loss_sum = from_bits(ck.meta("epoch_loss_sum"));
+  r.accum.correct = from_bits(ck.meta("epoch_correct"));
+  r.accum.seconds = from_bits(ck.meta("epoch_seconds"));
+  r.accum.examples = meta_int(ck, "epoch_examples", path);
+  r.accum.steps = meta_int(ck, "epoch_steps", path);
+  return r;
+}
+
+void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& session,
+                     const std::vector<std::pair<std::string, std::string>>& opts,
+                     const std::string& hash, int64_t step, int64_t steps_per_epoch,
+                     const EpochAccum& a) {
+  runtime::Checkpoint ck;
+  ck.metadata["format"] = kCheckpointFormat;
+  ck.metadata["options_hash"] = hash;
+  for (const auto& [k, v] : opts) ck.metadata["opt." + k] = v;
+  ck.metadata["step"] = std::to_string(step);
+  ck.metadata["epoch"] = std::to_string(step / steps_per_epoch);
+  ck.metadata["loader_epoch"] = std::to_string(step / steps_per_epoch);
+  ck.metadata["loader_step"] = std::to_string(step % steps_per_epoch);
+  // The shuffle order is a pure function of (seed, epoch): the seed is the whole RNG state.
+  ck.metadata["seed"] = std::to_string(c.seed);
+  ck.metadata["epoch_loss_sum"] = bits_of(a.loss_sum);
+  ck.metadata["epoch_correct"] = bits_of(a.correct);
+  ck.metadata["epoch_seconds"] = bits_of(a.seconds);
+  ck.metadata["epoch_examples"] = std::to_string(a.examples);
+  ck.metadata["epoch_steps"] = std::to_string(a.steps);
+  for (auto& [name, t] : session.state()) ck.add_tensor(name, std::move(t));
+  const fs::path file = fs::path(c.checkpoint_dir) / runtime::checkpoint_file_name(step);
+  runtime::write_checkpoint(file.string(), ck);
+  runtime::prune_checkpoints(c.checkpoint_dir, kKeepCheckpoints);
+}
+
+void check_config(const TrainConfig& c) {
+  OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
+  OT_CHECK(!c.sync_batchnorm,
+           "--sync-batchnorm is not supported yet (build_training_graph has no option for "
+           "cross-replica BatchNormalization); leave it out to use per-replica batch statistics");
+  OT_CHECK(c.model_path.empty() || c.output.empty() || !same_path(c.model_path, c.output),
+           "--output '", c.output, "' is the input model; choose another file");
+  OT_CHECK(c.model_path.empty() || c.save_graph.empty() || !same_path(c.model_path, c.save_graph),
+           "--save-graph '", c.save_graph, "' is the input model; choose another file");
+  for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--output", c.output},
+                                   {"--save-graph", c.save_graph},
+                                   {"--metrics-json", c.metrics_json},
+                                   {"--profile", c.profile}}) {
+    if (file.empty()) continue;
+    // A missing folder would only show after training, when the file is written.
+    const fs::path parent = fs::absolute(file).parent_path();
+    std::error_code ec;
+    OT_CHECK(fs::is_directory(parent, ec), flag, " '", file, "': folder '", parent.string(),
+             "' does not exist");
+  }
+  OT_CHECK(!c.resume || !c.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  OT_CHECK(c.epochs >= 1 && c.steps >= 0, "--epochs must be >= 1 and --steps >= 0");
+  OT_CHECK(c.batch_size >= 1 && c.global_batch >= 0, "batch sizes must be >= 1");
+  OT_CHECK(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& c) {
+  check_config(c);
+  // Syntax of the data specs first: a typo should not wait for the model to load.
+  runtime::parse_data_spec(c.data);
+  if (!c.val_data.empty() && c.val_data != "none") runtime::parse_data_spec(c.val_data);
+  runtime::LrSchedule schedule = runtime::parse_lr_schedule(c.lr_schedule, c.lr);
+
+  const std::string model_bytes = read_model_bytes(c.model_path);
+  std::unique_ptr<graph::Model> original = graph::import_onnx_bytes(
+      model_bytes, c.model_path, fs::path(c.model_path).parent_path().string());
+  const ModelInput input = model_input(*original, c.model_path);
+  auto training_graph = original->clone();
+  passes::TrainingOptions topts = c.graph;
+  topts.replicas = c.replicas;
+  for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(cat("cpu:", k));
+  topts.bucket_mb = c.bucket_mb;
+  passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, topts);
+  const bool ce = info.loss.kind == passes::LossKind::kCrossEntropy;
+  // The trained output's dims from the typed inference model (replicated graphs rename it).
+  std::unique_ptr<graph::Model> typed = original->clone();
+  passes::infer_shapes(*typed);
+  const std::vector<int64_t> out_dims = output_dims(*typed, info.prepared.logits);
+  const int64_t classes = ce && !out_dims.empty() ? out_dims.back() : 0;
+  if (!c.save_graph.empty()) graph::export_onnx_file(*training_graph, c.save_graph);
+
+  // Data.
+  runtime::DataConfig dc{c.data, c.val_data, c.val_split, c.seed};
+  runtime::LoadOptions lo{input.dims, classes, c.seed};
+  runtime::TrainValData data = runtime::load_train_val(dc, lo);
+  for (const runtime::Dataset* d : {&data.train, data.val ? &*data.val : nullptr}) {
+    if (!d) continue;
+    if (ce) {
+      OT_CHECK(d->has_labels(), d->name(), ": has float targets but the loss is cross-entropy ",
+               "on '", info.prepared.logits, "' (give --loss mse)");
+      d->check_labels(classes);
+    } else {
+      OT_CHECK(!d->has_labels(), d->name(), ": has class labels but the loss is mse on '",
+               info.prepared.logits, "' (give --loss cross-entropy, or float targets)");
+      OT_CHECK(out_dims.empty() || d->target_shape() == out_dims, d->name(),
+               ": target shape does not match output '", info.prepared.logits, "'");
+    }
+  }
+  const runtime::InputAdapter adapter =
+      runtime::InputAdapter::for_dataset(data.train, input.dims, c.normalization);
+  std::optional<runtime::InputAdapter> val_adapter;
+  if (data.val)
+    val_adapter = runtime::InputAdapter::for_dataset(*data.val, input.dims, c.normalization);
+
+  TrainResult res;
+  res.global_batch = c.global_batch > 0 ? c.global_batch : c.batch_size * c.replicas;
+  res.steps_per_epoch = runtime::steps_per_epoch(data.train.size(), res.global_batch);
+  res.total_steps = c.steps > 0 ? c.steps : c.epochs * res.steps_per_epoch;
+  const int64_t spe = res.steps_per_epoch;
+  const int64_t epochs = (res.total_steps + spe - 1) / spe;
+  if (schedule.kind == runtime::LrSchedule::Kind::kCosine && schedule.total_steps == 0)
+    schedule.total_steps = res.total_steps;
+  for (const std::string& p : info.prepared.params) {
+    const graph::Value* v = original->graph->find_value(p);
+    if (v && v->has_initializer()) res.trainable_parameters += v->initializer().numel();
+  }
+
+  // Files that must be writable before training starts.
+  std::FILE* metrics = nullptr;
+  if (!c.metrics_json.empty()) {
+    metrics = std::fopen(c.metrics_json.c_str(), "a");
+    OT_CHECK(metrics, "--metrics-json '", c.metrics_json, "': ", std::strerror(errno));
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_owner(
+      metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
+  if (!c.checkpoint_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(c.checkpoint_dir, ec);
+    OT_CHECK(fs::is_directory(c.checkpoint_dir), "--checkpoint-dir '", c.checkpoint_dir,
+             "': cannot create the folder", ec ? cat(": ", ec.message()) : "");
+  }
+
+  // Sessions.
+  runtime::SessionOptions so;
+  so.threads = c.threads > 0 ? c.threads
+                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  so.profile_path = c.profile;
+  runtime::DataParallelSession session(training_graph->clone(), c.replicas, so);
+  std::vector<std::string> fed_state;
+  std::unique_ptr<runtime::InferenceSession> val_session;
+  if (data.val) {
+    runtime::SessionOptions vo;
+    vo.threads = so.threads;
+    val_session = std::make_unique<runtime::InferenceSession>(
+        validation_graph(*original, c, info.loss.kind, session.state(), fed_state), vo);
+  }
+
+  const auto opts = math_options(c, model_bytes, res.global_batch);
+  const std::string hash = options_hash(opts);
+  EpochAccum acc;
+  if (c.resume) {
+    ResumePoint rp = resume_from(c, session, opts, hash, spe);
+    res.start_step = std::min(rp.step, res.total_steps);
+    acc = rp.accum;
+  }
+
+  const PlanFacts plan{.model_path = c.model_path,
+                       .input_name = input.name,
+                       .input_dims = input.dims,
+                       .output_name = info.prepared.logits,
+                       .classes = classes,
+                       .train_name = data.train.name(),
+                       .train_examples = data.train.size(),
+                       .val_name = data.val ? data.val->name() : "",
+                       .val_examples = data.val ? data.val->size() : 0,
+                       .adapter = adapter.describe(),
+                       .info = info,
+                       .result = res,
+                       .epochs = epochs,
+                       .threads_per_replica = std::max(1, so.threads / c.replicas)};
+  print_plan(c, plan);
+
+  runtime::LoaderOptions tl;
+  tl.batch_size = res.global_batch;
+  tl.seed = c.seed;
+  runtime::DataLoader loader(data.train, adapter, tl,
+                             runtime::LoaderPosition{res.start_step / spe, res.start_step % spe});
+  Progress progress(c, spe, epochs);
+  for (int64_t s = res.start_step; s < res.total_steps; ++s) {
+    const auto t0 = Clock::now();
+    runtime::Batch b = loader.next();
+    std::map<std::string, Tensor> feeds;
+    const int64_t n = b.size();
+    feeds[input.name] = std::move(b.inputs);
+    feeds[ce ? "labels" : "targets"] = std::move(b.targets);
+    const float lr = runtime::lr_at(schedule, s);
+    runtime::StepResult r = session.step(feeds, lr, 1.0f / static_cast<float>(n));
+    acc.loss_sum += r.loss * static_cast<double>(n);
+    acc.correct += r.correct;
+    acc.examples += n;
+    acc.steps += 1;
+    acc.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const int64_t epoch = s / spe + 1;
+    progress.step(
+        epoch, s % spe + 1, acc.seconds, acc.loss_sum / static_cast<double>(acc.examples),
+        ce ? std::optional<double>(acc.correct / static_cast<double>(acc.examples)) : std::nullopt);
+    const bool epoch_end = (s + 1) % spe == 0 || s + 1 == res.total_steps;
+    if (epoch_end) {
+      EpochMetrics m;
+      m.epoch = epoch;
+      m.steps = acc.steps;
+      m.examples = acc.examples;
+      m.seconds = acc.seconds;
+      m.loss = acc.loss_sum / static_cast<double>(acc.examples);
+      if (ce) m.accuracy = acc.correct / static_cast<double>(acc.examples);
+      if (val_session) {
+        ValResult v = evaluate(*val_session, fed_state, session.state(), *data.val, *val_adapter,
+                               res.global_batch, input.name, ce);
+        m.val_loss = v.loss;
+        m.val_accuracy = v.accuracy;
+      }
+      progress.epoch_done(m);
+      if (metrics) write_metrics_line(metrics, m);
+      res.epochs.push_back(m);
+      acc = EpochAccum{};
+    }
+    const bool due = c.checkpoint_every > 0 ? (s + 1) % c.checkpoint_every == 0 : epoch_end;
+    if (!c.checkpoint_dir.empty() && (due || s + 1 == res.total_steps))
+      save_checkpoint(c, session, opts, hash, s + 1, spe, acc);
+  }
+  if (!c.output.empty()) {
+    graph::export_onnx_file(*session.trained_model(*original), c.output);
+    std::fprintf(c.log, "wrote %s\n", c.output.c_str());
+  }
+  std::fflush(c.log);
+  return res;
+}
+
+}  // namespace onnxtrain::tools

@@ -1,0 +1,148 @@
+// onnxtrain's output (train_report.h): plan, progress, epoch lines, metrics JSON.
+#include "tools/train_report.h"
+
+#include <cmath>
+#include <string>
+
+#include "graph/error.h"
+
+namespace onnxtrain::tools {
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& d) {
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "x" : "") + std::to_string(d[i]);
+  return s.empty() ? "scalar" : s;
+}
+
+// 101770 -> "101,770".
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  return s;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Keras' per-step time: "1.34s/step" from a second up, "12ms/step" below.
+std::string per_step(double seconds) {
+  return seconds >= 1 ? fmt("%.2fs/step", seconds) : fmt("%.0fms/step", seconds * 1e3);
+}
+
+std::string mib(int64_t bytes) {
+  return fmt("%.3g MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+std::string loss_name(passes::LossKind k) {
+  return k == passes::LossKind::kCrossEntropy ? "cross-entropy" : "mse";
+}
+
+std::string json_number(std::optional<double> v) {
+  if (!v || !std::isfinite(*v)) return "null";
+  return fmt("%.9g", *v);
+}
+
+}  // namespace
+
+void print_plan(const TrainConfig& c, const PlanFacts& p) {
+  std::FILE* f = c.log;
+  const TrainResult& r = p.result;
+  std::string devices;
+  for (int k = 0; k < c.replicas; ++k) devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
+  std::string per_replica = std::to_string(r.global_batch / c.replicas);
+  if (r.global_batch % c.replicas != 0)
+    per_replica += "-" + std::to_string(r.global_batch / c.replicas + 1);
+  std::fprintf(f, "model       %s (input '%s' %s, output '%s'%s)\n", p.model_path.c_str(),
+               p.input_name.c_str(), dims_text(p.input_dims).c_str(), p.output_name.c_str(),
+               p.classes > 0 ? cat(", ", p.classes, " classes").c_str() : "");
+  std::fprintf(f, "replicas    %d (%s)\n", c.replicas, devices.c_str());
+  std::fprintf(f, "batch       %s per replica, %lld global\n", per_replica.c_str(),
+               static_cast<long long>(r.global_batch));
+  std::fprintf(f, "data        %s: %lld examples%s%s\n", p.train_name.c_str(),
+               static_cast<long long>(p.train_examples), p.adapter.empty() ? "" : ", ",
+               p.adapter.c_str());
+  std::fprintf(f, "steps       %lld steps per epoch, %lld epoch%s, %lld steps%s\n",
+               static_cast<long long>(r.steps_per_epoch), static_cast<long long>(p.epochs),
+               p.epochs == 1 ? "" : "s", static_cast<long long>(r.total_steps),
+               r.start_step > 0 ? cat(" (resuming after step ", r.start_step, ")").c_str() : "");
+  std::fprintf(f, "parameters  %s trainable in %zu tensors\n",
+               grouped(r.trainable_parameters).c_str(), p.info.prepared.params.size());
+  std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n", c.optimizer_name.c_str(),
+               static_cast<double>(c.lr), c.lr_schedule.c_str());
+  std::fprintf(f, "loss        %s on '%s'\n", loss_name(p.info.loss.kind).c_str(),
+               p.output_name.c_str());
+  std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
+  if (c.replicas > 1) {
+    int64_t bytes = 0;
+    for (int64_t b : p.info.buckets.bytes) bytes += b;
+    std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
+                 p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
+                 mib(bytes).c_str(), c.bucket_mb);
+  }
+  if (p.val_name.empty())
+    std::fprintf(f, "validation  none\n");
+  else
+    std::fprintf(f, "validation  %s: %lld examples\n", p.val_name.c_str(),
+                 static_cast<long long>(p.val_examples));
+  std::fflush(f);
+}
+
+std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_epoch) {
+  const double sec = m.seconds > 0 ? m.seconds : 1e-9;
+  std::string s =
+      cat("Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", steps_per_epoch, "  ",
+          fmt("%.1fs", m.seconds), "  ",
+          per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))), "  ",
+          fmt("%.0f img/s", static_cast<double>(m.examples) / sec), "  loss ", fmt("%.4f", m.loss));
+  if (m.accuracy) s += "  accuracy " + fmt("%.4f", *m.accuracy);
+  if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
+  if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);
+  return s;
+}
+
+std::string metrics_json(const EpochMetrics& m) {
+  const double ips = m.seconds > 0 ? static_cast<double>(m.examples) / m.seconds : 0;
+  return cat("{\"epoch\": ", m.epoch, ", \"steps\": ", m.steps,
+             ", \"seconds\": ", json_number(m.seconds), ", \"images_per_sec\": ", json_number(ips),
+             ", \"loss\": ", json_number(m.loss), ", \"accuracy\": ", json_number(m.accuracy),
+             ", \"val_loss\": ", json_number(m.val_loss),
+             ", \"val_accuracy\": ", json_number(m.val_accuracy), "}");
+}
+
+void write_metrics_line(std::FILE* f, const EpochMetrics& m) {
+  const std::string line = metrics_json(m) + "\n";
+  OT_CHECK(std::fputs(line.c_str(), f) >= 0 && std::fflush(f) == 0, "--metrics-json: write failed");
+}
+
+void Progress::step(int64_t epoch, int64_t step_in_epoch, double seconds, double loss,
+                    std::optional<double> accuracy) {
+  if (!live_) return;
+  // Redraw at most ten times a second (and always on the epoch's last step).
+  if (step_in_epoch != steps_per_epoch_ && last_draw_ >= 0 && seconds - last_draw_ < 0.1) return;
+  last_draw_ = seconds;
+  constexpr int kWidth = 24;
+  const int done = static_cast<int>(kWidth * step_in_epoch / steps_per_epoch_);
+  std::string bar(static_cast<size_t>(done), '=');
+  if (done < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - done - 1), '.');
+  const double eta = seconds / static_cast<double>(step_in_epoch) *
+                     static_cast<double>(steps_per_epoch_ - step_in_epoch);
+  std::string line =
+      cat("\r\033[KEpoch ", epoch, "/", epochs_, "  ", step_in_epoch, "/", steps_per_epoch_, " [",
+          bar, "]  ETA ", fmt("%.0fs", eta), "  loss ", fmt("%.4f", loss));
+  if (accuracy) line += "  accuracy " + fmt("%.4f", *accuracy);
+  std::fputs(line.c_str(), log_);
+  std::fflush(log_);
+}
+
+void Progress::epoch_done(const EpochMetrics& m) {
+  last_draw_ = -1;
+  std::fprintf(log_, "%s%s\n", live_ ? "\r\033[K" : "",
+               epoch_line(m, epochs_, steps_per_epoch_).c_str());
+  std::fflush(log_);
+}
+
+}  // namespace onnxtrain::tools

@@ -1,0 +1,59 @@
+// What onnxtrain prints: the plan at start, Keras-style progress (a live line on a terminal, one
+// line per epoch otherwise) and the --metrics-json lines. Internal to tools/train_loop.cc.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "passes/passes.h"
+#include "tools/train_loop.h"
+
+namespace onnxtrain::tools {
+
+struct PlanFacts {
+  std::string model_path;
+  std::string input_name;
+  std::vector<int64_t> input_dims;
+  std::string output_name;
+  int64_t classes = 0;
+  std::string train_name;
+  int64_t train_examples = 0;
+  std::string val_name;  // "" = no validation
+  int64_t val_examples = 0;
+  std::string adapter;  // InputAdapter::describe()
+  const passes::TrainingGraphInfo& info;
+  const TrainResult& result;
+  int64_t epochs = 0;
+  int threads_per_replica = 1;
+};
+
+void print_plan(const TrainConfig& c, const PlanFacts& p);
+
+// "Epoch 2/3  45/45  60.1s  1.34s/step  2150 img/s  loss 0.4721  accuracy 0.8312  val_loss ..."
+// (a partial last epoch under --steps shows e.g. 20/1875).
+std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_epoch);
+// One JSON object (no newline): epoch, steps, seconds, images_per_sec, loss, accuracy,
+// val_loss, val_accuracy; null where absent or not finite.
+std::string metrics_json(const EpochMetrics& m);
+void write_metrics_line(std::FILE* f, const EpochMetrics& m);
+
+class Progress {
+ public:
+  Progress(const TrainConfig& c, int64_t steps_per_epoch, int64_t epochs)
+      : log_(c.log), live_(c.live), steps_per_epoch_(steps_per_epoch), epochs_(epochs) {}
+  // After step `step_in_epoch` (1-based) of `epoch`; running means of the epoch so far.
+  void step(int64_t epoch, int64_t step_in_epoch, double seconds, double loss,
+            std::optional<double> accuracy);
+  void epoch_done(const EpochMetrics& m);
+
+ private:
+  std::FILE* log_;
+  bool live_;
+  int64_t steps_per_epoch_, epochs_;
+  double last_draw_ = -1;
+};
+
+}  // namespace onnxtrain::tools
