@@ -47,6 +47,7 @@ bool empty_unused_outputs(graph::Graph& g, graph::Node* n,
     graph::Value* old = n->output(i);
     if (!old || !m->output(i)) continue;
     m->output(i)->type = old->type;
+    m->output(i)->doc_string = old->doc_string;
     g.replace_all_uses(old, m->output(i));
     renames.emplace_back(m->output(i), old->name());
   }
