@@ -367,19 +367,22 @@ void Graph::replace_all_uses(Value* from, Value* to) {
 std::vector<Value*> Graph::captured_values() const {
   std::vector<Value*> out;
   std::unordered_set<Value*> seen;
-  // Inputs of nodes in nested graphs that resolve outside `this`.
+  // Inputs of nodes in nested graphs (and graph outputs: a branch may return an outer value
+  // as is) that resolve outside `this`.
+  auto note = [&](Value* in) {
+    if (!in) return;
+    bool inside = false;
+    for (const Graph* o = in->owner_; o; o = o->parent_)
+      if (o == this) inside = true;
+    if (!inside && seen.insert(in).second) out.push_back(in);
+  };
   std::vector<const Graph*> stack{this};
   while (!stack.empty()) {
     const Graph* g = stack.back();
     stack.pop_back();
+    for (Value* v : g->outputs_) note(v);
     for (const auto& node : g->nodes_) {
-      for (Value* in : node->inputs_) {
-        if (!in) continue;
-        bool inside = false;
-        for (const Graph* o = in->owner_; o; o = o->parent_)
-          if (o == this) inside = true;
-        if (!inside && seen.insert(in).second) out.push_back(in);
-      }
+      for (Value* in : node->inputs_) note(in);
       for (const auto& a : node->attributes) {
         if (a.type == AttrType::kGraph) stack.push_back(&a.g());
         if (a.type == AttrType::kGraphs)

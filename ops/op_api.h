@@ -20,7 +20,8 @@
 
 namespace onnxtrain::ops {
 
-inline constexpr int kOpApiVersion = 2;
+// 3: KernelContext::subgraph (control-flow ops run their graph attributes through the runtime).
+inline constexpr int kOpApiVersion = 3;
 
 using graph::DataType;
 
@@ -45,6 +46,16 @@ struct TensorView {
   T* as() const {
     return static_cast<T*>(data);
   }
+};
+
+// A graph attribute of the running node (If's branches, Loop's body) made executable by the
+// runtime, which plans it like a model: one cached plan per input-shape signature.
+class Subgraph {
+ public:
+  virtual ~Subgraph() = default;
+  // Runs the body with inputs[i] bound to its graph input i; values the body captures from
+  // enclosing graphs are read as they are at this step. Returns the body's outputs in order.
+  virtual std::vector<graph::Tensor> run(std::span<const graph::Tensor> inputs) = 0;
 };
 
 // What a kernel sees while it runs. Inputs are read-only; outputs are allocated by the runtime
@@ -81,6 +92,11 @@ class KernelContext {
   // Runs fn(begin, end) over [0, n) split across the intra-op threads; grain = minimum chunk.
   virtual void parallel_for(int64_t n, int64_t grain,
                             const std::function<void(int64_t, int64_t)>& fn) const = 0;
+  // The node's graph attribute `attr` (If's then_branch, Loop's body), ready to run. Contexts
+  // that cannot run subgraphs (host-side folding) throw.
+  virtual Subgraph& subgraph(const std::string& attr) {
+    fail(node().describe(), ": cannot run subgraph '", attr, "' in this context");
+  }
 };
 
 class Kernel {

@@ -106,6 +106,56 @@ struct OptimizerInfo {
 OptimizerInfo attach_optimizer(graph::Model& model, const std::vector<std::string>& params,
                                const OptimizerOptions& opts);
 
+// ---- replicate.cc
+struct ReplicateOptions {
+  int replicas = 1;
+  std::vector<std::string> devices;  // one per replica; empty = "cpu:0" .. "cpu:<R-1>"
+};
+// Data parallelism as a graph rewrite, on build_training_graph's single-replica output.
+// State = every initializer S with a graph output `S.updated` (weights, BN running statistics,
+// optimizer moments, step count).
+//   batch    every graph input that is not `loss_scale`, `lr`, state or an initializer keeps its
+//            name and becomes the GLOBAL batch; one ai.onnxtrain.ShardBatch(x) -> (x/r0, ..,
+//            x/r<R-1>) per input (attribute replicas = R, no device) gives replica k rows
+//            [start_k, start_k + size_k), size_k = N/R + (k < N%R), possibly 0.
+//   nodes    every other node is cloned once per replica (values and node names + `/r<k>`,
+//            Node::device = devices[k]); the clones of one original node sit next to each other
+//            in the node list, in the original topological order.
+//   state    S becomes R initializers S/r<k> (same value, mirrored) updated through the graph
+//            outputs `S/r<k>.updated`; S and `S.updated` disappear.
+//   shared   `loss_scale`, `lr` and constant initializers stay single values read by all.
+//   outputs  each original output O becomes O/r0 .. O/r<R-1> in place (an output that is not
+//            per-replica, e.g. a constant, gets one Identity per replica to carry the name).
+// Dim 0 symbol N of the batch inputs becomes `N/r<k>` in replica k's value types; a batch of
+// known size has its types re-inferred. R == 1 leaves the graph untouched (the pipeline skips
+// the pass). Checks everything (names free, inputs splittable) before changing the graph.
+void replicate(graph::Model& model, const ReplicateOptions& opts);
+
+// ---- bucket_allreduce.cc
+struct BucketOptions {
+  double bucket_mb = 25;       // MiB per bucket (PyTorch DDP's default)
+  double first_bucket_mb = 1;  // the first bucket (capped at bucket_mb) so the first AllReduce
+                               // starts early in backward
+};
+struct BucketInfo {
+  std::vector<std::vector<std::string>> params;  // per bucket: parameters, production order
+  std::vector<int64_t> bytes;                    // per bucket: gradient bytes of one replica
+  std::vector<std::string> bn_stats;  // BN running statistics averaged by the "mean" AllReduce
+  size_t num_buckets() const { return bytes.size(); }
+};
+// On replicate's output: one ai.onnxtrain.AllReduce(replicas = R, reduction = "sum") per
+// bucket of the gradients `<p>_grad/r<k>` that the optimizer reads. Parameters are ordered by
+// the topological position of replica 0's gradient producer (backward completion order) and
+// packed greedily: the first bucket up to first_bucket_mb, the rest up to bucket_mb; a
+// gradient larger than a bucket gets its own. Inputs and outputs are replica-major
+// ([g0/r0, .., gG-1/r0, g0/r1, ..]), outputs named `<p>_grad/r<k>/allreduced`; every use of a
+// gradient by a node that no gradient depends on (update nodes, ClipByGlobalNorm) reads the
+// allreduced value instead. Each AllReduce sits in the node list right after the last producer
+// of its inputs. BatchNormalization running statistics get one AllReduce(reduction = "mean")
+// whose outputs take the graph-output names `S/r<k>.updated` (the BN outputs become
+// `S/r<k>.updated/local`). R == 1 graphs (no ShardBatch) are refused.
+BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
+
 // ---- dce.cc
 // Removes nodes whose outputs reach no graph output, then unused initializers. Returns the
 // number of nodes removed.
@@ -117,14 +167,19 @@ struct TrainingOptions {
   std::string output;  // model output to train ("" = auto)
   LossKind loss = LossKind::kAuto;
   OptimizerOptions optimizer;
+  int replicas = 1;                  // > 1: replicate + bucket_allreduce after the optimizer
+  std::vector<std::string> devices;  // ReplicateOptions::devices
+  double bucket_mb = 25;             // BucketOptions::bucket_mb
 };
 struct TrainingGraphInfo {
   PreparedModel prepared;
   LossInfo loss;
   GradientInfo gradients;
   OptimizerInfo optimizer;
+  BucketInfo buckets;  // empty for one replica
 };
-// infer_shapes -> prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce.
+// infer_shapes -> prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce
+// (-> replicate -> bucket_allreduce -> dce when replicas > 1), the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 
 }  // namespace onnxtrain::passes

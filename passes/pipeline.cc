@@ -22,6 +22,14 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_optimizer");
   dce(model);
   stage("dce");
+  if (opts.replicas > 1) {
+    replicate(model, {.replicas = opts.replicas, .devices = opts.devices});
+    stage("replicate");
+    info.buckets = bucket_allreduce(model, {.bucket_mb = opts.bucket_mb});
+    stage("bucket_allreduce");
+    dce(model);
+    stage("dce after bucket_allreduce");
+  }
   return info;
 }
 

@@ -1,6 +1,4 @@
-// DataParallelSession (data_parallel.h): replica partitions, replica threads, and the CPU kernel
-// of ai.onnxtrain.AllReduce (it lives here, not in ops/, because it is a call into the runtime's
-// communicator).
+// DataParallelSession (data_parallel.h): replica partitions and replica threads.
 #include "runtime/data_parallel.h"
 
 #include <condition_variable>
@@ -12,6 +10,7 @@
 
 #include "graph/error.h"
 #include "ops/op_api.h"
+#include "runtime/collective_kernels.h"
 #include "runtime/comm/in_process.h"
 
 namespace onnxtrain::runtime {
@@ -142,69 +141,6 @@ std::string base_name(const std::string& name, int k) {
   return name;
 }
 
-// ai.onnxtrain.AllReduce on one replica: its G inputs (the others are omitted) are packed into
-// one buffer, reduced across the replicas in place, and unpacked into its G outputs.
-//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
-class AllReduceKernel final : public ops::Kernel {
- public:
-  explicit AllReduceKernel(const Node& n)
-      : mean_(n.attr_string("reduction", "sum") == "mean"), where_(n.describe()) {}
-  void run(ops::KernelContext& ctx) override {
-    Communicator* comm = communicator_of(ctx);
-    OT_CHECK(comm, where_, ": no communicator (AllReduce runs only in a DataParallelSession)");
-    std::vector<int> slots;
-    int64_t total = 0;
-    graph::DataType dt = graph::DataType::kUndefined;
-    for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const ops::TensorView* in = ctx.input(i);
-      if (!in) continue;
-      OT_CHECK(dt == graph::DataType::kUndefined || in->dtype == dt, where_,
-               ": inputs of one AllReduce must share a dtype");
-      dt = in->dtype;
-      slots.push_back(i);
-      total += in->numel();
-    }
-    OT_CHECK(dt == graph::DataType::kFloat || dt == graph::DataType::kDouble || slots.empty(), where_,
-             ": AllReduce supports float32/float64");
-    const size_t es = dt == graph::DataType::kDouble ? 8 : 4;
-    std::byte* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
-    size_t off = 0;
-    for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
-      std::memcpy(buf + off, in->data, in->nbytes());
-      off += in->nbytes();
-    }
-    comm->all_reduce(buf, total, dt);
-    if (mean_) {
-      const double s = 1.0 / comm->size();
-      if (dt == graph::DataType::kDouble)
-        for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= s;
-      else
-        for (int64_t j = 0; j < total; ++j) reinterpret_cast<float*>(buf)[j] *= static_cast<float>(s);
-    }
-    off = 0;
-    for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
-      ops::TensorView& out = ctx.output(i, in->dims);
-      std::memcpy(out.data, buf + off, in->nbytes());
-      off += in->nbytes();
-    }
-  }
-
- private:
-  bool mean_;
-  std::string where_;
-};
-
-void register_allreduce_kernel() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    ops::OpSchema* s = ops::OpRegistry::global().mutable_find(ops::kOnnxtrainDomain, "AllReduce", 1);
-    OT_CHECK(s, "the op registry has no ai.onnxtrain.AllReduce");
-    s->cpu_kernel = [](const Node& n) { return std::make_unique<AllReduceKernel>(n); };
-  });
-}
-
 }  // namespace
 
 // A replica's executor and the thread it runs on. Steps are handed over one at a time.
@@ -258,7 +194,7 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
     impl_->replicas.push_back(std::move(r));
     return;
   }
-  register_allreduce_kernel();
+  register_collective_kernels();
   impl_->group = std::make_unique<InProcessGroup>(replicas);
   for (int k = 0; k < replicas; ++k) {
     auto r = std::make_unique<Replica>();

@@ -148,6 +148,16 @@ class StepContext final : public ops::KernelContext {
     }
     if (error) std::rethrow_exception(error);
   }
+  ops::Subgraph& subgraph(const std::string& attr) override {
+    std::shared_ptr<ops::Subgraph>& runner = step_.subgraphs[attr];
+    if (!runner) {
+      const graph::Attribute* a = node().find_attr(attr);
+      OT_CHECK(a && a->type == graph::AttrType::kGraph, node().describe(),
+               ": no graph attribute '", attr, "'");
+      runner = std::make_shared<SubgraphRunner>(plan_, a->g(), node().describe() + " " + attr);
+    }
+    return *runner;
+  }
 
  private:
   Plan& plan_;
@@ -170,9 +180,40 @@ int Plan::slot_of(const graph::Value* v) {
 }
 
 Plan::Plan(InferenceSession& session, const std::map<std::string, const Tensor*>& inputs)
-    : session_(session), model_(*session.model_) {
+    : session_(session), model_(*session.model_), graph_(*session.model_->graph) {
+  build(inputs);
+}
+
+Plan::Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
+           const std::map<std::string, const Tensor*>& inputs)
+    : session_(session), model_(*session.model_), graph_(g), parent_(parent) {
+  // Captured outer values: constants stay constants (so they fold here too); the rest are
+  // bound from the parent's buffers on every run, with the dims they have now.
+  for (const graph::Value* v : g.captured_values()) {
+    auto it = parent->slot_index_.find(v);
+    OT_CHECK(it != parent->slot_index_.end(), "subgraph '", g.name, "': captured value '",
+             v->name(), "' is not available in the enclosing graph");
+    const Slot& ps = parent->slots_[it->second];
+    int s = slot_of(v);
+    if (ps.is_constant) {
+      slots_[s].is_constant = true;
+      slots_[s].constant = ps.constant;
+      slots_[s].type = ps.type;
+      continue;
+    }
+    const ops::TensorView& view = parent->bindings_[it->second].view;
+    OT_CHECK(view.dtype != DataType::kUndefined, "subgraph '", g.name, "': captured value '",
+             v->name(), "' has not been computed");
+    slots_[s].is_input = true;
+    slots_[s].type = ValueType::tensor(view.dtype, graph::make_shape(view.dims));
+    captures_.emplace_back(s, it->second);
+  }
+  build(inputs);
+}
+
+void Plan::build(const std::map<std::string, const Tensor*>& inputs) {
   default_opset_ = model_.opset_version("").value_or(1);
-  const graph::Graph& g = *model_.graph;
+  const graph::Graph& g = graph_;
   // Graph inputs take the caller's dims; initializers are constants.
   for (const graph::Value* v : g.inputs()) {
     auto it = inputs.find(v->name());
@@ -193,9 +234,11 @@ Plan::Plan(InferenceSession& session, const std::map<std::string, const Tensor*>
   bindings_.resize(slots_.size());
   for (const graph::Node* n : g.topological_order()) fold_or_schedule(*n);
   for (const graph::Value* v : g.outputs()) {
-    int s = slot_of(v);
-    slots_[s].is_output = true;
-    slots_[s].last_use = static_cast<int>(steps_.size());
+    auto it = slot_index_.find(v);
+    OT_CHECK(it != slot_index_.end(), "graph '", g.name, "': output '", v->name(),
+             "' has no value (a graph input not given?)");
+    slots_[it->second].is_output = true;
+    slots_[it->second].last_use = static_cast<int>(steps_.size());
   }
   bindings_.resize(slots_.size());
   for (size_t s = 0; s < slots_.size(); ++s)
@@ -299,6 +342,16 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   int index = static_cast<int>(steps_.size());
   for (int s : step.in)
     if (s >= 0) slots_[s].last_use = std::max(slots_[s].last_use, index);
+  // Values the node's bodies capture are read while it runs: keep them alive until then.
+  for (const auto& a : n.attributes) {
+    if (a.type != graph::AttrType::kGraph) continue;
+    for (const graph::Value* v : a.g().captured_values()) {
+      auto it = slot_index_.find(v);
+      OT_CHECK(it != slot_index_.end(), n.describe(), ": attribute '", a.name, "' captures '",
+               v->name(), "', which has no value here");
+      slots_[it->second].last_use = std::max(slots_[it->second].last_use, index);
+    }
+  }
   for (int s : step.out)
     if (s >= 0) slots_[s].is_constant = false;
   step.kernel = schema->cpu_kernel(n);
@@ -460,8 +513,9 @@ Communicator* communicator_of(const ops::KernelContext& ctx) {
 }
 
 std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs) {
+  for (const auto& [s, ps] : captures_) bindings_[s].view = parent_->bindings_[ps].view;
   for (const auto& [name, t] : inputs) {
-    const graph::Value* v = model_.graph->find_value(name);
+    const graph::Value* v = graph_.find_value(name);
     auto it = slot_index_.find(v);
     if (it == slot_index_.end()) continue;  // an input nothing reads
     bindings_[it->second].view = view_of(*t);
@@ -474,7 +528,7 @@ std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs
     }
   }
   std::vector<Tensor> out;
-  for (const graph::Value* v : model_.graph->outputs()) {
+  for (const graph::Value* v : graph_.outputs()) {
     const Slot& slot = slots_[slot_index_.at(v)];
     const ops::TensorView& view = bindings_[slot_index_.at(v)].view;
     if (slot.is_constant) {

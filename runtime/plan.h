@@ -11,6 +11,7 @@
 #include "graph/ir.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
+#include "runtime/subgraph.h"
 
 namespace onnxtrain::runtime {
 
@@ -38,11 +39,17 @@ struct Step {
   // Kernel scratch, kept across runs so steady-state steps do not allocate.
   std::shared_ptr<std::byte[]> scratch;
   size_t scratch_bytes = 0;
+  // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first use.
+  std::map<std::string, std::shared_ptr<ops::Subgraph>> subgraphs;
 };
 
 class Plan {
  public:
   Plan(InferenceSession& session, const std::map<std::string, const graph::Tensor*>& inputs);
+  // A control-flow body: `g` is a subgraph of a node of `parent`'s graph; every value it
+  // captures from enclosing graphs is a constant or a run-time input bound from `parent`.
+  Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
+       const std::map<std::string, const graph::Tensor*>& inputs);
   std::vector<graph::Tensor> run(const std::map<std::string, const graph::Tensor*>& inputs);
   const PlanStats& stats() const { return stats_; }
 
@@ -54,6 +61,8 @@ class Plan {
 
  private:
   friend class StepContext;
+  friend class SubgraphRunner;
+  void build(const std::map<std::string, const graph::Tensor*>& inputs);
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);
@@ -64,6 +73,9 @@ class Plan {
 
   InferenceSession& session_;
   const graph::Model& model_;
+  const graph::Graph& graph_;
+  Plan* parent_ = nullptr;
+  std::vector<std::pair<int, int>> captures_;  // (this plan's slot, parent's slot), run-time bound
   int64_t default_opset_ = 1;
   std::vector<Slot> slots_;
   std::map<const graph::Value*, int> slot_index_;

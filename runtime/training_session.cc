@@ -21,6 +21,15 @@ double scalar_of(const graph::Tensor& t, const std::string& name) {
   }
 }
 
+// "loss/r1" -> "loss": a replica partition's outputs carry the replica suffix.
+std::string without_replica(const std::string& name) {
+  const size_t p = name.rfind("/r");
+  if (p == std::string::npos || p + 2 == name.size()) return name;
+  for (size_t i = p + 2; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return name;
+  return name.substr(0, p);
+}
+
 graph::Tensor float_scalar(float v) {
   return graph::Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{v});
 }
@@ -63,9 +72,10 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
   StepResult r;
   for (size_t i = 0; i < outs.size(); ++i) {
     const std::string& name = output_names_[i];
-    if (name == "loss") {
+    const std::string base = without_replica(name);
+    if (base == "loss") {
       r.loss = scalar_of(outs[i], name);
-    } else if (name == "correct") {
+    } else if (base == "correct") {
       r.correct = scalar_of(outs[i], name);
     } else if (name.size() > 8 && name.compare(name.size() - 8, 8, kUpdated) == 0) {
       state_[name.substr(0, name.size() - 8)] = std::move(outs[i]);

@@ -15,11 +15,11 @@ cmake --build build -j"$jobs"
 echo "== ctest (Release)"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor and backend-suite tests"
+echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint and collective tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
   -DONNXTRAIN_CUDA=OFF >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir backend_roundtrip \
-  backend_suite npy_io runtime_session
+  backend_suite npy_io runtime_session passes_training optim dataset comm checkpoint
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
 

@@ -10,7 +10,9 @@
 // checked" and fails when a registered gradient rule was never checked.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -51,5 +53,24 @@ GradReport check_gradient(const GradCase& c);
 graph::Tensor random_tensor(graph::DataType dt, std::vector<int64_t> dims, uint64_t seed,
                             double lo = -1.0, double hi = 1.0);
 graph::Tensor int64_tensor(std::vector<int64_t> dims, std::vector<int64_t> values);
+
+// Case inputs: a graph input whose gradient is compared, one that is fed but not compared, an
+// initializer (shapes, axes), an omitted optional input, an int64 vector initializer.
+inline GradInput checked(graph::Tensor t) { return GradInput{std::move(t), true, false}; }
+inline GradInput unchecked(graph::Tensor t) { return GradInput{std::move(t), false, false}; }
+inline GradInput constant(graph::Tensor t) { return GradInput{std::move(t), false, true}; }
+inline GradInput omitted() { return GradInput{std::nullopt, false, false}; }
+inline GradInput ints(std::vector<int64_t> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return constant(int64_tensor({n}, std::move(v)));
+}
+
+// `rank` dims drawn uniformly from [lo, hi].
+inline std::vector<int64_t> random_dims(std::mt19937& rng, int rank, int64_t lo = 1, int64_t hi = 4) {
+  std::uniform_int_distribution<int64_t> d(lo, hi);
+  std::vector<int64_t> dims;
+  for (int k = 0; k < rank; ++k) dims.push_back(d(rng));
+  return dims;
+}
 
 }  // namespace onnxtrain::testing

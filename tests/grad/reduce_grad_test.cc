@@ -19,25 +19,6 @@ using graph::Attribute;
 using graph::DataType;
 using graph::Tensor;
 
-GradInput checked(Tensor t) {
-  return GradInput{std::move(t), true, false};
-}
-GradInput unchecked(Tensor t) {
-  return GradInput{std::move(t), false, false};
-}
-GradInput constant(Tensor t) {
-  return GradInput{std::move(t), false, true};
-}
-GradInput omitted() {
-  return GradInput{std::nullopt, false, false};
-}
-
-std::vector<int64_t> random_dims(std::mt19937& rng, int rank, int64_t lo = 1, int64_t hi = 4) {
-  std::uniform_int_distribution<int64_t> d(lo, hi);
-  std::vector<int64_t> dims;
-  for (int k = 0; k < rank; ++k) dims.push_back(d(rng));
-  return dims;
-}
 
 std::string dims_str(const std::vector<int64_t>& dims) {
   std::string s = "(";

@@ -19,23 +19,6 @@ using graph::Attribute;
 using graph::DataType;
 using graph::Tensor;
 
-GradInput checked(Tensor t) {
-  return GradInput{std::move(t), true, false};
-}
-GradInput constant(Tensor t) {
-  return GradInput{std::move(t), false, true};
-}
-GradInput ints(std::vector<int64_t> v) {
-  const auto n = static_cast<int64_t>(v.size());
-  return constant(int64_tensor({n}, std::move(v)));
-}
-
-std::vector<int64_t> random_dims(std::mt19937& rng, int rank, int64_t lo = 1, int64_t hi = 4) {
-  std::uniform_int_distribution<int64_t> d(lo, hi);
-  std::vector<int64_t> dims;
-  for (int k = 0; k < rank; ++k) dims.push_back(d(rng));
-  return dims;
-}
 
 int64_t pick(std::mt19937& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

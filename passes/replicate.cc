@@ -1,0 +1,275 @@
+// replicate (passes.h): the single-replica training graph cloned once per replica, the global
+// batch split by ShardBatch nodes, state mirrored per replica, `lr` / `loss_scale` shared.
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "graph/error.h"
+#include "ops/op_api.h"
+#include "passes/passes.h"
+
+namespace onnxtrain::passes {
+
+namespace {
+
+using graph::Dim;
+using graph::Graph;
+using graph::Node;
+using graph::Value;
+using graph::ValueType;
+using ValueMap = std::unordered_map<const Value*, Value*>;
+
+constexpr const char* kUpdated = ".updated";
+
+std::string replica_suffix(int k) {
+  return cat("/r", k);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What the pass reads from the single-replica graph, collected before anything changes.
+struct Layout {
+  std::vector<Value*> batch;                       // graph inputs split by ShardBatch
+  std::vector<Value*> state;                       // initializers S with an `S.updated` output
+  std::unordered_set<const Value*> state_updated;  // the `S.updated` outputs
+  std::set<std::string> batch_symbols;             // dim-0 symbols of the batch inputs
+  bool known_batch = false;                        // some batch input has a known dim 0
+  std::vector<Node*> nodes;                        // every node, topological order
+};
+
+Layout read_layout(const Graph& g) {
+  Layout l;
+  std::unordered_set<const Value*> state;
+  for (Value* out : g.outputs()) {
+    if (!ends_with(out->name(), kUpdated)) continue;
+    Value* s =
+        g.find_value(out->name().substr(0, out->name().size() - std::string(kUpdated).size()));
+    if (!s || !s->has_initializer() || !state.insert(s).second) continue;
+    l.state_updated.insert(out);
+  }
+  for (Value* v : g.initializers())
+    if (state.count(v)) l.state.push_back(v);
+  for (Value* in : g.inputs()) {
+    if (in->name() == "lr" || in->name() == "loss_scale" || in->has_initializer()) continue;
+    OT_CHECK(in->type.is_tensor(), "replicate: batch input '", in->name(),
+             "' is not a tensor; only tensors can be split across replicas");
+    OT_CHECK(!in->shape() || !in->shape()->empty(), "replicate: batch input '", in->name(),
+             "' is a scalar; batch inputs are split along dim 0 (only `lr` and `loss_scale` are "
+             "shared scalars)");
+    l.batch.push_back(in);
+    if (!in->shape()) continue;
+    const Dim& d = (*in->shape())[0];
+    if (d.is_known())
+      l.known_batch = true;
+    else if (!d.param.empty())
+      l.batch_symbols.insert(d.param);
+  }
+  l.nodes = g.topological_order();
+  return l;
+}
+
+class Replicator {
+ public:
+  Replicator(graph::Model& m, const ReplicateOptions& opts)
+      : model_(m),
+        g_(*m.graph),
+        r_(opts.replicas),
+        devices_(opts.devices),
+        layout_(read_layout(g_)) {
+    if (devices_.empty())
+      for (int k = 0; k < r_; ++k) devices_.push_back(cat("cpu:", k));
+    for (const Value* v : layout_.state) state_.insert(v);
+  }
+
+  void run() {
+    check_names();
+    maps_.resize(static_cast<size_t>(r_));
+    shard_batch();
+    mirror_state();
+    clone_nodes();
+    rewire_outputs();
+    remove_originals();
+    if (layout_.known_batch) reinfer();
+  }
+
+ private:
+  // Replica k's name for a value: `S.updated` of state S is `S/r<k>.updated`, the rest `name/r<k>`.
+  std::string value_name(const Value* v, int k) const {
+    if (layout_.state_updated.count(v)) {
+      const std::string& n = v->name();
+      return n.substr(0, n.size() - std::string(kUpdated).size()) + replica_suffix(k) + kUpdated;
+    }
+    return v->name() + replica_suffix(k);
+  }
+
+  // Every name the pass creates is free and created once, checked before the graph changes.
+  void check_names() const {
+    std::set<std::string> fresh;
+    auto claim = [&](const std::string& name, const std::string& what) {
+      OT_CHECK(!g_.lookup(name) && fresh.insert(name).second, "replicate: value '", name, "' (",
+               what, ") already exists; replica names must be free");
+    };
+    for (int k = 0; k < r_; ++k) {
+      for (const Value* x : layout_.batch) claim(value_name(x, k), "batch shard");
+      for (const Value* s : layout_.state) claim(value_name(s, k), "mirrored state");
+      for (const Node* n : layout_.nodes)
+        for (const Value* o : n->outputs())
+          if (o) claim(value_name(o, k), cat("replica of ", n->describe()));
+      for (const Value* o : g_.outputs())
+        if (!o->producer() && !state_.count(o) && !is_batch(o))
+          claim(value_name(o, k), "shared graph output");
+    }
+  }
+
+  bool is_batch(const Value* v) const {
+    for (const Value* x : layout_.batch)
+      if (x == v) return true;
+    return false;
+  }
+
+  void shard_batch() {
+    if (layout_.batch.empty()) return;
+    model_.set_opset(ops::kOnnxtrainDomain, 1);
+    Node* first = g_.nodes().empty() ? nullptr : g_.nodes().front().get();
+    ConstantValues none;
+    for (Value* x : layout_.batch) {
+      std::vector<std::string> outs;
+      for (int k = 0; k < r_; ++k) outs.push_back(value_name(x, k));
+      const std::string name = cat("shard_batch.", x->name());
+      Node* n =
+          first ? g_.insert_node_before(first, "ShardBatch", {x}, outs, name, ops::kOnnxtrainDomain)
+                : g_.add_node("ShardBatch", {x}, outs, name, ops::kOnnxtrainDomain);
+      n->set_attr(graph::Attribute::make_int("replicas", r_));
+      infer_node(model_, *n, none);
+      for (int k = 0; k < r_; ++k)
+        maps_[static_cast<size_t>(k)][x] = n->output(static_cast<size_t>(k));
+    }
+  }
+
+  // Mirrored variables: the same tensor (copy-on-write, so no copy until a replica writes).
+  void mirror_state() {
+    for (Value* s : layout_.state)
+      for (int k = 0; k < r_; ++k) {
+        Value* c = g_.add_initializer(value_name(s, k), s->initializer(), s->is_graph_input());
+        c->type = s->type;
+        c->doc_string = s->doc_string;
+        maps_[static_cast<size_t>(k)][s] = c;
+      }
+  }
+
+  // The clones of one node next to each other, so an AllReduce inserted after the last
+  // replica's gradient producer precedes the backward nodes that remain in every replica.
+  void clone_nodes() {
+    for (Node* n : layout_.nodes) {
+      for (int k = 0; k < r_; ++k) {
+        ValueMap& map = maps_[static_cast<size_t>(k)];
+        auto rename_value = [&](const std::string& name) {
+          const Value* v = g_.find_value(name);
+          return v ? value_name(v, k) : name + replica_suffix(k);
+        };
+        Node* c = g_.clone_nodes(std::span<Node* const>(&n, 1), rename_value, map).front();
+        c->name = n->name.empty() ? "" : n->name + replica_suffix(k);
+        c->device = devices_[static_cast<size_t>(k)];
+        for (graph::Attribute& a : c->attributes) {
+          if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
+          if (a.type == graph::AttrType::kGraphs)
+            for (const graph::GraphPtr& sub : a.graphs()) remap_captures(*sub, map);
+        }
+        for (Value* o : c->outputs())
+          if (o) rename_symbols(o->type, k);
+      }
+    }
+  }
+
+  // A cloned If/Loop body still reads the original outer values; point it at replica k's.
+  static void remap_captures(Graph& sub, const ValueMap& map) {
+    for (const auto& node : sub.nodes()) {
+      for (size_t i = 0; i < node->inputs().size(); ++i) {
+        auto it = node->input(i) ? map.find(node->input(i)) : map.end();
+        if (it != map.end()) node->set_input(i, it->second);
+      }
+      for (graph::Attribute& a : node->attributes) {
+        if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
+        if (a.type == graph::AttrType::kGraphs)
+          for (const graph::GraphPtr& s : a.graphs()) remap_captures(*s, map);
+      }
+    }
+  }
+
+  // Replica k's batch is its own count: the batch symbol N reads `N/r<k>` in its types.
+  void rename_symbols(ValueType& t, int k) const {
+    if (!t.shape || layout_.batch_symbols.empty()) return;
+    for (Dim& d : *t.shape)
+      if (!d.is_known() && layout_.batch_symbols.count(d.param)) d.param += replica_suffix(k);
+  }
+
+  void rewire_outputs() {
+    std::vector<Value*> outs;
+    for (Value* o : g_.outputs()) {
+      for (int k = 0; k < r_; ++k) {
+        const ValueMap& map = maps_[static_cast<size_t>(k)];
+        auto it = map.find(o);
+        if (it != map.end()) {
+          outs.push_back(it->second);
+          continue;
+        }
+        // A shared value (lr, a constant) cannot be R distinct outputs; an Identity per
+        // replica carries it under the replica's name.
+        Node* id = g_.add_node("Identity", {o}, {value_name(o, k)},
+                               cat(o->name(), "/identity", replica_suffix(k)));
+        id->device = devices_[static_cast<size_t>(k)];
+        id->output(0)->type = o->type;
+        outs.push_back(id->output(0));
+      }
+    }
+    g_.set_outputs(std::move(outs));
+  }
+
+  void remove_originals() {
+    for (auto it = layout_.nodes.rbegin(); it != layout_.nodes.rend(); ++it) g_.remove_node(*it);
+    for (Value* s : layout_.state) {
+      if (s->is_graph_input()) g_.remove_input(s);
+      g_.clear_initializer(s);
+      g_.remove_value(s);
+    }
+  }
+
+  // A batch of known size N: each replica's values have other sizes than the originals, so
+  // their types are inferred again from the ShardBatch outputs (which know size_k).
+  void reinfer() {
+    for (const auto& n : g_.nodes()) {
+      if (n->op_type == "ShardBatch" && n->domain == ops::kOnnxtrainDomain) continue;
+      for (Value* o : n->outputs())
+        if (o) o->type = ValueType{};
+    }
+    infer_shapes(model_);
+  }
+
+  graph::Model& model_;
+  Graph& g_;
+  int r_;
+  std::vector<std::string> devices_;
+  Layout layout_;
+  std::unordered_set<const Value*> state_;
+  std::vector<ValueMap> maps_;
+};
+
+}  // namespace
+
+void replicate(graph::Model& model, const ReplicateOptions& opts) {
+  OT_CHECK(model.graph, "replicate: the model has no graph");
+  OT_CHECK(opts.replicas >= 1, "replicate: replicas must be >= 1, got ", opts.replicas);
+  OT_CHECK(opts.devices.empty() || opts.devices.size() == static_cast<size_t>(opts.replicas),
+           "replicate: ", opts.devices.size(), " devices given for ", opts.replicas,
+           " replicas (one per replica, or none for cpu:0..)");
+  for (size_t k = 0; k < opts.devices.size(); ++k)
+    OT_CHECK(!opts.devices[k].empty(), "replicate: device of replica ", k, " is empty");
+  // One replica is the graph as it is.
+  if (opts.replicas == 1) return;
+  Replicator(model, opts).run();
+}
+
+}  // namespace onnxtrain::passes

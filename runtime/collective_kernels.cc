@@ -1,0 +1,250 @@
+// The collective kernels (collective_kernels.h).
+#include "runtime/collective_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "graph/error.h"
+#include "ops/op_api.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/session.h"
+
+namespace onnxtrain::runtime {
+namespace {
+
+using graph::DataType;
+using graph::Node;
+
+Communicator& comm_of(ops::KernelContext& ctx) {
+  Communicator* c = communicator_of(ctx);
+  OT_CHECK(c, ctx.node().describe(), ": no communicator (collective ops run only in a DataParallelSession)");
+  return *c;
+}
+
+double at(const ops::TensorView& v, int64_t i) {
+  return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
+}
+void put(ops::TensorView& v, int64_t i, double x) {
+  if (v.dtype == DataType::kDouble)
+    v.as<double>()[i] = x;
+  else
+    v.as<float>()[i] = static_cast<float>(x);
+}
+
+// One replica's share of ai.onnxtrain.AllReduce: its G inputs (the other replicas' slots are
+// omitted) are packed into one buffer, reduced across the replicas in place, and unpacked.
+//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
+class AllReduceKernel final : public ops::Kernel {
+ public:
+  explicit AllReduceKernel(const Node& n) : mean_(n.attr_string("reduction", "sum") == "mean") {}
+  void run(ops::KernelContext& ctx) override {
+    Communicator& comm = comm_of(ctx);
+    const std::string where = ctx.node().describe();
+    std::vector<int> slots;
+    int64_t total = 0;
+    DataType dt = DataType::kUndefined;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const ops::TensorView* in = ctx.input(i);
+      if (!in) continue;
+      OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
+               ": inputs of one AllReduce must share a dtype");
+      dt = in->dtype;
+      slots.push_back(i);
+      total += in->numel();
+    }
+    if (slots.empty()) return;
+    OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where, ": AllReduce supports float32/float64");
+    const size_t es = dt == DataType::kDouble ? 8 : 4;
+    auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
+    size_t off = 0;
+    for (int i : slots) {
+      const ops::TensorView* in = ctx.input(i);
+      if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
+      off += in->nbytes();
+    }
+    comm.all_reduce(buf, total, dt);
+    if (mean_) {
+      const double s = 1.0 / comm.size();
+      if (dt == DataType::kDouble)
+        for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= s;
+      else
+        for (int64_t j = 0; j < total; ++j) reinterpret_cast<float*>(buf)[j] *= static_cast<float>(s);
+    }
+    off = 0;
+    for (int i : slots) {
+      const ops::TensorView* in = ctx.input(i);
+      ops::TensorView& out = ctx.output(i, in->dims);
+      if (in->nbytes()) std::memcpy(out.data, buf + off, in->nbytes());
+      off += in->nbytes();
+    }
+  }
+
+ private:
+  bool mean_;
+};
+
+// Layout of x: (N, C, D...) -> n, c, inner.
+struct BnDims {
+  int64_t n = 0, c = 0, inner = 1;
+};
+BnDims bn_dims(const ops::TensorView& x, const std::string& where) {
+  OT_CHECK(x.rank() >= 2, where, ": X must have rank >= 2 (N, C, ...), got rank ", x.rank());
+  BnDims d{x.dims[0], x.dims[1], 1};
+  for (int64_t k = 2; k < x.rank(); ++k) d.inner *= x.dims[k];
+  return d;
+}
+
+// Global batch mean and biased variance per channel: local sums of x and x^2 and the element
+// count, summed over the replicas in float64.
+void global_stats(Communicator& comm, const ops::TensorView& x, const BnDims& d,
+                  std::vector<double>& mean, std::vector<double>& var, double& count,
+                  const ops::KernelContext& ctx) {
+  std::vector<double> buf(static_cast<size_t>(2 * d.c + 1), 0.0);
+  ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      double s1 = 0, s2 = 0;
+      for (int64_t i = 0; i < d.n; ++i) {
+        const int64_t base = (i * d.c + c) * d.inner;
+        for (int64_t j = 0; j < d.inner; ++j) {
+          const double v = at(x, base + j);
+          s1 += v;
+          s2 += v * v;
+        }
+      }
+      buf[c] = s1;
+      buf[d.c + c] = s2;
+    }
+  });
+  buf[2 * d.c] = static_cast<double>(d.n * d.inner);
+  comm.all_reduce(buf.data(), static_cast<int64_t>(buf.size()), DataType::kDouble);
+  count = buf[2 * d.c];
+  mean.assign(d.c, 0.0);
+  var.assign(d.c, 0.0);
+  for (int64_t c = 0; c < d.c; ++c) {
+    if (count <= 0) continue;
+    mean[c] = buf[c] / count;
+    var[c] = std::max(0.0, buf[d.c + c] / count - mean[c] * mean[c]);
+  }
+}
+
+// x: (N,C,D...), scale/B/running_mean/running_var: (C) -> y: (N,C,D...), running_mean',
+// running_var': (C) with the global batch statistics (momentum as BatchNormalization).
+class SyncBatchNormKernel final : public ops::Kernel {
+ public:
+  explicit SyncBatchNormKernel(const Node& n)
+      : eps_(n.attr_float("epsilon", 1e-5f)), momentum_(n.attr_float("momentum", 0.9f)) {}
+  void run(ops::KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const ops::TensorView& x = *ctx.input(0);
+    const ops::TensorView &scale = *ctx.input(1), &bias = *ctx.input(2);
+    const BnDims d = bn_dims(x, where);
+    std::vector<double> mean, var;
+    double count = 0;
+    global_stats(comm_of(ctx), x, d, mean, var, count, ctx);
+    ops::TensorView& y = ctx.output(0, x.dims);
+    ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const double inv = 1.0 / std::sqrt(var[c] + eps_);
+        const double a = at(scale, c) * inv, sh = at(bias, c) - mean[c] * a;
+        for (int64_t i = 0; i < d.n; ++i) {
+          const int64_t base = (i * d.c + c) * d.inner;
+          for (int64_t j = 0; j < d.inner; ++j) put(y, base + j, at(x, base + j) * a + sh);
+        }
+      }
+    });
+    const std::vector<int64_t> cdims{d.c};
+    for (int k = 1; k <= 2 && k < ctx.num_outputs(); ++k) {
+      if (!ctx.has_output(k)) continue;
+      const ops::TensorView& running = *ctx.input(k + 2);
+      ops::TensorView& out = ctx.output(k, cdims);
+      const std::vector<double>& batch = k == 1 ? mean : var;
+      for (int64_t c = 0; c < d.c; ++c)
+        put(out, c, at(running, c) * momentum_ + batch[c] * (1.0 - momentum_));
+    }
+  }
+
+ private:
+  double eps_, momentum_;
+};
+
+// dy, x: (N,C,D...), scale: (C) -> dx: (N,C,D...), dscale, dB: (C) (this replica's share).
+//   dx = scale * inv / M * (M dy - sum_g(dy) - xhat sum_g(dy xhat)), M and sum_g over all replicas.
+class SyncBatchNormGradKernel final : public ops::Kernel {
+ public:
+  explicit SyncBatchNormGradKernel(const Node& n) : eps_(n.attr_float("epsilon", 1e-5f)) {}
+  void run(ops::KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    Communicator& comm = comm_of(ctx);
+    const ops::TensorView &dy = *ctx.input(0), &x = *ctx.input(1), &scale = *ctx.input(2);
+    const BnDims d = bn_dims(x, where);
+    std::vector<double> mean, var;
+    double count = 0;
+    global_stats(comm, x, d, mean, var, count, ctx);
+    std::vector<double> local(static_cast<size_t>(2 * d.c), 0.0);  // sum dy, sum dy*xhat
+    ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const double inv = 1.0 / std::sqrt(var[c] + eps_);
+        double sdy = 0, sdyx = 0;
+        for (int64_t i = 0; i < d.n; ++i) {
+          const int64_t base = (i * d.c + c) * d.inner;
+          for (int64_t j = 0; j < d.inner; ++j) {
+            const double g = at(dy, base + j);
+            sdy += g;
+            sdyx += g * (at(x, base + j) - mean[c]) * inv;
+          }
+        }
+        local[c] = sdy;
+        local[d.c + c] = sdyx;
+      }
+    });
+    std::vector<double> global = local;
+    comm.all_reduce(global.data(), static_cast<int64_t>(global.size()), DataType::kDouble);
+    const std::vector<int64_t> cdims{d.c};
+    if (ctx.has_output(0)) {
+      ops::TensorView& dx = ctx.output(0, x.dims);
+      ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const double inv = 1.0 / std::sqrt(var[c] + eps_);
+          const double k = count > 0 ? at(scale, c) * inv / count : 0.0;
+          for (int64_t i = 0; i < d.n; ++i) {
+            const int64_t base = (i * d.c + c) * d.inner;
+            for (int64_t j = 0; j < d.inner; ++j) {
+              const double xhat = (at(x, base + j) - mean[c]) * inv;
+              put(dx, base + j, k * (count * at(dy, base + j) - global[c] - xhat * global[d.c + c]));
+            }
+          }
+        }
+      });
+    }
+    for (int k = 1; k <= 2 && k < ctx.num_outputs(); ++k) {
+      if (!ctx.has_output(k)) continue;
+      ops::TensorView& out = ctx.output(k, cdims);
+      for (int64_t c = 0; c < d.c; ++c) put(out, c, local[(k == 1 ? d.c : 0) + c]);
+    }
+  }
+
+ private:
+  double eps_;
+};
+
+template <typename K>
+void install(const char* op) {
+  ops::OpSchema* s = ops::OpRegistry::global().mutable_find(ops::kOnnxtrainDomain, op, 1);
+  OT_CHECK(s, "the op registry has no ai.onnxtrain.", op);
+  s->cpu_kernel = [](const Node& n) { return std::make_unique<K>(n); };
+}
+
+}  // namespace
+
+void register_collective_kernels() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    install<AllReduceKernel>("AllReduce");
+    install<SyncBatchNormKernel>("SyncBatchNormalization");
+    install<SyncBatchNormGradKernel>("SyncBatchNormalizationGrad");
+  });
+}
+
+}  // namespace onnxtrain::runtime

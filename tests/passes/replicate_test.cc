@@ -1,0 +1,563 @@
+// replicate + bucket_allreduce: the replicated zoo MLP/CNN against their single-replica graphs
+// (clone names, devices, ShardBatch, mirrored state, outputs, allreduced updates), bucket
+// packing, BN running-stat averaging, ONNX round trip, the ShardBatch kernel, and replica
+// shards run without AllReduce summing to the single-replica loss and SGD step.
+#include <gtest/gtest.h>
+#include <onnx/checker.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "graph/onnx_io.h"
+#include "graph/printer.h"
+#include "graph/verifier.h"
+#include "models/zoo.h"
+#include "passes/passes.h"
+#include "tests/passes/training_test_util.h"
+
+namespace onnxtrain::passtest {
+namespace {
+
+using graph::Model;
+using graph::Node;
+using graph::Value;
+using passes::BucketInfo;
+using passes::OptimizerKind;
+using passes::TrainingOptions;
+
+std::string rk(int k) {
+  return "/r" + std::to_string(k);
+}
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+std::unique_ptr<Model> zoo(const std::string& name, int64_t width = 0) {
+  const std::vector<int64_t> in =
+      name == "resnet18" ? std::vector<int64_t>{1, 32, 32} : std::vector<int64_t>{1, 28, 28};
+  return models::build_zoo_model(name, {.input_shape = in, .classes = 10, .width = width});
+}
+
+// Conv, pooling and BN have no gradient rules yet: in the CNN and ResNet only the final fc
+// layer is trained (the convolutions and BNs are still cloned per replica).
+TrainingOptions options(int replicas, OptimizerKind kind = OptimizerKind::kAdam,
+                        const std::string& model = "mlp") {
+  TrainingOptions o;
+  if (model != "mlp") o.trainable.trainable_regex = "^fc";
+  o.replicas = replicas;
+  o.optimizer.kind = kind;
+  return o;
+}
+
+std::vector<const Node*> nodes_of(const graph::Graph& g, const std::string& op) {
+  std::vector<const Node*> out;
+  for (const auto& n : g.nodes())
+    if (n->op_type == op) out.push_back(n.get());
+  return out;
+}
+
+// State of the single-replica graph: initializers S with an `S.updated` output.
+std::set<std::string> state_of(const graph::Graph& g) {
+  std::set<std::string> s;
+  for (const Value* o : g.outputs())
+    if (ends_with(o->name(), ".updated")) {
+      const std::string base = o->name().substr(0, o->name().size() - 8);
+      if (const Value* v = g.find_value(base); v && v->has_initializer()) s.insert(base);
+    }
+  return s;
+}
+
+// Replica k's name of a value of the single-replica graph `single`.
+std::string replica_name(const graph::Graph& single, const std::set<std::string>& state,
+                         const std::string& name, int k) {
+  if (name == "lr" || name == "loss_scale") return name;
+  const Value* v = single.find_value(name);
+  if (v && v->has_initializer() && !state.count(name)) return name;  // shared constant
+  if (ends_with(name, ".updated") && state.count(name.substr(0, name.size() - 8)))
+    return name.substr(0, name.size() - 8) + rk(k) + ".updated";
+  return name + rk(k);
+}
+
+// Structure of build_training_graph(R) against build_training_graph(1) of the same model.
+void check_replicated(const std::string& model, int r, OptimizerKind kind, float clip) {
+  SCOPED_TRACE(model + " x" + std::to_string(r));
+  TrainingOptions o1 = options(1, kind, model), o = options(r, kind, model);
+  o1.optimizer.clip_global_norm = o.optimizer.clip_global_norm = clip;
+  auto single = zoo(model);
+  passes::build_training_graph(*single, o1);
+  auto m = zoo(model);
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, o);
+  const graph::Graph& g1 = *single->graph;
+  const graph::Graph& g = *m->graph;
+  const std::set<std::string> state = state_of(g1);
+  ASSERT_FALSE(state.empty());
+
+  // Inputs unchanged (the batch is global); one ShardBatch per batch input.
+  EXPECT_EQ(input_names(g), input_names(g1));
+  std::vector<std::string> batch;
+  for (const std::string& in : input_names(g1))
+    if (in != "lr" && in != "loss_scale") batch.push_back(in);
+  EXPECT_EQ(batch, (std::vector<std::string>{"input", "labels"}));
+  const auto shards = nodes_of(g, "ShardBatch");
+  ASSERT_EQ(shards.size(), batch.size());
+  for (const Node* s : shards) {
+    EXPECT_EQ(s->domain, "ai.onnxtrain");
+    EXPECT_EQ(s->device, "");
+    EXPECT_EQ(s->attr_int("replicas", 0), r);
+    ASSERT_EQ(s->outputs().size(), static_cast<size_t>(r));
+    for (int k = 0; k < r; ++k) EXPECT_EQ(s->output(k)->name(), s->input(0)->name() + rk(k));
+  }
+
+  // Every node of the single graph: R clones next to each other in its topological order
+  // (node names need not be unique), with the right names, devices, op and inputs.
+  std::vector<const Node*> clones;
+  for (const auto& n : g.nodes())
+    if (n->op_type != "ShardBatch" && n->op_type != "AllReduce") clones.push_back(n.get());
+  const std::vector<Node*> order = g1.topological_order();
+  ASSERT_EQ(clones.size(), order.size() * r);
+  for (size_t j = 0; j < order.size(); ++j) {
+    const Node* n = order[j];
+    for (int k = 0; k < r; ++k) {
+      const Node* c = clones[j * r + k];
+      EXPECT_EQ(c->name, n->name.empty() ? "" : n->name + rk(k));
+      EXPECT_EQ(c->op_type, n->op_type);
+      EXPECT_EQ(c->device, "cpu:" + std::to_string(k));
+      ASSERT_EQ(c->inputs().size(), n->inputs().size()) << c->name;
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        if (!n->input(i)) {
+          EXPECT_EQ(c->input(i), nullptr);
+          continue;
+        }
+        std::string want = replica_name(g1, state, n->input(i)->name(), k);
+        // The optimizer reads the reduced gradient.
+        if (c->input(i) && c->input(i)->name() == want + "/allreduced") want += "/allreduced";
+        EXPECT_EQ(c->input(i) ? c->input(i)->name() : "", want) << c->name << " input " << i;
+      }
+      for (size_t i = 0; i < n->outputs().size(); ++i)
+        if (n->output(i) && c->output(i)) {
+          const std::string want = replica_name(g1, state, n->output(i)->name(), k);
+          // BN running statistics are reduced (checked in BatchNormRunningStatsAreAveraged).
+          EXPECT_TRUE(c->output(i)->name() == want || c->output(i)->name() == want + "/local")
+              << c->output(i)->name() << " vs " << want;
+        }
+    }
+  }
+  const size_t cloned = clones.size();
+  const auto reduces = nodes_of(g, "AllReduce");
+  EXPECT_EQ(reduces.size(), info.buckets.num_buckets() + (info.buckets.bn_stats.empty() ? 0 : 1));
+  EXPECT_EQ(g.num_nodes(), cloned + shards.size() + reduces.size());
+
+  // Mirrored state with the same value; the original is gone.
+  for (const std::string& s : state) {
+    EXPECT_EQ(g.find_value(s), nullptr) << s;
+    EXPECT_EQ(g.find_value(s + ".updated"), nullptr) << s;
+    for (int k = 0; k < r; ++k) {
+      const Value* v = g.find_value(s + rk(k));
+      ASSERT_TRUE(v && v->has_initializer()) << s << rk(k);
+      EXPECT_TRUE(v->initializer().equals(g1.find_value(s)->initializer())) << s;
+    }
+  }
+
+  // Outputs: each original output R times, in replica order.
+  std::vector<std::string> want_outs;
+  for (const std::string& o1n : output_names(g1))
+    for (int k = 0; k < r; ++k) want_outs.push_back(replica_name(g1, state, o1n, k));
+  EXPECT_EQ(output_names(g), want_outs);
+
+  // Every parameter's gradient goes through exactly one sum AllReduce, replica-major.
+  std::set<std::string> reduced_params;
+  for (const Node* a : reduces) {
+    EXPECT_EQ(a->domain, "ai.onnxtrain");
+    EXPECT_EQ(a->device, "");
+    EXPECT_EQ(a->attr_int("replicas", 0), r);
+    if (a->attr_string("reduction", "") != "sum") continue;
+    const size_t n = a->inputs().size();
+    ASSERT_EQ(n % r, 0u);
+    const size_t per = n / r;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string in = a->input(i)->name();
+      const std::string suffix = "_grad" + rk(static_cast<int>(i / per));
+      ASSERT_TRUE(ends_with(in, suffix)) << in;
+      EXPECT_EQ(a->output(i)->name(), in + "/allreduced");
+      const std::string p = in.substr(0, in.size() - suffix.size());
+      EXPECT_EQ(a->input(i % per)->name(), p + "_grad/r0");
+      if (i < per) {
+        EXPECT_TRUE(reduced_params.insert(p).second) << p;
+      }
+    }
+  }
+  std::set<std::string> params(info.prepared.params.begin(), info.prepared.params.end());
+  EXPECT_EQ(reduced_params, params);
+  // No update reads a local gradient.
+  for (const auto& n : g.nodes()) {
+    if (n->op_type == "AllReduce") continue;
+    const bool optimizer = n->name.rfind("optimizer.", 0) == 0;
+    for (const Value* in : n->inputs()) {
+      if (!optimizer || !in || in->name().find("_grad") == std::string::npos) continue;
+      // Clipping scales the reduced gradients (the global norm is the same on every replica).
+      if (in->producer() && in->producer()->op_type == "ClipByGlobalNorm") {
+        for (const Value* c : in->producer()->inputs())
+          EXPECT_TRUE(ends_with(c->name(), "/allreduced")) << "clip reads " << c->name();
+        continue;
+      }
+      EXPECT_TRUE(ends_with(in->name(), "/allreduced")) << n->name << " reads " << in->name();
+    }
+  }
+  graph::verify_model(*m);
+}
+
+TEST(Replicate, ZooMlpAndCnnTwoAndThreeReplicas) {
+  for (const char* model : {"mlp", "cnn"})
+    for (int r : {2, 3}) check_replicated(model, r, OptimizerKind::kAdam, 0.0f);
+  check_replicated("mlp", 2, OptimizerKind::kMomentum, 1.0f);  // ClipByGlobalNorm
+  check_replicated("mlp", 3, OptimizerKind::kSgd, 0.0f);
+}
+
+TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
+  auto m = zoo("mlp");
+  TrainingOptions o = options(2);
+  o.devices = {"cuda:1", "cuda:0"};
+  passes::build_training_graph(*m, o);
+  for (const auto& n : m->graph->nodes()) {
+    if (n->op_type == "ShardBatch" || n->op_type == "AllReduce") continue;
+    EXPECT_EQ(n->device, ends_with(n->name, "/r0") ? "cuda:1" : "cuda:0") << n->name;
+  }
+  auto a = zoo("mlp");
+  passes::build_training_graph(*a, options(1));
+  const std::string before = graph::to_text(*a->graph);
+  passes::replicate(*a, {.replicas = 1, .devices = {}});
+  EXPECT_EQ(graph::to_text(*a->graph), before);
+  expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {"cpu:0"}}); },
+               "1 devices given for 2 replicas");
+  expect_error([&] { passes::replicate(*a, {.replicas = 0, .devices = {}}); },
+               "replicas must be >= 1");
+  expect_error([&] { passes::bucket_allreduce(*a, {}); }, "no ShardBatch");
+  EXPECT_EQ(graph::to_text(*a->graph), before);
+  // A taken replica name is refused before anything changes.
+  a->graph->add_initializer("relu1/r1", f32({1}, {0.0f}));
+  const std::string taken = graph::to_text(*a->graph);
+  expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {}}); },
+               "replicate: value 'relu1/r1' (replica of node 'relu1' (Relu)) already exists");
+  EXPECT_EQ(graph::to_text(*a->graph), taken);
+}
+
+// ---------------------------------------------------------------- buckets
+
+int64_t param_bytes(const Model& single, const std::string& p) {
+  return static_cast<int64_t>(single.graph->find_value(p)->initializer().nbytes());
+}
+
+BucketInfo mlp_buckets(double bucket_mb, double first_mb, std::unique_ptr<Model>* out = nullptr) {
+  auto m = zoo("mlp");
+  passes::build_training_graph(*m, options(1));
+  passes::replicate(*m, {.replicas = 2, .devices = {}});
+  const BucketInfo info =
+      passes::bucket_allreduce(*m, {.bucket_mb = bucket_mb, .first_bucket_mb = first_mb});
+  graph::verify_model(*m);
+  if (out) *out = std::move(m);
+  return info;
+}
+
+TEST(BucketAllReduce, MlpBucketCountsAndOrder) {
+  auto single = zoo("mlp");
+  const auto inference = zoo("mlp");
+  const passes::TrainingGraphInfo one = passes::build_training_graph(*single, options(1));
+  // Forward Gemm i reads fc<i>'s weight and bias; backward completes fc3 first.
+  std::vector<std::vector<std::string>> layers;
+  for (const Node* n : nodes_of(*inference->graph, "Gemm")) {
+    std::vector<std::string> ps;
+    for (const Value* in : n->inputs())
+      if (in && in->has_initializer()) ps.push_back(in->name());
+    layers.insert(layers.begin(), ps);
+  }
+  ASSERT_EQ(layers.size(), 3u);
+  const size_t params = one.prepared.params.size();
+  ASSERT_EQ(params, 6u);
+
+  // Tiny buckets: one gradient each, in backward order (layer by layer).
+  const BucketInfo tiny = mlp_buckets(1e-9, 1.0);
+  ASSERT_EQ(tiny.num_buckets(), params);
+  for (size_t l = 0; l < 3; ++l)
+    for (size_t j = 0; j < 2; ++j) {
+      const std::string& p = tiny.params[2 * l + j].at(0);
+      EXPECT_NE(std::find(layers[l].begin(), layers[l].end(), p), layers[l].end()) << p;
+      EXPECT_EQ(tiny.bytes[2 * l + j], param_bytes(*single, p));
+    }
+
+  // The whole MLP (0.45 MiB) fits the default 1 MiB first bucket.
+  EXPECT_EQ(mlp_buckets(1000, 1.0).num_buckets(), 1u);
+  // A 10 KiB first bucket holds fc3 (5160 bytes) and at most fc2's bias; the rest in one.
+  std::unique_ptr<Model> m;
+  const BucketInfo huge = mlp_buckets(1000, 0.01, &m);
+  ASSERT_EQ(huge.num_buckets(), 2u);
+  EXPECT_LE(huge.bytes[0], 0.01 * 1024 * 1024);
+  for (const std::string& p : layers[0])
+    EXPECT_NE(std::find(huge.params[0].begin(), huge.params[0].end(), p), huge.params[0].end());
+  int64_t total = 0;
+  for (const std::string& p : one.prepared.params) total += param_bytes(*single, p);
+  EXPECT_EQ(huge.bytes[0] + huge.bytes[1], total);
+  // Inputs replica-major, and each AllReduce right after its last input's producer.
+  const auto& nodes = m->graph->nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i]->op_type != "AllReduce") continue;
+    const Node* a = nodes[i].get();
+    const Node* prev = nodes[i - 1].get();
+    bool produces = false;
+    for (const Value* in : a->inputs()) produces |= in->producer() == prev;
+    EXPECT_TRUE(produces) << a->name << " follows " << prev->name;
+    EXPECT_EQ(prev->device, "cpu:1");  // the last replica's clone of the producer
+    const size_t per = a->inputs().size() / 2;
+    for (size_t j = 0; j < per; ++j)
+      EXPECT_EQ(a->input(j + per)->name(),
+                a->input(j)->name().substr(0, a->input(j)->name().size() - 3) + "/r1");
+  }
+
+  // 0.1 MiB buckets (hand-computed; Gemm's rule emits dW before dB): first {fc3} = 5120 + 40
+  // bytes (fc2's weight does not fit 10 KiB), {fc2} = 65536 + 512, fc1's 401408-byte weight
+  // alone (larger than a bucket), then fc1's bias.
+  const BucketInfo mid = mlp_buckets(0.1, 0.01);
+  EXPECT_EQ(
+      mid.params,
+      (std::vector<std::vector<std::string>>{
+          {"fc3.weight", "fc3.bias"}, {"fc2.weight", "fc2.bias"}, {"fc1.weight"}, {"fc1.bias"}}));
+  EXPECT_EQ(mid.bytes, (std::vector<int64_t>{5160, 66048, 401408, 512}));
+  expect_error([] { mlp_buckets(0, 1); }, "bucket_mb must be > 0");
+}
+
+TEST(BucketAllReduce, BatchNormRunningStatsAreAveraged) {
+  auto m = zoo("resnet18", 4);
+  const passes::TrainingGraphInfo info =
+      passes::build_training_graph(*m, options(2, OptimizerKind::kAdam, "resnet18"));
+  const graph::Graph& g = *m->graph;
+  const std::vector<std::string>& stats = info.prepared.bn_running_stats;
+  ASSERT_EQ(stats.size(), 40u);
+  EXPECT_EQ(info.buckets.bn_stats.size(), stats.size());
+  const Node* mean = nullptr;
+  for (const Node* a : nodes_of(g, "AllReduce"))
+    if (a->attr_string("reduction", "") == "mean") {
+      EXPECT_EQ(mean, nullptr) << "one mean AllReduce";
+      mean = a;
+    }
+  ASSERT_NE(mean, nullptr);
+  ASSERT_EQ(mean->inputs().size(), 2 * stats.size());
+  const std::vector<std::string> out_list = output_names(g);
+  const std::set<std::string> outs(out_list.begin(), out_list.end());
+  for (size_t i = 0; i < mean->inputs().size(); ++i) {
+    const int k = static_cast<int>(i / stats.size());
+    const std::string& s = info.buckets.bn_stats[i % stats.size()];
+    EXPECT_EQ(mean->output(i)->name(), s + rk(k) + ".updated");
+    EXPECT_TRUE(outs.count(s + rk(k) + ".updated"));
+    EXPECT_EQ(mean->input(i)->name(), s + rk(k) + ".updated/local");
+    EXPECT_EQ(mean->input(i)->producer()->op_type, "BatchNormalization");
+    EXPECT_FALSE(mean->input(i)->is_graph_output());
+  }
+  for (const std::string& s : stats)
+    EXPECT_NE(std::find(info.buckets.bn_stats.begin(), info.buckets.bn_stats.end(), s),
+              info.buckets.bn_stats.end())
+        << s;
+}
+
+// ---------------------------------------------------------------- ONNX round trip
+
+TEST(Replicate, ExportsAndReimports) {
+  for (const char* model : {"mlp", "cnn"}) {
+    SCOPED_TRACE(model);
+    auto m = zoo(model);
+    passes::build_training_graph(*m, options(2, OptimizerKind::kAdam, model));
+    const std::string bytes = graph::export_onnx_bytes(*m);
+    onnx::ModelProto proto;
+    ASSERT_TRUE(proto.ParseFromString(bytes));
+    // The checker rejects the `device` attribute that export writes on standard ops (no
+    // schema declares it); everything else must be valid ONNX.
+    int devices = 0;
+    for (onnx::NodeProto& n : *proto.mutable_graph()->mutable_node()) {
+      auto* attrs = n.mutable_attribute();
+      for (int i = attrs->size() - 1; i >= 0; --i)
+        if (attrs->Get(i).name() == "device") {
+          attrs->DeleteSubrange(i, 1);
+          ++devices;
+        }
+    }
+    EXPECT_GT(devices, 0);
+    EXPECT_NO_THROW(onnx::checker::check_model(proto));
+    auto back = graph::import_onnx_bytes(bytes, std::string(model) + "_x2.onnx", "");
+    graph::verify_model(*back);
+    EXPECT_EQ(graph::to_text(*back->graph), graph::to_text(*m->graph));
+  }
+}
+
+// ---------------------------------------------------------------- ShardBatch kernel
+
+std::unique_ptr<Model> shard_model(int r, graph::DataType dt, std::vector<bool> keep) {
+  auto m = std::make_unique<Model>();
+  m->set_opset("", 17);
+  m->set_opset("ai.onnxtrain", 1);
+  graph::Graph& g = *m->graph;
+  Value* x = g.add_input(
+      "x", graph::ValueType::tensor(dt, {{graph::Dim::symbol("N"), graph::Dim::known(2)}}));
+  std::vector<std::string> outs;
+  for (int k = 0; k < r; ++k) outs.push_back(keep[k] ? "x" + rk(k) : "");
+  Node* n = g.add_node("ShardBatch", {x}, outs, "shard", "ai.onnxtrain");
+  n->set_attr(graph::Attribute::make_int("replicas", r));
+  passes::infer_shapes(*m);
+  for (Value* o : n->outputs())
+    if (o) g.add_output(o);
+  return m;
+}
+
+// Rows [start, start + size) of a (n, 2) tensor whose element (i, j) is 10 i + j.
+std::vector<double> rows(int64_t start, int64_t size) {
+  std::vector<double> v;
+  for (int64_t i = start; i < start + size; ++i)
+    for (int64_t j = 0; j < 2; ++j) v.push_back(static_cast<double>(10 * i + j));
+  return v;
+}
+
+TEST(ShardBatch, SplitsRowsEvenlyInOrder) {
+  for (int64_t n : {7, 1, 0, 3}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x;
+    for (double d : rows(0, n)) x.push_back(static_cast<float>(d));
+    auto out = run(*shard_model(3, DataType::kFloat, {true, true, true}), {{"x", f32({n, 2}, x)}});
+    // Hand-computed: 7 -> 3/2/2, 1 -> 1/0/0, 0 -> 0/0/0, 3 -> 1/1/1.
+    const std::map<int64_t, std::vector<int64_t>> sizes = {
+        {7, {3, 2, 2}}, {1, {1, 0, 0}}, {0, {0, 0, 0}}, {3, {1, 1, 1}}};
+    int64_t start = 0;
+    for (int k = 0; k < 3; ++k) {
+      const int64_t size = sizes.at(n)[k];
+      const graph::Tensor& t = out["x" + rk(k)];
+      EXPECT_EQ(t.dims(), (std::vector<int64_t>{size, 2}));
+      EXPECT_EQ(as_doubles(t), rows(start, size));
+      start += size;
+    }
+  }
+  // int64 labels, outputs omitted as the runtime runs one replica's share.
+  std::vector<int64_t> labels = {0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130};
+  auto out =
+      run(*shard_model(3, DataType::kInt64, {false, true, false}), {{"x", i64({7, 2}, labels)}});
+  ASSERT_EQ(out.size(), 1u);
+  const graph::Tensor& t = out["x/r1"];
+  EXPECT_EQ(t.dims(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(std::vector<int64_t>(t.data_as<int64_t>(), t.data_as<int64_t>() + 4),
+            (std::vector<int64_t>{60, 70, 80, 90}));
+}
+
+TEST(ShardBatch, InferenceSplitsTheBatchDim) {
+  auto m = shard_model(3, DataType::kFloat, {true, true, true});
+  EXPECT_EQ(graph::format_type(m->graph->find_value("x/r2")->type), "[N/r2,2] f32");
+  auto k = shard_model(3, DataType::kFloat, {true, true, true});
+  k->graph->find_value("x")->type.shape->at(0) = graph::Dim::known(7);
+  passes::infer_shapes(*k);
+  EXPECT_EQ(graph::format_type(k->graph->find_value("x/r0")->type), "[3,2] f32");
+  EXPECT_EQ(graph::format_type(k->graph->find_value("x/r2")->type), "[2,2] f32");
+}
+
+// ---------------------------------------------------------------- replicas run without AllReduce
+
+// replicate alone (no AllReduce, so every op has a CPU kernel): each replica computes its
+// shard's share of the global loss and its local SGD step. Their sum must equal the single
+// replica on the whole batch: sum_k loss/r<k> = loss and sum_k (w - w/r<k>.updated) =
+// lr * sum_k g_k = w - w.updated.
+TEST(Replicate, ReplicaSharesSumToTheSingleReplicaStep) {
+  auto single = zoo("mlp", 16);
+  passes::build_training_graph(*single, options(1, OptimizerKind::kSgd));
+  const graph::Graph& g1 = *single->graph;
+  for (auto [r, n] : {std::pair{3, 7}, std::pair{3, 2}, std::pair{2, 5}}) {
+    SCOPED_TRACE(std::to_string(r) + " replicas, batch " + std::to_string(n));
+    auto m = single->clone();
+    passes::replicate(*m, {.replicas = r, .devices = {}});
+    graph::verify_model(*m);
+    const std::map<std::string, Tensor> feeds = {
+        {"input", f32({n, 1, 28, 28}, normal_floats(static_cast<size_t>(n) * 784, 5))},
+        {"labels", i64({n}, random_labels(static_cast<size_t>(n), 10, 6))},
+        {"loss_scale", scalar_f32(1.0f / static_cast<float>(n))},
+        {"lr", scalar_f32(0.5f)}};
+    auto ref = run(*single, feeds);
+    auto out = run(*m, feeds);
+    double loss = 0, correct = 0;
+    for (int k = 0; k < r; ++k) {
+      loss += as_doubles(out["loss" + rk(k)])[0];
+      correct += as_doubles(out["correct" + rk(k)])[0];
+    }
+    EXPECT_NEAR(loss, as_doubles(ref["loss"])[0], 1e-5);
+    EXPECT_EQ(correct, as_doubles(ref["correct"])[0]);
+    for (const Value* v : g1.initializers()) {
+      if (!ref.count(v->name() + ".updated")) continue;
+      const std::vector<double> w = as_doubles(v->initializer());
+      const std::vector<double> w1 = as_doubles(ref[v->name() + ".updated"]);
+      std::vector<double> step(w.size(), 0.0);
+      for (int k = 0; k < r; ++k) {
+        const std::vector<double> wk = as_doubles(out[v->name() + rk(k) + ".updated"]);
+        ASSERT_EQ(wk.size(), w.size());
+        for (size_t i = 0; i < w.size(); ++i) step[i] += w[i] - wk[i];
+      }
+      double worst = 0;
+      for (size_t i = 0; i < w.size(); ++i)
+        worst = std::max(worst, std::abs(step[i] - (w[i] - w1[i])));
+      EXPECT_LT(worst, 2e-6) << v->name();
+    }
+  }
+}
+
+// ---------------------------------------------------------------- printed IR
+
+// y = x W (x: (N, 2), W: (2, 3)) with MSE and SGD on 2 replicas, printed.
+TEST(Replicate, PrintedTinyGraph) {
+  auto m = std::make_unique<Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  Value* x =
+      g.add_input("x", graph::ValueType::tensor(DataType::kFloat,
+                                                {{graph::Dim::symbol("N"), graph::Dim::known(2)}}));
+  Value* w = g.add_initializer("W", f32({2, 3}, {1, 2, 3, 4, 5, 6}));
+  Node* mm = g.add_node("MatMul", {x, w}, {"y"}, "matmul");
+  g.add_output(mm->output(0));
+  TrainingOptions o = options(2, OptimizerKind::kSgd);
+  o.loss = passes::LossKind::kMse;
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, o);
+  ASSERT_EQ(info.buckets.num_buckets(), 1u);
+  EXPECT_EQ(info.buckets.bytes[0], 24);
+  const std::string text = graph::to_text(*m->graph);
+  // Checked by hand: the split, the clones on their devices, and the AllReduce (no device)
+  // right after the last replica's gradient and directly before the updates.
+  for (const char* line :
+       {"  %x/r0[N/r0,2] f32, %x/r1[N/r1,2] f32 = ai.onnxtrain.ShardBatch<replicas=2>(%x)  # "
+        "shard_batch.x\n",
+        "  %y/r1[N/r1,3] f32 = MatMul(%x/r1, %W/r1)  # matmul/r1 @cpu:1\n",
+        "  %W_grad/r1[2,3] f32 = MatMul(%matmul/grad/r1, %loss.error_grad_sum/r1)  # "
+        "matmul/grad/MatMul/r1 @cpu:1\n"
+        "  %W_grad/r0/allreduced[2,3] f32, %W_grad/r1/allreduced[2,3] f32 = "
+        "ai.onnxtrain.AllReduce<replicas=2,reduction=\"sum\">(%W_grad/r0, %W_grad/r1)  # "
+        "allreduce.bucket0\n"
+        "  %W/r0.updated[2,3] f32 = ai.onnxtrain.SGD<weight_decay=0>(%lr, %W/r0, "
+        "%W_grad/r0/allreduced)  # optimizer.W/r0 @cpu:0\n"
+        "  %W/r1.updated[2,3] f32 = ai.onnxtrain.SGD<weight_decay=0>(%lr, %W/r1, "
+        "%W_grad/r1/allreduced)  # optimizer.W/r1 @cpu:1\n}\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\n" << text;
+  EXPECT_EQ(output_names(g), (std::vector<std::string>{"y/r0", "y/r1", "loss/r0", "loss/r1",
+                                                       "W/r0.updated", "W/r1.updated"}));
+  EXPECT_EQ(text.find("%W["), std::string::npos);
+  EXPECT_EQ(text.find("%W.updated"), std::string::npos);
+}
+
+// A batch of known size: replica k's types carry size_k (re-inferred from ShardBatch).
+TEST(Replicate, KnownBatchSizeIsSplitInTheTypes) {
+  auto m = std::make_unique<Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  Value* x =
+      g.add_input("x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({4, 2})));
+  Value* w = g.add_initializer("W", f32({2, 3}, {1, 2, 3, 4, 5, 6}));
+  g.add_output(g.add_node("MatMul", {x, w}, {"y"}, "matmul")->output(0));
+  TrainingOptions o = options(3, OptimizerKind::kSgd);
+  o.loss = passes::LossKind::kMse;
+  passes::build_training_graph(*m, o);
+  EXPECT_EQ(graph::format_type(g.find_value("y/r0")->type), "[2,3] f32");
+  EXPECT_EQ(graph::format_type(g.find_value("y/r2")->type), "[1,3] f32");
+  EXPECT_EQ(graph::format_type(g.find_value("W_grad/r2/allreduced")->type), "[2,3] f32");
+}
+
+}  // namespace
+}  // namespace onnxtrain::passtest

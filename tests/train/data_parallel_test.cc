@@ -1,0 +1,136 @@
+// Data parallelism pinned to the numerics contract (DESIGN.md): R replicas x batch B give the
+// weights of 1 replica x batch R*B (also for an uneven last batch and an empty replica slice),
+// and every replica holds bit-identical state after every step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "graph/error.h"
+#include "models/zoo.h"
+#include "passes/passes.h"
+#include "runtime/data_parallel.h"
+
+namespace onnxtrain {
+namespace {
+
+using graph::DataType;
+using graph::Tensor;
+
+Tensor uniform(std::vector<int64_t> dims, std::mt19937_64& rng) {
+  Tensor t(DataType::kFloat, std::move(dims));
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = u(rng);
+  return t;
+}
+
+Tensor labels(int64_t n, int64_t classes, std::mt19937_64& rng) {
+  Tensor t(DataType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) t.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(rng() % classes);
+  return t;
+}
+
+std::unique_ptr<runtime::DataParallelSession> make_session(const graph::Model& model, int replicas,
+                                                           passes::OptimizerKind opt) {
+  std::unique_ptr<graph::Model> g = model.clone();
+  passes::TrainingOptions to;
+  to.optimizer.kind = opt;
+  to.replicas = replicas;
+  to.bucket_mb = 0.001;  // several buckets even for tiny models
+  passes::build_training_graph(*g, to);
+  runtime::SessionOptions so;
+  so.threads = replicas;
+  return std::make_unique<runtime::DataParallelSession>(std::move(g), replicas, so);
+}
+
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+    worst = std::max(worst, std::abs(x - y) / std::max(1e-3, std::abs(y)));
+  }
+  return worst;
+}
+
+struct Case {
+  std::string zoo;
+  models::ZooOptions opts;
+  passes::OptimizerKind optimizer;
+};
+
+// Steps with the given global batch sizes on R replicas and on 1; compares after every step.
+void compare(const Case& c, int replicas, const std::vector<int64_t>& batches) {
+  std::unique_ptr<graph::Model> model = models::build_zoo_model(c.zoo, c.opts);
+  auto one = make_session(*model, 1, c.optimizer);
+  auto many = make_session(*model, replicas, c.optimizer);
+  std::mt19937_64 rng(11);
+  for (size_t s = 0; s < batches.size(); ++s) {
+    const int64_t n = batches[s];
+    std::vector<int64_t> dims{n};
+    for (int64_t d : c.opts.input_shape) dims.push_back(d);
+    std::map<std::string, Tensor> batch{{"input", uniform(dims, rng)},
+                                        {"labels", labels(n, c.opts.classes, rng)}};
+    const float scale = 1.0f / static_cast<float>(n);
+    runtime::StepResult r1 = one->step(batch, 1e-2f, scale);
+    runtime::StepResult rr = many->step(batch, 1e-2f, scale);
+    EXPECT_NEAR(rr.loss, r1.loss, 1e-5 * std::max(1.0, std::abs(r1.loss))) << "step " << s;
+    EXPECT_EQ(rr.correct, r1.correct) << "step " << s;
+    ASSERT_TRUE(many->replicas_identical()) << "replicas differ after step " << s;
+    const auto a = many->state(), b = one->state();
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : b) {
+      ASSERT_TRUE(a.count(name)) << name;
+      if (t.dtype() != DataType::kFloat) continue;
+      EXPECT_LT(max_rel_diff(a.at(name), t), 1e-5) << name << " after step " << s << " (batch " << n << ")";
+    }
+  }
+}
+
+TEST(DataParallel, MlpTwoReplicasEqualOneReplica) {
+  compare({"mlp", {.input_shape = {10}, .classes = 4, .width = 16, .seed = 1}, passes::OptimizerKind::kAdam},
+          2, std::vector<int64_t>(10, 16));
+}
+
+TEST(DataParallel, LinearWithSgdTwoAndThreeReplicas) {
+  Case c{"linear", {.input_shape = {6}, .classes = 3, .seed = 2}, passes::OptimizerKind::kSgd};
+  compare(c, 2, std::vector<int64_t>(10, 8));
+  compare(c, 3, std::vector<int64_t>(10, 9));
+}
+
+// 7 rows on 2 replicas (4 + 3), 1 row on 2 replicas (one replica gets nothing), 2 rows on 3.
+TEST(DataParallel, UnevenAndEmptySlices) {
+  compare({"mlp", {.input_shape = {5}, .classes = 3, .width = 8, .seed = 3}, passes::OptimizerKind::kMomentum},
+          2, {7, 1, 8, 3});
+  compare({"mlp", {.input_shape = {5}, .classes = 3, .width = 8, .seed = 4}, passes::OptimizerKind::kAdamW},
+          3, {2, 7, 1});
+}
+
+// BatchNormalization without --sync-batchnorm: per-replica batch statistics, so no equivalence,
+// but replicas stay identical and the running statistics are the replica average.
+TEST(DataParallel, BatchNormReplicasStayIdentical) {
+  std::unique_ptr<graph::Model> model =
+      models::build_zoo_model("resnet18", {.input_shape = {1, 32, 32}, .classes = 3, .width = 4, .seed = 5});
+  auto many = make_session(*model, 2, passes::OptimizerKind::kAdam);
+  std::mt19937_64 rng(12);
+  for (int s = 0; s < 3; ++s) {
+    many->step({{"input", uniform({6, 1, 32, 32}, rng)}, {"labels", labels(6, 3, rng)}}, 1e-3f, 1.0f / 6);
+    ASSERT_TRUE(many->replicas_identical()) << "after step " << s;
+  }
+}
+
+TEST(DataParallel, ReplicaCountMismatchIsAnError) {
+  std::unique_ptr<graph::Model> g = models::build_zoo_model("mlp", {.input_shape = {4}, .classes = 2, .width = 4});
+  passes::TrainingOptions to;
+  to.replicas = 2;
+  passes::build_training_graph(*g, to);
+  try {
+    runtime::DataParallelSession s(std::move(g), 3);
+    FAIL() << "accepted a 2-replica graph for 3 replicas";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 replica"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain
