@@ -30,7 +30,9 @@ struct ModelSpec {
   BuildFn build = nullptr;
   bool image_input = false;  // needs CxHxW
   // Smallest height/width accepted (image models): the size at which the last feature map is
-  // still at least 1x1 (cnn) or the total downsampling factor (resnets).
+  // still at least 1x1 (cnn); for resnets, whose five stride-2 stages (conv1, maxpool, layer2-4)
+  // each map h to ceil(h/2), the smallest size at which every stage still halves a map larger
+  // than 1x1 (17 -> 9, 5, 3, 2, 1; Fashion-MNIST's 28 -> 14, 7, 4, 2, 1).
   int64_t min_hw = 0;
 };
 
@@ -157,7 +159,7 @@ const std::vector<ModelSpec>& registry() {
                  .default_width = 64},
        .build = build_resnet18,
        .image_input = true,
-       .min_hw = 32},
+       .min_hw = 17},
       {.entry = {.name = "resnet34",
                  .description = "ResNet-34 (torchvision): BasicBlock x [3,4,6,3]",
                  .default_input = {3, 224, 224},
@@ -165,7 +167,7 @@ const std::vector<ModelSpec>& registry() {
                  .default_width = 64},
        .build = build_resnet34,
        .image_input = true,
-       .min_hw = 32},
+       .min_hw = 17},
       {.entry = {.name = "resnet50",
                  .description = "ResNet-50 v1.5 (torchvision): Bottleneck x [3,4,6,3], expansion 4",
                  .default_input = {3, 224, 224},
@@ -173,7 +175,7 @@ const std::vector<ModelSpec>& registry() {
                  .default_width = 64},
        .build = build_resnet50,
        .image_input = true,
-       .min_hw = 32},
+       .min_hw = 17},
   };
   return specs;
 }

@@ -1,9 +1,62 @@
-// Dead-code elimination (passes.h).
+// Dead-code elimination (passes.h): dead nodes, then the unused outputs of live ai.onnxtrain
+// nodes (a ConvGrad whose dX nobody reads skips that computation), then unused initializers.
+#include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "ops/op_api.h"
 
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
+namespace {
+
+// Values read by a subgraph of some node (captures are not listed in Value::uses()).
+std::unordered_set<const graph::Value*> captured(const graph::Graph& g) {
+  std::unordered_set<const graph::Value*> out;
+  for (const auto& n : g.nodes())
+    for (const graph::Attribute& a : n->attributes)
+      if (a.type == graph::AttrType::kGraph)
+        for (const graph::Value* c : a.g().captured_values()) out.insert(c);
+  return out;
+}
+
+bool unused(const graph::Value* v, const std::unordered_set<const graph::Value*>& caps) {
+  return v && v->uses().empty() && !v->is_graph_output() && !caps.count(v);
+}
+
+// Rebuilds `n` with "" in the slots of its unused outputs. Only ai.onnxtrain nodes: their
+// kernels skip an output that is not requested (KernelContext::has_output), while a standard
+// ONNX op's output count can change its semantics (BatchNormalization training mode).
+bool empty_unused_outputs(graph::Graph& g, graph::Node* n,
+                          const std::unordered_set<const graph::Value*>& caps) {
+  if (n->domain != ops::kOnnxtrainDomain) return false;
+  bool any = false;
+  for (const graph::Value* o : n->outputs()) any |= unused(o, caps);
+  if (!any) return false;
+  std::vector<std::string> outs;
+  for (const graph::Value* o : n->outputs())
+    outs.push_back(o && !unused(o, caps) ? g.fresh_name(o->name() + "/dce") : "");
+  graph::Node* m = g.insert_node_before(n, n->op_type, n->inputs(), outs, n->name, n->domain);
+  m->attributes = n->attributes;
+  m->device = n->device;
+  m->doc_string = n->doc_string;
+  std::vector<std::pair<graph::Value*, std::string>> renames;
+  for (size_t i = 0; i < n->outputs().size(); ++i) {
+    graph::Value* old = n->output(i);
+    if (!old || !m->output(i)) continue;
+    m->output(i)->type = old->type;
+    m->output(i)->doc_string = old->doc_string;
+    g.replace_all_uses(old, m->output(i));
+    renames.emplace_back(m->output(i), old->name());
+  }
+  g.remove_node(n);
+  for (auto& [v, name] : renames) g.rename_value(v, name);
+  return true;
+}
+
+}  // namespace
 
 int dce(graph::Model& model) {
   graph::Graph& g = *model.graph;
@@ -27,6 +80,8 @@ int dce(graph::Model& model) {
     g.remove_node(*it);
     ++removed;
   }
+  const std::unordered_set<const graph::Value*> caps = captured(g);
+  for (graph::Node* n : g.topological_order()) empty_unused_outputs(g, n, caps);
   for (graph::Value* v : g.initializers())
     if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
       g.clear_initializer(v);

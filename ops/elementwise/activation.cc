@@ -309,8 +309,9 @@ class PReluGradKernel final : public Kernel {
       using T = typename decltype(tag)::type;
       auto dx_fn = [](T g, T v, T a) { return v < T{0} ? a * g : g; };
       auto ds_fn = [](T g, T v, T) { return v < T{0} ? v * g : T{0}; };
-      broadcast_apply<T>(ctx, ctx.output(0, dy.dims), dx_fn, operand<T>(dy), operand<T>(x),
-                         operand<T>(slope));
+      if (ctx.has_output(0))  // dce empties dX when X is a graph input
+        broadcast_apply<T>(ctx, ctx.output(0, dy.dims), dx_fn, operand<T>(dy), operand<T>(x),
+                           operand<T>(slope));
       if (ctx.num_outputs() > 1 && ctx.has_output(1))
         broadcast_apply<T>(ctx, ctx.output(1, dy.dims), ds_fn, operand<T>(dy), operand<T>(x),
                            operand<T>(slope));

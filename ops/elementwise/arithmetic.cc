@@ -198,8 +198,9 @@ class PowGradKernel final : public Kernel {
           const T pt = static_cast<T>(p);
           return g * pt * std::pow(a, pt - T{1});
         };
-        broadcast_apply<T>(ctx, ctx.output(0, out_dims), dx_fn, operand<T>(dz), operand<T>(x),
-                           operand<U>(e));
+        if (ctx.has_output(0))  // dce empties dX when X needs no gradient
+          broadcast_apply<T>(ctx, ctx.output(0, out_dims), dx_fn, operand<T>(dz), operand<T>(x),
+                             operand<U>(e));
         if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
           auto de_fn = [](T g, T a, U p) {
             return a > T{0} ? g * std::pow(a, static_cast<T>(p)) * std::log(a) : T{0};

@@ -51,6 +51,19 @@ void infer_batch_norm(InferenceContext& ctx) {
   for (size_t i = 1; i < ctx.output_types.size(); ++i) set_output(ctx, i, mean.dtype, mean.shape);
 }
 
+// Sums f(0) + ... + f(n-1) in double over 8 independent lanes, merged at the end: one running
+// double sum is a chain of dependent adds (one per add latency), the lanes let the compiler
+// vectorize and pipeline them. Rounding stays that of a double sum.
+template <typename F>
+double lane_sum(int64_t n, F f) {
+  double s[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += f(i + k);
+  for (int k = 0; i < n; ++i, ++k) s[k] += f(i);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 double read(const TensorView& v, int64_t i) {
   return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
 }
@@ -126,13 +139,16 @@ class BatchNormKernel final : public Kernel {
         double sum = 0;
         for (int64_t b = 0; b < n; ++b) {
           const T* p = x + (b * channels + c) * inner;
-          for (int64_t i = 0; i < inner; ++i) sum += p[i];
+          sum += lane_sum(inner, [p](int64_t i) { return static_cast<double>(p[i]); });
         }
         const double m = count > 0 ? sum / count : 0.0;
         double sq = 0;
         for (int64_t b = 0; b < n; ++b) {
           const T* p = x + (b * channels + c) * inner;
-          for (int64_t i = 0; i < inner; ++i) sq += (p[i] - m) * (p[i] - m);
+          sq += lane_sum(inner, [p, m](int64_t i) {
+            const double d = static_cast<double>(p[i]) - m;
+            return d * d;
+          });
         }
         mean[c] = m;
         var[c] = count > 0 ? sq / count : 0.0;
@@ -210,30 +226,35 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
       double mean = 0, var = 0;
       if (training) {
         double sum = 0;
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t i = 0; i < inner; ++i) sum += plane(x, b)[i];
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = plane(x, b);
+          sum += lane_sum(inner, [p](int64_t i) { return static_cast<double>(p[i]); });
+        }
         mean = count > 0 ? sum / count : 0.0;
         double sq = 0;
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t i = 0; i < inner; ++i) {
-            const double d = plane(x, b)[i] - mean;
-            sq += d * d;
-          }
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = plane(x, b);
+          sq += lane_sum(inner, [p, mean](int64_t i) {
+            const double d = static_cast<double>(p[i]) - mean;
+            return d * d;
+          });
+        }
         var = count > 0 ? sq / count : 0.0;
       } else {
         mean = mean_in[c];
         var = var_in[c];
       }
       const double inv = 1.0 / std::sqrt(var + epsilon);
-      double sum_dy = 0, sum_dy_xhat = 0;
+      double sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
       for (int64_t b = 0; b < n; ++b) {
         const T* xp = plane(x, b);
         const T* dyp = plane(dy, b);
-        for (int64_t i = 0; i < inner; ++i) {
-          sum_dy += dyp[i];
-          sum_dy_xhat += dyp[i] * ((xp[i] - mean) * inv);
-        }
+        sum_dy += lane_sum(inner, [dyp](int64_t i) { return static_cast<double>(dyp[i]); });
+        sum_dy_xc += lane_sum(inner, [xp, dyp, mean](int64_t i) {
+          return static_cast<double>(dyp[i]) * (static_cast<double>(xp[i]) - mean);
+        });
       }
+      const double sum_dy_xhat = sum_dy_xc * inv;
       dbias[c] = sum_dy;
       dscale[c] = sum_dy_xhat;
       if (!dx) continue;
@@ -243,13 +264,15 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
         const T* dyp = plane(dy, b);
         T* dxp = dx + (b * channels + c) * inner;
         if (training) {
+          // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M.
           const double a = k / count;
-          for (int64_t i = 0; i < inner; ++i) {
-            const double xhat = (xp[i] - mean) * inv;
-            dxp[i] = static_cast<T>(a * (count * dyp[i] - sum_dy - xhat * sum_dy_xhat));
-          }
+          const T tk = static_cast<T>(k), tm = static_cast<T>(mean), ti = static_cast<T>(inv);
+          const T t0 = static_cast<T>(a * sum_dy), t1 = static_cast<T>(a * sum_dy_xhat);
+          for (int64_t i = 0; i < inner; ++i)
+            dxp[i] = tk * dyp[i] - t0 - (xp[i] - tm) * ti * t1;
         } else {
-          for (int64_t i = 0; i < inner; ++i) dxp[i] = static_cast<T>(k * dyp[i]);
+          const T tk = static_cast<T>(k);
+          for (int64_t i = 0; i < inner; ++i) dxp[i] = tk * dyp[i];
         }
       }
     }

@@ -524,7 +524,8 @@ class ConvGradKernel final : public Kernel {
 
 // dX, dW, dB of Conv through one ConvGrad node with the forward attributes. The node's outputs
 // are a prefix of (dX, dW, dB) up to the last one needed: the builder has no way to leave an
-// earlier output slot empty, so dX is computed even when only dW is wanted.
+// earlier output slot empty, so an unwanted dX is emitted and passes::dce empties its slot
+// (the kernel then skips backward-data).
 void conv_gradient(GradientBuilder& b) {
   const bool has_bias = b.input(2) != nullptr;
   const bool want[3] = {b.needs_input_grad(0), b.needs_input_grad(1),

@@ -2,6 +2,7 @@
 // and ai.onnxtrain.AdamW (decoupled weight decay) in the same multi-tensor layout. Each takes
 // (R, T, X_1..X_n, G_1..G_n, S1_1..S1_n, ...) and returns (X_new_1..n, S1_new_1..n, ...): one
 // elementwise rule applied to every parameter group, in double, cast back.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/reduce/reduce_engine.h"
@@ -197,15 +198,31 @@ class OptimizerKernel final : public Kernel {
   static void update(const Rule& rule, const TensorView* const* in, TensorView* const* out,
                      int64_t count, const KernelContext& ctx) {
     constexpr int kS = Rule::kStates;
+    // Raw pointers hoisted out of the loop: reloading TensorView::data on every element (a store
+    // might alias it, as far as the compiler knows) kept the loop scalar. An output the graph
+    // does not read goes to a scratch row, so the loop has no branch.
+    const T* src[2 + kS];
+    for (int b = 0; b < 2 + kS; ++b) src[b] = in[b]->as<T>();
+    T* dst[1 + kS];
+    for (int b = 0; b < 1 + kS; ++b) dst[b] = out[b] ? out[b]->as<T>() : nullptr;
     ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        double s[kS], s_new[kS], x_new = 0;
-        for (int j = 0; j < kS; ++j) s[j] = static_cast<double>(in[2 + j]->as<T>()[k]);
-        rule.apply(static_cast<double>(in[0]->as<T>()[k]), static_cast<double>(in[1]->as<T>()[k]),
-                   s, x_new, s_new);
-        if (out[0]) out[0]->as<T>()[k] = static_cast<T>(x_new);
-        for (int j = 0; j < kS; ++j)
-          if (out[1 + j]) out[1 + j]->as<T>()[k] = static_cast<T>(s_new[j]);
+      constexpr int64_t kRow = 256;
+      T sink[kRow];
+      for (int64_t r = begin; r < end; r += kRow) {
+        const int64_t n = std::min(kRow, end - r);
+        T* o[1 + kS];
+        for (int b = 0; b < 1 + kS; ++b) o[b] = dst[b] ? dst[b] + r : sink;
+        const T* x = src[0] + r;
+        const T* g = src[1] + r;
+        const T* st[kS];
+        for (int j = 0; j < kS; ++j) st[j] = src[2 + j] + r;
+        for (int64_t k = 0; k < n; ++k) {
+          double s[kS], s_new[kS], x_new = 0;
+          for (int j = 0; j < kS; ++j) s[j] = static_cast<double>(st[j][k]);
+          rule.apply(static_cast<double>(x[k]), static_cast<double>(g[k]), s, x_new, s_new);
+          o[0][k] = static_cast<T>(x_new);
+          for (int j = 0; j < kS; ++j) o[1 + j][k] = static_cast<T>(s_new[j]);
+        }
       }
     });
   }

@@ -163,7 +163,7 @@ class LayerNormGradKernel final : public Kernel {
     const auto scale_off = param_offsets(scale, block, where);
     const auto bias_off = bias ? param_offsets(*bias, block, where) : scale_off;
     const float eps = node_.attr_float("epsilon", 1e-5f);
-    TensorView& dx = ctx.output(0, x.dims);
+    TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x.dims) : nullptr;  // dce may empty it
     TensorView* dscale = ctx.has_output(1) ? &ctx.output(1, scale.dims) : nullptr;
     TensorView* dbias =
         bias && ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, bias->dims) : nullptr;
@@ -175,7 +175,7 @@ class LayerNormGradKernel final : public Kernel {
       const T* xs = x.as<T>();
       const T* gs = dy.as<T>();
       const T* w = scale.as<T>();
-      T* dxs = dx.as<T>();
+      T* dxs = dx ? dx->as<T>() : nullptr;
       // Parameter gradients are summed over rows in double, rows in order (deterministic).
       std::vector<double> ds(dscale ? static_cast<size_t>(scale.numel()) : 0);
       std::vector<double> db(dbias ? static_cast<size_t>(bias->numel()) : 0);
@@ -203,6 +203,7 @@ class LayerNormGradKernel final : public Kernel {
         }
         mean_g /= static_cast<double>(n);
         mean_gx /= static_cast<double>(n);
+        if (!dxs) continue;
         T* dxr = dxs + o * n;
         for (int64_t e = 0; e < n; ++e) {
           const double g = static_cast<double>(gr[e]) * static_cast<double>(w[at(scale_off, e)]);

@@ -176,6 +176,27 @@ TEST(Zoo, CnnIsLeNetStyle) {
   EXPECT_TRUE(m->graph->find_value("conv1.bias")->has_initializer());
 }
 
+// Fashion-MNIST-sized input: each stride-2 stage maps h to ceil(h/2) (k7 p3 / k3 p1), so 28
+// goes 14 (conv1), 7 (maxpool), 7, 4, 2, 1 (layer1-4), and the smallest accepted size 17 still
+// ends at 1x1.
+TEST(Zoo, ResNetAcceptsFashionMnistInput) {
+  for (int64_t hw : {28, 17}) {
+    for (const char* name : {"resnet18", "resnet50"}) {
+      SCOPED_TRACE(std::string(name) + " " + std::to_string(hw));
+      auto m = build_zoo_model(name, {.input_shape = {1, hw, hw}, .classes = 10, .width = 8});
+      int64_t h = hw;
+      for (int stage = 0; stage < 5; ++stage) h = (h + 1) / 2;
+      const auto& avg_in = m->graph->find_value("avgpool")->producer()->input(0)->shape();
+      ASSERT_TRUE(avg_in.has_value());
+      EXPECT_EQ(shape_text(*m->graph->find_value("avgpool")->producer()->input(0)),
+                "[N," + std::to_string(name == std::string("resnet18") ? 64 : 256) + "," +
+                    std::to_string(h) + "," + std::to_string(h) + "]");
+      EXPECT_EQ(h, 1);
+      check_with_onnx(*m, 10);
+    }
+  }
+}
+
 TEST(Zoo, ResNet50MatchesTorchvision) {
   const graph::Model& m = full_size("resnet50");
   EXPECT_EQ(count_ops(m, "Conv"), 53);
@@ -359,7 +380,8 @@ TEST(Zoo, BadOptionsGiveClearErrors) {
   expect_error("vgg16", {}, "unknown model 'vgg16'");
   expect_error("vgg16", {}, "linear, mlp, cnn, resnet18, resnet34, resnet50");
   expect_error("resnet18", {.input_shape = {3, 16, 16}}, "3x16x16 is too small");
-  expect_error("resnet50", {.input_shape = {3, 224, 31}}, "at least 32");
+  expect_error("resnet50", {.input_shape = {3, 224, 16}}, "at least 17");
+  expect_error("resnet34", {.input_shape = {1, 16, 28}}, "1x16x28 is too small");
   expect_error("cnn", {.input_shape = {1, 11, 28}}, "too small");
   expect_error("cnn", {.input_shape = {28, 28}}, "must be CxHxW");
   expect_error("linear", {.width = 5}, "no width");
