@@ -162,8 +162,8 @@ class FusedConvKernel final : public Kernel {
                    : plain_desc(dims);
   }
 
-  // Tries the caller's layouts for x/y where they are blocked (format `any` for plain ones of
-  // spatial kernels, which oneDNN then runs blocked behind reorders), then all-user layouts.
+  // Tries the caller's layouts for x/y where they are blocked (format `any` for the plain ones,
+  // which oneDNN then runs blocked behind reorders), then all-user layouts.
   void init_dnnl(KernelContext& ctx, const TensorView& w) {
     x_user_md_ = user_desc(x_dims_, x_blocked_);
     y_user_md_ = user_desc(y_dims_, y_blocked_);
@@ -192,14 +192,16 @@ class FusedConvKernel final : public Kernel {
                                                      pad_r);
       return convolution_forward::primitive_desc(d, attr, cpu_engine());
     };
+    // A plain side of a 1x1 kernel stays plain when the other side is too (a straight GEMM,
+    // faster than blocked plus reorders); mixed plain/blocked may lack a fast implementation.
     const bool spatial = geom_.kernel_size > 1;
-    auto pick = [&](const memory::desc& user, bool blocked) {
-      return blocked || !spatial ? user : any_layout(user);
+    auto pick = [&](const memory::desc& user, bool blocked, bool other_blocked) {
+      return blocked || !(spatial || other_blocked) ? user : any_layout(user);
     };
     ThreadBudget budget(ctx.num_threads());
     std::optional<dnnl::convolution_forward::primitive_desc> pd;
     try {
-      pd = make(pick(x_user_md_, x_blocked_), pick(y_user_md_, y_blocked_));
+      pd = make(pick(x_user_md_, x_blocked_, y_blocked_), pick(y_user_md_, y_blocked_, x_blocked_));
     } catch (const dnnl::error&) {
       pd = make(x_user_md_, y_user_md_);  // throws dnnl::error when oneDNN has nothing at all
     }
