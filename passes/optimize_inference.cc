@@ -147,11 +147,12 @@ class InferenceOptimizer {
     }
     const std::string out_name = out->name();
     const graph::ValueType out_type = out->type;
-    Node* fused = g_.add_node("FusedConv", {conv->input(0), w, b, z},
-                              {g_.fresh_name(out_name + "_fused")}, conv->name,
-                              ops::kOnnxtrainDomain);
+    Node* fused =
+        g_.add_node("FusedConv", {conv->input(0), w, b, z}, {g_.fresh_name(out_name + "_fused")},
+                    conv->name, ops::kOnnxtrainDomain);
     for (const graph::Attribute& a : conv->attributes) fused->set_attr(a);
-    if (!activation.empty()) fused->set_attr(graph::Attribute::make_string("activation", activation));
+    if (!activation.empty())
+      fused->set_attr(graph::Attribute::make_string("activation", activation));
     Value* fused_out = fused->output(0);
     fused_out->type = out_type;
     g_.replace_all_uses(out, fused_out);
@@ -176,15 +177,15 @@ class InferenceOptimizer {
       if (!is_fused(n)) continue;
       Value* y = n->output(0);
       const int64_t channels = constant(n->input(1))->dims()[0];
-      bool blocked = channels % kChannelBlock == 0 && !y->is_graph_output() &&
-                     !y->uses().empty() && !captured.count(y);
+      bool blocked = channels % kChannelBlock == 0 && !y->is_graph_output() && !y->uses().empty() &&
+                     !captured.count(y);
       for (const graph::Use& u : y->uses())
         blocked = blocked && is_fused(u.node) && (u.input_index == 0 || u.input_index == 3);
       if (!blocked) continue;
       n->set_attr(graph::Attribute::make_int("y_blocked", 1));
       for (const graph::Use& u : y->uses())
-        u.node->set_attr(graph::Attribute::make_int(u.input_index == 0 ? "x_blocked" : "z_blocked",
-                                                    1));
+        u.node->set_attr(
+            graph::Attribute::make_int(u.input_index == 0 ? "x_blocked" : "z_blocked", 1));
       ++stats_.blocked_values;
     }
   }

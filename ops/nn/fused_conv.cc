@@ -32,9 +32,8 @@ void infer_fused_conv(InferenceContext& ctx) {
   std::vector<int64_t> kernel;
   for (size_t i = 2; i < rank; ++i) kernel.push_back((*w.shape)[i].value);
   Shape out{(*x.shape)[0], (*w.shape)[0]};
-  const bool kernel_known = std::all_of(kernel.begin(), kernel.end(), [](int64_t k) {
-    return k >= 0;
-  });
+  const bool kernel_known =
+      std::all_of(kernel.begin(), kernel.end(), [](int64_t k) { return k >= 0; });
   std::optional<std::vector<int64_t>> kernel_opt;
   if (kernel_known) kernel_opt = kernel;
   WindowAttrs a = read_window_attrs(ctx.node, rank - 2, kernel_opt, where);
@@ -45,12 +44,30 @@ void infer_fused_conv(InferenceContext& ctx) {
   set_output(ctx, 0, x.dtype, out);
 }
 
-// The blocked layout the x/y/z flags mean: 16 channels per block where AVX-512 runs (what
-// oneDNN's f32 convolutions pick there), 8 elsewhere. The pass only blocks C % 16 == 0.
+// The blocked layout the x/y/z flags mean: the one oneDNN picks for a typical f32 3x3
+// convolution on this CPU (nChw16c with AVX-512, nChw8c with AVX2). The pass only blocks
+// C % 16 == 0, so either has the plain size. Any other choice still computes correctly, with
+// reorders around each primitive.
+memory::format_tag pick_blocked_tag() {
+  using dnnl::convolution_forward;
+  const memory::dims x{1, 64, 28, 28}, w{64, 64, 3, 3}, one{1, 1}, zero{0, 0};
+  const memory::desc any_x(x, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc any_w(w, memory::data_type::f32, memory::format_tag::any);
+  try {
+    convolution_forward::desc d(dnnl::prop_kind::forward_inference,
+                                dnnl::algorithm::convolution_direct, any_x, any_w, any_x, one, zero,
+                                one, one);
+    const memory::desc dst = convolution_forward::primitive_desc(d, cpu_engine()).dst_desc();
+    for (memory::format_tag t : {memory::format_tag::nChw16c, memory::format_tag::nChw8c})
+      if (dst == memory::desc(x, memory::data_type::f32, t)) return t;
+  } catch (const dnnl::error&) {
+    // no implementation: fall through to the AVX-512 layout
+  }
+  return memory::format_tag::nChw16c;
+}
+
 memory::format_tag blocked_tag() {
-  static const memory::format_tag tag =
-      dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? memory::format_tag::nChw16c
-                                                                   : memory::format_tag::nChw8c;
+  static const memory::format_tag tag = pick_blocked_tag();
   return tag;
 }
 
@@ -87,17 +104,15 @@ class FusedConvKernel final : public Kernel {
     OT_CHECK(group_ >= 1 && x->dims[1] == w->dims[1] * group_ && w->dims[0] % group_ == 0, where_,
              ": x has ", x->dims[1], " channels, weight (", join_dims(w->dims), ") with group ",
              group_);
-    WindowAttrs a = read_window_attrs(ctx.node(), 2, std::vector<int64_t>(w->dims.begin() + 2,
-                                                                          w->dims.end()),
-                                      where_);
+    WindowAttrs a = read_window_attrs(
+        ctx.node(), 2, std::vector<int64_t>(w->dims.begin() + 2, w->dims.end()), where_);
     geom_ = WindowGeom{};
     y_dims_ = {x->dims[0], w->dims[0]};
     for (size_t i = 0; i < 2; ++i) {
       AxisWindow aw = forward_axis(a, i, x->dims[i + 2], where_);
       y_dims_.push_back(geom_.add_axis(x->dims[i + 2], aw.out, aw.pad_begin, aw.pad_end));
     }
-    geom_.finish(std::vector<int64_t>(w->dims.begin() + 2, w->dims.end()), a.strides,
-                 a.dilations);
+    geom_.finish(std::vector<int64_t>(w->dims.begin() + 2, w->dims.end()), a.strides, a.dilations);
     if (b)
       OT_CHECK(b->rank() == 1 && b->dims[0] == w->dims[0], where_, ": bias must have shape (",
                w->dims[0], "), got (", join_dims(b->dims), ")");
@@ -186,10 +201,10 @@ class FusedConvKernel final : public Kernel {
       const auto prop = dnnl::prop_kind::forward_inference;
       const auto alg = dnnl::algorithm::convolution_direct;
       const memory::desc wm = any_layout(w_user_md_);
-      auto d = has_bias_ ? convolution_forward::desc(prop, alg, xm, wm, b_md_, ym, strides, dil,
-                                                     pad_l, pad_r)
-                         : convolution_forward::desc(prop, alg, xm, wm, ym, strides, dil, pad_l,
-                                                     pad_r);
+      auto d =
+          has_bias_
+              ? convolution_forward::desc(prop, alg, xm, wm, b_md_, ym, strides, dil, pad_l, pad_r)
+              : convolution_forward::desc(prop, alg, xm, wm, ym, strides, dil, pad_l, pad_r);
       return convolution_forward::primitive_desc(d, attr, cpu_engine());
     };
     // A plain side of a 1x1 kernel stays plain when the other side is too (a straight GEMM,

@@ -69,8 +69,8 @@ double scaled_max_diff(const Tensor& a, const Tensor& b) {
 }
 
 TEST(OptimizeInference, ResNet18LogitsMatchUnoptimized) {
-  auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 64, 64}, .classes = 10,
-                                                    .seed = 7});
+  auto model =
+      models::build_zoo_model("resnet18", {.input_shape = {3, 64, 64}, .classes = 10, .seed = 7});
   randomize_batchnorms(*model, 100);
   const int bns = count_ops(*model, "BatchNormalization"), convs = count_ops(*model, "Conv");
   ASSERT_EQ(convs, 20);  // stem + 8 blocks x 2 + 3 downsamples
@@ -117,11 +117,11 @@ struct SmallGraph {
     return n->output(0);
   }
   graph::Value* bn(const std::string& name, graph::Value* x, int64_t c) {
-    graph::Node* n = g.add_node("BatchNormalization",
-                                {x, init(name + ".s", {c}, 0.5f, 1.5f),
-                                 init(name + ".b", {c}, -1, 1), init(name + ".m", {c}, -1, 1),
-                                 init(name + ".v", {c}, 0.5f, 2)},
-                                {name}, name);
+    graph::Node* n =
+        g.add_node("BatchNormalization",
+                   {x, init(name + ".s", {c}, 0.5f, 1.5f), init(name + ".b", {c}, -1, 1),
+                    init(name + ".m", {c}, -1, 1), init(name + ".v", {c}, 0.5f, 2)},
+                   {name}, name);
     n->set_attr(graph::Attribute::make_float("epsilon", 1e-3f));
     return n->output(0);
   }
@@ -134,10 +134,10 @@ struct SmallGraph {
 TEST(OptimizeInference, FusionLimits) {
   SmallGraph s;
   s.model->set_opset("", 17);
-  graph::Value* x = s.g.add_input("x", graph::ValueType::tensor(
-                                           DataType::kFloat, graph::make_shape({2, 16, 9, 9})));
-  graph::Value* a = s.op("Relu", {s.bn("bn1", s.conv("c1", x, s.init("w1", {32, 16, 3, 3}, -.2f,
-                                                                      .2f), 1), 32)}, "r1");
+  graph::Value* x = s.g.add_input(
+      "x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({2, 16, 9, 9})));
+  graph::Value* a = s.op(
+      "Relu", {s.bn("bn1", s.conv("c1", x, s.init("w1", {32, 16, 3, 3}, -.2f, .2f), 1), 32)}, "r1");
   graph::Value* b = s.conv("c2", a, s.init("w2", {32, 8, 3, 3}, -.2f, .2f), 4);
   graph::Value* sum = s.op("Add", {b, s.init("bcast", {1, 32, 1, 1}, -1, 1)}, "add");
   graph::Value* w3 = s.init("w3", {16, 32, 3, 3}, -.2f, .2f);
