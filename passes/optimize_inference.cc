@@ -21,10 +21,14 @@ bool is_onnx(const Node* n, const char* op) {
   return n && (n->domain.empty() || n->domain == "ai.onnx") && n->op_type == op;
 }
 
-// The single node reading `v` (and only once), when `v` is no graph output; else nullptr.
-Node* sole_user(const Value* v) {
-  if (!v || v->is_graph_output() || v->uses().size() != 1) return nullptr;
-  return v->uses()[0].node;
+// Values that nodes inside subgraphs (If / Loop / Scan bodies) read from `g`.
+std::unordered_set<const Value*> captured_by_subgraphs(const graph::Graph& g) {
+  std::unordered_set<const Value*> captured;
+  for (const auto& n : g.nodes())
+    for (const graph::Attribute& a : n->attributes)
+      if (a.type == graph::AttrType::kGraph)
+        for (const Value* v : a.g().captured_values()) captured.insert(v);
+  return captured;
 }
 
 // Shapes equal dim by dim, each dim known or a named symbol (so no broadcasting hides).
@@ -38,10 +42,20 @@ bool same_static_shape(const Value* a, const Value* b) {
 class InferenceOptimizer {
  public:
   explicit InferenceOptimizer(graph::Model& model)
-      : model_(model), g_(*model.graph), constants_(constant_initializers(g_)) {}
+      : model_(model),
+        g_(*model.graph),
+        constants_(constant_initializers(g_)),
+        captured_(captured_by_subgraphs(g_)) {}
 
   InferenceStats run() {
-    infer_shapes(model_);
+    // Only the residual Add fusion needs static shapes (to rule out broadcasting); a model
+    // that static inference cannot type still gets the rest.
+    try {
+      infer_shapes(model_);
+      shapes_known_ = true;
+    } catch (const Error&) {
+      shapes_known_ = false;
+    }
     for (Node* n : g_.topological_order())
       if (!removed_.count(n) && is_onnx(n, "Conv") && fusable_conv(*n)) fuse_chain(n);
     if (stats_.fused_convs > 0) {
@@ -53,6 +67,13 @@ class InferenceOptimizer {
   }
 
  private:
+  // The single node reading `v` (and only once), when `v` is no graph output and no subgraph
+  // captures it (so it can disappear inside a fused node); else nullptr.
+  Node* sole_user(const Value* v) const {
+    if (!v || v->is_graph_output() || v->uses().size() != 1 || captured_.count(v)) return nullptr;
+    return v->uses()[0].node;
+  }
+
   const graph::Tensor* constant(const Value* v) const {
     auto it = constants_.find(v);
     return v && it != constants_.end() ? &it->second : nullptr;
@@ -129,7 +150,8 @@ class InferenceOptimizer {
       out = bn->output(0);
       ++stats_.folded_batchnorms;
     }
-    if (Node* add = sole_user(out); is_onnx(add, "Add") && add->inputs().size() == 2) {
+    if (Node* add = sole_user(out);
+        shapes_known_ && is_onnx(add, "Add") && add->inputs().size() == 2) {
       Value* other = add->input(add->input(0) == out ? 1 : 0);
       if (other && other != out && same_static_shape(other, out) &&
           same_static_shape(add->output(0), out)) {
@@ -155,6 +177,7 @@ class InferenceOptimizer {
       fused->set_attr(graph::Attribute::make_string("activation", activation));
     Value* fused_out = fused->output(0);
     fused_out->type = out_type;
+    if (captured_.count(out)) captured_.insert(fused_out);  // replace_all_uses moves captures
     g_.replace_all_uses(out, fused_out);
     for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
       removed_.insert(*it);
@@ -167,18 +190,13 @@ class InferenceOptimizer {
   // A FusedConv output stays blocked when only FusedConvs read it (as x or z), it is no graph
   // output and no subgraph captures it, and its channel count divides into blocks.
   void choose_layouts() {
-    std::unordered_set<const Value*> captured;
-    for (const auto& n : g_.nodes())
-      for (const graph::Attribute& a : n->attributes)
-        if (a.type == graph::AttrType::kGraph)
-          for (const Value* v : a.g().captured_values()) captured.insert(v);
     for (const auto& up : g_.nodes()) {
       Node* n = up.get();
       if (!is_fused(n)) continue;
       Value* y = n->output(0);
       const int64_t channels = constant(n->input(1))->dims()[0];
       bool blocked = channels % kChannelBlock == 0 && !y->is_graph_output() && !y->uses().empty() &&
-                     !captured.count(y);
+                     !captured_.count(y);
       for (const graph::Use& u : y->uses())
         blocked = blocked && is_fused(u.node) && (u.input_index == 0 || u.input_index == 3);
       if (!blocked) continue;
@@ -197,8 +215,10 @@ class InferenceOptimizer {
   graph::Model& model_;
   graph::Graph& g_;
   ConstantValues constants_;
+  std::unordered_set<const Value*> captured_;
   std::unordered_set<const Node*> removed_;  // dangling in the topological order being walked
   InferenceStats stats_;
+  bool shapes_known_ = false;
 };
 
 }  // namespace
