@@ -161,6 +161,25 @@ BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
 // number of nodes removed.
 int dce(graph::Model& model);
 
+// ---- optimize_inference.cc
+struct InferenceStats {
+  int fused_convs = 0;        // Conv chains turned into ai.onnxtrain.FusedConv
+  int folded_batchnorms = 0;  // inference BatchNormalization folded into Conv weights / bias
+  int fused_adds = 0;         // residual Add computed as the conv's sum post-op
+  int fused_relus = 0;        // Relu computed as the conv's eltwise post-op
+  int blocked_values = 0;     // values kept in oneDNN's blocked layout between FusedConvs
+};
+// INFERENCE ONLY (onnxrun; never training graphs, whose BN runs in training mode). Rewrites
+// each f32 2-D Conv with constant weights (and bias) into ai.onnxtrain.FusedConv, absorbing
+// the chain after it when each link is the sole reader of the previous value: an inference
+// BatchNormalization with constant parameters (folded into new weights and bias in double),
+// then a same-shape Add (its other input becomes the FusedConv's Z), then a Relu. Outputs
+// keep their names. A FusedConv output read only by FusedConvs (as X or Z), not a graph
+// output and with channels % 16 == 0, is marked blocked on both sides (x/y/z_blocked), so it
+// stays in oneDNN's nChw16c / nChw8c layout between them. Runs infer_shapes first and dce
+// after; what the graph computes is unchanged up to float rounding of the folded weights.
+InferenceStats optimize_inference(graph::Model& model);
+
 // ---- pipeline.cc
 struct TrainingOptions {
   TrainableOptions trainable;

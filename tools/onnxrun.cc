@@ -15,6 +15,7 @@
 #include "graph/onnx_io.h"
 #include "ops/op_api.h"
 #include "ops/plugin.h"
+#include "passes/passes.h"
 #include "runtime/npy.h"
 #include "runtime/session.h"
 #include "tools/cli_main.h"
@@ -67,6 +68,7 @@ struct Args {
   int bench = 0;
   bool list_ops = false;
   bool help = false;
+  bool optimize = true;
 };
 
 int parse_count(std::string_view flag, std::string_view text, int min) {
@@ -105,6 +107,8 @@ Args parse_args(int argc, char** argv) {
       a.threads = parse_count(arg, take_value(), 0);
     } else if (arg == "--bench") {
       a.bench = parse_count(arg, take_value(), 1);
+    } else if (arg == "--no-optimize") {
+      a.optimize = false;
     } else if (arg == "--profile") {
       a.profile = take_value();
       if (a.profile.empty()) usage_fail(arg, ": empty file name");
@@ -255,6 +259,9 @@ int run(int argc, char** argv) {
   std::vector<std::string> out_names;
   for (const auto* v : g.outputs()) out_names.push_back(v->name());
   check_ops_known(*model, a.model);
+  // onnxrun only runs models forward, so the inference rewrite applies; a BatchNormalization
+  // in training mode (an exported training graph) is left alone by the pass itself.
+  if (a.optimize) passes::optimize_inference(*model);
   runtime::SessionOptions opts;
   opts.threads = a.threads;
   opts.profile_path = a.profile;
