@@ -44,6 +44,8 @@ constexpr const char* kUsage =
     "  --custom-op-lib PATH\n"
     "                     load a custom-op library (built against ops/plugin_api.h) before\n"
     "                     the model (repeatable; --list-ops then lists its ops too)\n"
+    "  --no-optimize      run the graph as written (by default Conv+BatchNormalization+Add+Relu\n"
+    "                     chains are fused into oneDNN convolutions; results agree to 1e-4)\n"
     "  --list-ops         print the registered ops and exit\n"
     "  -h, --help         show this help\n";
 
