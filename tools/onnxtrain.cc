@@ -71,6 +71,8 @@ replicas and threads:
 files:
   --output FILE           the trained inference model (written atomically; never the input)
   --save-graph FILE       the training graph as ONNX, written before training (see onnxdump)
+  --custom-op-lib PATH    load a custom-op library (docs/ADDING_OPS.md) before the model is
+                          read; repeatable
   --checkpoint-dir DIR    write DIR/ckpt-<step>.otck (the last 3 are kept)
   --checkpoint-every N    every N steps (default: at the end of every epoch)
   --resume                continue from the newest checkpoint in --checkpoint-dir
@@ -236,6 +238,8 @@ Args parse_args(int argc, char** argv) {
       c.output = path();
     } else if (arg == "--save-graph") {
       c.save_graph = path();
+    } else if (arg == "--custom-op-lib") {
+      c.custom_op_libs.push_back(path());
     } else if (arg == "--checkpoint-dir") {
       c.checkpoint_dir = path();
     } else if (arg == "--checkpoint-every") {

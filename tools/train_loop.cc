@@ -19,6 +19,8 @@
 
 #include "graph/error.h"
 #include "graph/onnx_io.h"
+#include "ops/op_api.h"
+#include "ops/plugin.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/data_parallel.h"
@@ -317,6 +319,26 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
   runtime::prune_checkpoints(c.checkpoint_dir, kKeepCheckpoints);
 }
 
+// The session would refuse unknown ops too, but only after the training graph is built (and
+// autodiff names the first op without a gradient rule); here the message can point at the flag.
+void check_ops_known(const graph::Model& m, const std::string& path) {
+  const std::vector<std::string> missing = runtime::unsupported_ops(m);
+  if (missing.empty()) return;
+  std::string list;
+  bool custom = false;
+  for (const std::string& op : missing) {
+    list += cat(list.empty() ? "" : ", ", op);
+    const auto dot = op.rfind('.');
+    const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
+    custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
+                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
+  }
+  fail(path, ": unsupported ops (no CPU kernel): ", list,
+       custom ? " (ops of a custom domain: load the library that defines them with "
+                "--custom-op-lib PATH)"
+              : "");
+}
+
 void check_config(const TrainConfig& c) {
   OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
   OT_CHECK(!c.sync_batchnorm,
@@ -352,9 +374,12 @@ TrainResult run_training(const TrainConfig& c) {
   if (!c.val_data.empty() && c.val_data != "none") runtime::parse_data_spec(c.val_data);
   runtime::LrSchedule schedule = runtime::parse_lr_schedule(c.lr_schedule, c.lr);
 
+  // Custom ops first: the importer and everything after it look ops up in the registry.
+  for (const std::string& lib : c.custom_op_libs) ops::load_op_library(lib);
   const std::string model_bytes = read_model_bytes(c.model_path);
   std::unique_ptr<graph::Model> original = graph::import_onnx_bytes(
       model_bytes, c.model_path, fs::path(c.model_path).parent_path().string());
+  check_ops_known(*original, c.model_path);
   const ModelInput input = model_input(*original, c.model_path);
   auto training_graph = original->clone();
   passes::TrainingOptions topts = c.graph;

@@ -18,6 +18,8 @@ namespace onnxtrain::tools {
 
 struct TrainConfig {
   std::string model_path;
+  // --custom-op-lib: loaded (ops::load_op_library) in this order before the model is imported.
+  std::vector<std::string> custom_op_libs;
   int replicas = 1;
   // Data: runtime/data specs; val_data "" = --val-split if > 0, else the dataset's test split.
   std::string data = "fashion-mnist";

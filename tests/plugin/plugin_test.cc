@@ -72,6 +72,25 @@ fs::path make_model(const fs::path& dir, std::vector<std::string> args) {
   return out;
 }
 
+// Learnable labels for x (N, D): argmax over classes of x . P with a random P (D, classes).
+Tensor linear_labels(const Tensor& x, int64_t classes, uint64_t seed) {
+  const int64_t n = x.dims()[0], d_in = x.dims()[1];
+  const Tensor proj = uniform(DataType::kFloat, {d_in, classes}, seed);
+  Tensor y(DataType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t best = 0;
+    double best_v = -1e30;
+    for (int64_t c = 0; c < classes; ++c) {
+      double v = 0;
+      for (int64_t k = 0; k < d_in; ++k)
+        v += double{x.data_as<float>()[i * d_in + k]} * proj.data_as<float>()[k * classes + c];
+      if (v > best_v) best_v = v, best = c;
+    }
+    y.mutable_data_as<int64_t>()[i] = best;
+  }
+  return y;
+}
+
 // ---------------------------------------------------------------- loading
 
 TEST(PluginLoader, RegistersTheExampleOpsOnce) {
@@ -229,19 +248,7 @@ TEST(PluginModel, TrainsWithTheCustomOpAndLossGoesDown) {
   const int64_t d_in = 8, classes = 3, n = 256, batch = 32;
   const fs::path path = make_model(dir, {"--input-dim", "8", "--classes", "3", "--width", "32"});
   const Tensor x = uniform(DataType::kFloat, {n, d_in}, 41);
-  const Tensor proj = uniform(DataType::kFloat, {d_in, classes}, 42);
-  Tensor y(DataType::kInt64, {n});
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t best = 0;
-    double best_v = -1e30;
-    for (int64_t c = 0; c < classes; ++c) {
-      double v = 0;
-      for (int64_t k = 0; k < d_in; ++k)
-        v += double{x.data_as<float>()[i * d_in + k]} * proj.data_as<float>()[k * classes + c];
-      if (v > best_v) best_v = v, best = c;
-    }
-    y.mutable_data_as<int64_t>()[i] = best;
-  }
+  const Tensor y = linear_labels(x, classes, 42);
   auto rows = [](const Tensor& t, int64_t from, int64_t count) {
     const int64_t w = t.numel() / t.dims()[0];
     const size_t es = graph::dtype_bits(t.dtype()) / 8;
@@ -437,6 +444,55 @@ TEST(PluginCli, OnnxrunAndOnnxdumpWithCustomOpLib) {
       r.err.rfind(cat("onnxdump: error: custom-op library ", BAD_PLUGIN_1, ": no entry point"), 0),
       0u)
       << r.err;
+}
+
+// Issue #6's acceptance: onnxtrain --custom-op-lib trains the ScaledTanh MLP on 2 replicas.
+TEST(PluginCli, OnnxtrainTrainsTheCustomOpModelOnTwoReplicas) {
+  const fs::path dir = temp_dir("onnxtrain");
+  const int64_t n = 256, classes = 3;
+  const fs::path model = make_model(dir, {"--input-dim", "8", "--classes", "3", "--width", "32"});
+  const Tensor x = uniform(DataType::kFloat, {n, 8}, 71);
+  runtime::write_npy((dir / "x.npy").string(), x);
+  runtime::write_npy((dir / "y.npy").string(), linear_labels(x, classes, 72));
+  const std::string onnxtrain = std::string(ONNXTRAIN_BIN_DIR) + "/onnxtrain";
+  const fs::path metrics = dir / "m.jsonl", trained = dir / "trained.onnx";
+  const std::string data = cat("npy:", (dir / "x.npy").string(), ",", (dir / "y.npy").string());
+  // 256 examples at 2 x 16: 8 steps per epoch.
+  const std::vector<std::string> common = {
+      onnxtrain,      model.string(), "--data",    data, "--val-data", "none", "--replicas", "2",
+      "--batch-size", "16",           "--threads", "2",  "--lr",       "1e-2", "--epochs",   "6"};
+
+  std::vector<std::string> args = common;
+  args.insert(args.end(), {"--custom-op-lib", kExample, "--metrics-json", metrics.string(),
+                           "--output", trained.string()});
+  cli_test::RunResult r = cli_test::run_process(args, dir);
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  const std::vector<std::string> lines = cli_test::lines_of(cli_test::read_file(metrics));
+  ASSERT_EQ(lines.size(), 6u) << cli_test::read_file(metrics);
+  auto loss_of = [](const std::string& line) {
+    const auto at = line.find("\"loss\": ");
+    EXPECT_NE(at, std::string::npos) << line;
+    return at == std::string::npos ? 0.0 : std::stod(line.substr(at + 8));
+  };
+  const double first = loss_of(lines.front()), last = loss_of(lines.back());
+  EXPECT_NEAR(first, std::log(3.0), 0.4) << "epoch 1 starts near chance";
+  EXPECT_LT(last, 0.5 * first) << "epoch 1 loss " << first << ", epoch 6 loss " << last;
+  // The written model keeps the custom op and runs (the library is loaded in this process).
+  load_example();
+  runtime::InferenceSession infer(graph::import_onnx_file(trained.string()));
+  EXPECT_EQ(infer.run({{"input", x}}).at(0).dims(), (std::vector<int64_t>{n, classes}));
+
+  // Without the library: a one-line error naming the op and the flag, before any training.
+  r = cli_test::run_process(common, dir);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.err, cat("onnxtrain: error: ", model.string(),
+                       ": unsupported ops (no CPU kernel): my.ops.ScaledTanh (ops of a custom "
+                       "domain: load the library that defines them with --custom-op-lib PATH)\n"));
+  EXPECT_EQ(r.out, "");
+  r = cli_test::run_process({onnxtrain, model.string(), "--custom-op-lib"}, dir);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  r = cli_test::run_process({onnxtrain, "--help"}, dir);
+  EXPECT_TRUE(cli_test::has_line_matching(r.out, R"(\s+--custom-op-lib PATH\s+.*)")) << r.out;
 }
 
 }  // namespace
