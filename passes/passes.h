@@ -157,8 +157,9 @@ struct BucketInfo {
 BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
 
 // ---- dce.cc
-// Removes nodes whose outputs reach no graph output, then unused initializers. Returns the
-// number of nodes removed.
+// Removes nodes whose outputs reach no graph output, then unused initializers, and empties the
+// outputs nothing reads of live ai.onnxtrain nodes (their kernels skip omitted outputs, so the
+// first ConvGrad computes no dX). Returns the number of nodes removed.
 int dce(graph::Model& model);
 
 // ---- optimize_inference.cc
