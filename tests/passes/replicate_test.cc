@@ -369,22 +369,26 @@ TEST(Replicate, ExportsAndReimports) {
     const std::string bytes = graph::export_onnx_bytes(*m);
     onnx::ModelProto proto;
     ASSERT_TRUE(proto.ParseFromString(bytes));
-    // The checker rejects the `device` attribute that export writes on standard ops (no
-    // schema declares it); everything else must be valid ONNX.
-    int devices = 0;
-    for (onnx::NodeProto& n : *proto.mutable_graph()->mutable_node()) {
-      auto* attrs = n.mutable_attribute();
-      for (int i = attrs->size() - 1; i >= 0; --i)
-        if (attrs->Get(i).name() == "device") {
-          attrs->DeleteSubrange(i, 1);
-          ++devices;
-        }
-    }
-    EXPECT_GT(devices, 0);
+    // Placement travels in the metadata entry, not as node attributes: the file is valid ONNX
+    // as written (the checker rejects an undeclared `device` attribute on a standard op).
+    std::string placement;
+    for (const auto& kv : proto.metadata_props())
+      if (kv.key() == "onnxtrain.placement") placement = kv.value();
+    for (const onnx::NodeProto& n : proto.graph().node())
+      for (const onnx::AttributeProto& a : n.attribute()) EXPECT_NE(a.name(), "device") << n.name();
+    int lines = 0, placed = 0;
+    for (char c : placement) lines += c == '\n';
+    for (const auto& n : m->graph->nodes()) placed += !n->device.empty();
+    EXPECT_GT(placed, 0);
+    EXPECT_EQ(lines, placed);
     EXPECT_NO_THROW(onnx::checker::check_model(proto));
     auto back = graph::import_onnx_bytes(bytes, std::string(model) + "_x2.onnx", "");
     graph::verify_model(*back);
     EXPECT_EQ(graph::to_text(*back->graph), graph::to_text(*m->graph));
+    ASSERT_EQ(back->graph->nodes().size(), m->graph->nodes().size());
+    for (size_t i = 0; i < m->graph->nodes().size(); ++i)
+      EXPECT_EQ(back->graph->nodes()[i]->device, m->graph->nodes()[i]->device) << i;
+    EXPECT_EQ(back->metadata, m->metadata) << "the placement entry is not model metadata";
   }
 }
 
