@@ -119,8 +119,8 @@ struct ReplicateOptions {
 //            name and becomes the GLOBAL batch; one ai.onnxtrain.ShardBatch(x) -> (x/r0, ..,
 //            x/r<R-1>) per input (attribute replicas = R, no device) gives replica k rows
 //            [start_k, start_k + size_k), size_k = N/R + (k < N%R), possibly 0.
-//   nodes    every other node is cloned once per replica (values and node names + `/r<k>`; an
-//            unnamed or repeated name becomes `<op_type>_<i>` first, so every placed node has a
+//   nodes    every other node is cloned once per replica (values and node names + `/r<k>`; a
+//            repeated name becomes `<name>_<i>` first, an unnamed node `<op_type>_<i>`, so every placed node has a
 //            unique name for export; Node::device = devices[k]); the clones of one original node sit next to each other
 //            in the node list, in the original topological order.
 //   state    S becomes R initializers S/r<k> (same value, mirrored) updated through the graph

@@ -174,8 +174,8 @@ class Replicator {
   }
 
   // Every clone is named `<base>/r<k>`, the base unique in the model: export keys placement
-  // by node name (graph/onnx_placement.h). Base = the node's name, or for an unnamed node or a
-  // repeated name `<op_type>_<i>` with the first free i.
+  // by node name (graph/onnx_placement.h). Base = the node's name; for a repeated name
+  // `<name>_<i>`, for an unnamed node `<op_type>_<i>`, with the first free i >= 1.
   void name_bases() {
     std::unordered_set<std::string> taken;
     std::function<void(const Graph&)> collect = [&](const Graph& g) {
@@ -195,11 +195,12 @@ class Replicator {
       return true;
     };
     std::unordered_set<std::string> bases;
-    int next = 0;
     for (const Node* n : layout_.nodes) {
       std::string base = n->name;
       if (base.empty() || bases.count(base) || !is_free(base)) {
-        do base = cat(n->op_type, "_", next++);
+        const std::string stem = n->name.empty() ? n->op_type : n->name;
+        int i = 1;
+        do base = cat(stem, "_", i++);
         while (taken.count(base) || bases.count(base) || !is_free(base));
       }
       bases.insert(base);

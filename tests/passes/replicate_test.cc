@@ -110,8 +110,11 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
     for (int k = 0; k < r; ++k) EXPECT_EQ(s->output(k)->name(), s->input(0)->name() + rk(k));
   }
 
-  // Every node of the single graph: R clones next to each other in its topological order
-  // (node names need not be unique), with the right names, devices, op and inputs.
+  // Every node of the single graph: R clones next to each other in its topological order,
+  // with the right names, devices, op and inputs. Single-graph names need not be unique (the
+  // gradient's two Gemms share one); clone names are, for placement on export: a name's
+  // first node keeps it, later ones and unnamed nodes get `_<i>`.
+  std::set<std::string> seen, clone_names;
   std::vector<const Node*> clones;
   for (const auto& n : g.nodes())
     if (n->op_type != "ShardBatch" && n->op_type != "AllReduce") clones.push_back(n.get());
@@ -121,7 +124,14 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
     const Node* n = order[j];
     for (int k = 0; k < r; ++k) {
       const Node* c = clones[j * r + k];
-      EXPECT_EQ(c->name, n->name.empty() ? "" : n->name + rk(k));
+      if (!n->name.empty() && !seen.count(n->name)) {
+        EXPECT_EQ(c->name, n->name + rk(k));
+      } else {
+        const std::string stem = (n->name.empty() ? n->op_type : n->name) + "_";
+        EXPECT_EQ(c->name.rfind(stem, 0), 0u) << c->name;
+        EXPECT_TRUE(c->name.ends_with(rk(k))) << c->name;
+      }
+      EXPECT_TRUE(clone_names.insert(c->name).second) << "repeated clone name " << c->name;
       EXPECT_EQ(c->op_type, n->op_type);
       EXPECT_EQ(c->device, "cpu:" + std::to_string(k));
       ASSERT_EQ(c->inputs().size(), n->inputs().size()) << c->name;
@@ -143,6 +153,7 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
               << c->output(i)->name() << " vs " << want;
         }
     }
+    if (!n->name.empty()) seen.insert(n->name);
   }
   const size_t cloned = clones.size();
   const auto reduces = nodes_of(g, "AllReduce");

@@ -69,7 +69,7 @@ TEST(Placement, RoundTripsThroughMetadataAndPassesChecker) {
   onnx::ModelProto proto;
   ASSERT_TRUE(proto.ParseFromString(bytes));
   EXPECT_NO_THROW(onnx::checker::check_model(proto));
-  EXPECT_EQ(entry(proto), "a=cpu:0\nt=cpu:1\nbranch=cuda:1\n");
+  EXPECT_EQ(entry(proto), "a=cpu:0\nbranch=cuda:1\nt=cpu:1\n");
   for (const auto& n : proto.graph().node())
     for (const auto& at : n.attribute()) EXPECT_NE(at.name(), "device");
 
