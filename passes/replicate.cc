@@ -260,14 +260,14 @@ class Replicator {
     if (n.op_type != "BatchNormalization" || !onnx_domain) return c;
     const int64_t opset = onnx_opset();
     if (!bn_training(n, opset)) return c;
-    OT_CHECK(opset >= 9 || n.attr_int("spatial", 1) != 0, "replicate: sync_batchnorm: ",
-             n.describe(), " is per-activation (spatial=0, opset ", opset,
-             "); only per-channel BatchNormalization can be synced");
+    OT_CHECK(opset >= 9 || n.attr_int("spatial", 1) != 0,
+             "replicate: sync_batchnorm: ", n.describe(), " is per-activation (spatial=0, opset ",
+             opset, "); only per-channel BatchNormalization can be synced");
     // Before opset 14 outputs 3 and 4 are saved_mean / saved_var, which the Sync op lacks.
     for (size_t i = 3; i < n.outputs().size(); ++i) {
       const Value* o = n.output(i);
-      OT_CHECK(!o || (o->uses().empty() && !o->is_graph_output()), "replicate: sync_batchnorm: ",
-               n.describe(), " output ", i, " '", o->name(),
+      OT_CHECK(!o || (o->uses().empty() && !o->is_graph_output()),
+               "replicate: sync_batchnorm: ", n.describe(), " output ", i, " '", o->name(),
                "' (saved statistics) is read; SyncBatchNormalization has only (Y, mean, var)");
     }
     std::vector<std::string> tmp;

@@ -129,7 +129,8 @@ TEST(Placement, BadEntriesAreOneLineErrors) {
   for (const auto& [text, want] : cases) {
     set_entry(text);
     const std::string err = import_error(proto);
-    EXPECT_NE(err.find("bad.onnx: metadata_props 'onnxtrain.placement' "), std::string::npos) << err;
+    EXPECT_NE(err.find("bad.onnx: metadata_props 'onnxtrain.placement' "), std::string::npos)
+        << err;
     EXPECT_NE(err.find(want), std::string::npos) << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   }
@@ -154,7 +155,8 @@ TEST(Placement, ExportRefusesPlacedNodesWithoutAUniqueName) {
     export_onnx_bytes(*m);
     FAIL() << "exported two placed nodes named 'branch'";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("shared with another node"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shared with another node"), std::string::npos)
+        << e.what();
   }
 }
 
