@@ -36,8 +36,10 @@ Tensor labels(int64_t n, int64_t classes, std::mt19937_64& rng) {
 
 const models::ZooOptions kResnet{.input_shape = {1, 32, 32}, .classes = 3, .width = 4, .seed = 7};
 
-std::unique_ptr<graph::Model> training_graph(int replicas, bool sync) {
+// opset > 0 re-labels the default-domain opset (resnet18's ops mean the same from 13 on).
+std::unique_ptr<graph::Model> training_graph(int replicas, bool sync, int64_t opset = 0) {
   std::unique_ptr<graph::Model> g = models::build_zoo_model("resnet18", kResnet);
+  if (opset > 0) g->set_opset("", opset);
   passes::TrainingOptions to;
   to.optimizer.kind = passes::OptimizerKind::kMomentum;
   to.replicas = replicas;
@@ -47,11 +49,11 @@ std::unique_ptr<graph::Model> training_graph(int replicas, bool sync) {
   return g;
 }
 
-std::unique_ptr<runtime::DataParallelSession> session(int replicas, bool sync) {
+std::unique_ptr<runtime::DataParallelSession> session(int replicas, bool sync, int64_t opset = 0) {
   runtime::SessionOptions so;
   so.threads = replicas;
-  return std::make_unique<runtime::DataParallelSession>(training_graph(replicas, sync), replicas,
-                                                        so);
+  return std::make_unique<runtime::DataParallelSession>(training_graph(replicas, sync, opset),
+                                                        replicas, so);
 }
 
 // max |a - b| / max(1e-2, max |b|): float32 rounding relative to the tensor's scale. An
@@ -77,9 +79,9 @@ constexpr double kTol = 1e-4;
 // Trains R replicas (sync or not) and 1 replica on the same global batches; returns the
 // largest relative state difference after each step.
 std::vector<double> state_diffs(int replicas, bool sync, const std::vector<int64_t>& batches,
-                                double loss_tol, bool resync = true) {
-  auto one = session(1, false);
-  auto many = session(replicas, sync);
+                                double loss_tol, bool resync = true, int64_t opset = 0) {
+  auto one = session(1, false, opset);
+  auto many = session(replicas, sync, opset);
   std::mt19937_64 rng(21);
   std::vector<double> diffs;
   for (size_t s = 0; s < batches.size(); ++s) {
@@ -153,6 +155,14 @@ TEST(SyncBatchNorm, ThreeReplicasWithAnEmptyReplica) {
   // BN over 2 values has dX = 0 up to rounding, so the upstream gradients are pure rounding
   // noise (seen: 2e-4 differences); 1 row makes that dX exactly 0.
   state_diffs(3, true, {5, 1, 9}, 1e-5);
+}
+
+// Opset 13: training is the presence of the statistics outputs (no training_mode attribute).
+TEST(SyncBatchNorm, Opset13BatchNormIsSyncedToo) {
+  auto g = training_graph(2, true, 13);
+  EXPECT_EQ(count_op(*g->graph, "BatchNormalization"), 0);
+  EXPECT_EQ(count_op(*g->graph, "SyncBatchNormalization"), 40);
+  state_diffs(2, true, {8, 7}, 1e-5, true, 13);
 }
 
 TEST(SyncBatchNorm, WithoutTheFlagTheWeightsDiffer) {
