@@ -8,6 +8,7 @@
 
 #include "graph/error.h"
 #include "graph/onnx_io.h"
+#include "graph/onnx_placement.h"
 #include "onnx/onnx_pb.h"
 
 namespace onnxtrain::graph {
@@ -149,12 +150,6 @@ void fill_graph(const Graph& g, onnx::GraphProto* gp, ExternalWriter* ext) {
     if (!n->domain.empty()) np->set_domain(n->domain);
     if (!n->doc_string.empty()) np->set_doc_string(n->doc_string);
     for (const auto& a : n->attributes) fill_attribute(a, np->add_attribute(), ext);
-    if (!n->device.empty()) {
-      auto* ap = np->add_attribute();
-      ap->set_name("device");
-      ap->set_type(onnx::AttributeProto::STRING);
-      ap->set_s(n->device);
-    }
   }
   for (const Value* v : g.outputs()) fill_value_info(*v, gp->add_output());
   for (const auto& v : g.values()) {
@@ -177,10 +172,17 @@ onnx::ModelProto to_proto(const Model& m, ExternalWriter* ext) {
   if (!m.domain.empty()) mp.set_domain(m.domain);
   if (m.model_version) mp.set_model_version(m.model_version);
   if (!m.doc_string.empty()) mp.set_doc_string(m.doc_string);
+  // Node::device goes to the placement entry, written afresh from the graph.
   for (const auto& [k, v] : m.metadata) {
+    if (k == kPlacementKey) continue;
     auto* kv = mp.add_metadata_props();
     kv->set_key(k);
     kv->set_value(v);
+  }
+  if (std::string placement = encode_placement(*m.graph); !placement.empty()) {
+    auto* kv = mp.add_metadata_props();
+    kv->set_key(kPlacementKey);
+    kv->set_value(std::move(placement));
   }
   fill_graph(*m.graph, mp.mutable_graph(), ext);
   return mp;

@@ -13,6 +13,7 @@
 
 #include "graph/error.h"
 #include "graph/onnx_io.h"
+#include "graph/onnx_placement.h"
 #include "graph/verifier.h"
 #include "onnx/onnx_pb.h"
 
@@ -470,7 +471,7 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
     }
     for (const auto& ap : np.attribute()) {
       if (ap.name() == "device" && ap.type() == onnx::AttributeProto::STRING) {
-        n->device = ap.s();  // onnxtrain's placement annotation, see export
+        n->device = ap.s();  // placement as files before "onnxtrain.placement" wrote it
         continue;
       }
       OT_CHECK(!n->find_attr(ap.name()), nw, ": attribute '", ap.name(), "' is given twice");
@@ -530,6 +531,15 @@ std::unique_ptr<Model> convert_model(const onnx::ModelProto& mp, Ctx& ctx) {
       fail(ctx.file, ": ", e.what());
     }
   }
+  // Placement lives in Node::device, not in the metadata (export writes the entry afresh).
+  std::vector<std::pair<std::string, std::string>> metadata;
+  for (auto& [k, v] : m->metadata) {
+    if (k == kPlacementKey)
+      decode_placement(v, *m->graph, ctx.file);
+    else
+      metadata.emplace_back(std::move(k), std::move(v));
+  }
+  m->metadata = std::move(metadata);
   m->source_path = ctx.file;
   return m;
 }

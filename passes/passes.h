@@ -110,6 +110,7 @@ OptimizerInfo attach_optimizer(graph::Model& model, const std::vector<std::strin
 struct ReplicateOptions {
   int replicas = 1;
   std::vector<std::string> devices;  // one per replica; empty = "cpu:0" .. "cpu:<R-1>"
+  bool sync_batchnorm = false;       // training-mode BN over the global batch (see below)
 };
 // Data parallelism as a graph rewrite, on build_training_graph's single-replica output.
 // State = every initializer S with a graph output `S.updated` (weights, BN running statistics,
@@ -118,8 +119,9 @@ struct ReplicateOptions {
 //            name and becomes the GLOBAL batch; one ai.onnxtrain.ShardBatch(x) -> (x/r0, ..,
 //            x/r<R-1>) per input (attribute replicas = R, no device) gives replica k rows
 //            [start_k, start_k + size_k), size_k = N/R + (k < N%R), possibly 0.
-//   nodes    every other node is cloned once per replica (values and node names + `/r<k>`,
-//            Node::device = devices[k]); the clones of one original node sit next to each other
+//   nodes    every other node is cloned once per replica (values and node names + `/r<k>`; a
+//            repeated name becomes `<name>_<i>` first, an unnamed node `<op_type>_<i>`, so every placed node has a
+//            unique name for export; Node::device = devices[k]); the clones of one original node sit next to each other
 //            in the node list, in the original topological order.
 //   state    S becomes R initializers S/r<k> (same value, mirrored) updated through the graph
 //            outputs `S/r<k>.updated`; S and `S.updated` disappear.
@@ -129,6 +131,12 @@ struct ReplicateOptions {
 // Dim 0 symbol N of the batch inputs becomes `N/r<k>` in replica k's value types; a batch of
 // known size has its types re-inferred. R == 1 leaves the graph untouched (the pipeline skips
 // the pass). Checks everything (names free, inputs splittable) before changing the graph.
+// sync_batchnorm: each replica's training-mode BatchNormalization (main graph, any opset; an
+// opset < 14 node may not have its saved_mean/saved_var read) becomes
+// ai.onnxtrain.SyncBatchNormalization(X, scale, B, mean, var) -> (Y, mean', var') and each
+// BatchNormalizationGrad(training_mode = 1) becomes SyncBatchNormalizationGrad(dY, X, scale)
+// -> (dX, dScale, dB), epsilon and momentum copied, same names: R replicas then compute what one
+// replica computes on the global batch. Per-activation BN (opset < 9, spatial = 0) is refused.
 void replicate(graph::Model& model, const ReplicateOptions& opts);
 
 // ---- bucket_allreduce.cc
@@ -153,12 +161,15 @@ struct BucketInfo {
 // allreduced value instead. Each AllReduce sits in the node list right after the last producer
 // of its inputs. BatchNormalization running statistics get one AllReduce(reduction = "mean")
 // whose outputs take the graph-output names `S/r<k>.updated` (the BN outputs become
-// `S/r<k>.updated/local`). R == 1 graphs (no ShardBatch) are refused.
+// `S/r<k>.updated/local`); SyncBatchNormalization statistics (sync_batchnorm) are already the
+// global batch's, identical on every replica, and get none. R == 1 graphs (no ShardBatch) are
+// refused.
 BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
 
 // ---- dce.cc
-// Removes nodes whose outputs reach no graph output, then unused initializers. Returns the
-// number of nodes removed.
+// Removes nodes whose outputs reach no graph output, then unused initializers, and empties the
+// outputs nothing reads of live ai.onnxtrain nodes (their kernels skip omitted outputs, so the
+// first ConvGrad computes no dX). Returns the number of nodes removed.
 int dce(graph::Model& model);
 
 // ---- optimize_inference.cc
@@ -188,6 +199,7 @@ struct TrainingOptions {
   OptimizerOptions optimizer;
   int replicas = 1;                  // > 1: replicate + bucket_allreduce after the optimizer
   std::vector<std::string> devices;  // ReplicateOptions::devices
+  bool sync_batchnorm = false;       // ReplicateOptions::sync_batchnorm
   double bucket_mb = 25;             // BucketOptions::bucket_mb
 };
 struct TrainingGraphInfo {

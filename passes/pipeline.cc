@@ -23,7 +23,9 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   dce(model);
   stage("dce");
   if (opts.replicas > 1) {
-    replicate(model, {.replicas = opts.replicas, .devices = opts.devices});
+    replicate(model, {.replicas = opts.replicas,
+                      .devices = opts.devices,
+                      .sync_batchnorm = opts.sync_batchnorm});
     stage("replicate");
     info.buckets = bucket_allreduce(model, {.bucket_mb = opts.bucket_mb});
     stage("bucket_allreduce");

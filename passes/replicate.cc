@@ -1,5 +1,6 @@
 // replicate (passes.h): the single-replica training graph cloned once per replica, the global
 // batch split by ShardBatch nodes, state mirrored per replica, `lr` / `loss_scale` shared.
+#include <functional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -71,6 +72,16 @@ Layout read_layout(const Graph& g) {
   return l;
 }
 
+// BatchNormalization's mode as ops/nn/batch_norm.cc resolves it: training_mode from opset 14;
+// before, training when a statistics output is requested (and, before 7, is_test = 0).
+bool bn_training(const Node& n, int64_t opset) {
+  if (opset >= 14) return n.attr_int("training_mode", 0) != 0;
+  if (opset < 7 && n.attr_int("is_test", 0) != 0) return false;
+  for (size_t i = 1; i < n.outputs().size(); ++i)
+    if (n.output(i)) return true;
+  return false;
+}
+
 class Replicator {
  public:
   Replicator(graph::Model& m, const ReplicateOptions& opts)
@@ -78,6 +89,7 @@ class Replicator {
         g_(*m.graph),
         r_(opts.replicas),
         devices_(opts.devices),
+        sync_batchnorm_(opts.sync_batchnorm),
         layout_(read_layout(g_)) {
     if (devices_.empty())
       for (int k = 0; k < r_; ++k) devices_.push_back(cat("cpu:", k));
@@ -89,6 +101,7 @@ class Replicator {
     maps_.resize(static_cast<size_t>(r_));
     shard_batch();
     mirror_state();
+    name_bases();
     clone_nodes();
     rewire_outputs();
     remove_originals();
@@ -160,6 +173,41 @@ class Replicator {
       }
   }
 
+  // Every clone is named `<base>/r<k>`, the base unique in the model: export keys placement
+  // by node name (graph/onnx_placement.h). Base = the node's name; for a repeated name
+  // `<name>_<i>`, for an unnamed node `<op_type>_<i>`, with the first free i >= 1.
+  void name_bases() {
+    std::unordered_set<std::string> taken;
+    std::function<void(const Graph&)> collect = [&](const Graph& g) {
+      for (const auto& n : g.nodes()) {
+        taken.insert(n->name);
+        for (const graph::Attribute& a : n->attributes) {
+          if (a.type == graph::AttrType::kGraph) collect(a.g());
+          if (a.type == graph::AttrType::kGraphs)
+            for (const graph::GraphPtr& sub : a.graphs()) collect(*sub);
+        }
+      }
+    };
+    collect(g_);
+    auto is_free = [&](const std::string& base) {
+      for (int k = 0; k < r_; ++k)
+        if (taken.count(base + replica_suffix(k))) return false;
+      return true;
+    };
+    std::unordered_set<std::string> bases;
+    for (const Node* n : layout_.nodes) {
+      std::string base = n->name;
+      if (base.empty() || bases.count(base) || !is_free(base)) {
+        const std::string stem = n->name.empty() ? n->op_type : n->name;
+        int i = 1;
+        do base = cat(stem, "_", i++);
+        while (taken.count(base) || bases.count(base) || !is_free(base));
+      }
+      bases.insert(base);
+      base_names_[n] = base;
+    }
+  }
+
   // The clones of one node next to each other, so an AllReduce inserted after the last
   // replica's gradient producer precedes the backward nodes that remain in every replica.
   void clone_nodes() {
@@ -171,17 +219,81 @@ class Replicator {
           return v ? value_name(v, k) : name + replica_suffix(k);
         };
         Node* c = g_.clone_nodes(std::span<Node* const>(&n, 1), rename_value, map).front();
-        c->name = n->name.empty() ? "" : n->name + replica_suffix(k);
+        c->name = base_names_.at(n) + replica_suffix(k);
         c->device = devices_[static_cast<size_t>(k)];
         for (graph::Attribute& a : c->attributes) {
           if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
           if (a.type == graph::AttrType::kGraphs)
             for (const graph::GraphPtr& sub : a.graphs()) remap_captures(*sub, map);
         }
+        if (sync_batchnorm_) c = sync_batch_norm(*n, c, map);
         for (Value* o : c->outputs())
           if (o) rename_symbols(o->type, k);
       }
     }
+  }
+
+  // Opset of the default domain (BatchNormalization's output layout and mode depend on it).
+  int64_t onnx_opset() const {
+    if (auto v = model_.opset_version("")) return *v;
+    if (auto v = model_.opset_version("ai.onnx")) return *v;
+    return 21;
+  }
+
+  // --sync-batchnorm: clone c of training-mode BN node n (or of its training-mode gradient)
+  // becomes the ai.onnxtrain Sync* op with the same value names; other nodes pass through.
+  // Runs before anything reads c's outputs, so the forward can be re-created in c's place.
+  Node* sync_batch_norm(const Node& n, Node* c, ValueMap& map) {
+    const bool onnx_domain = n.domain.empty() || n.domain == "ai.onnx";
+    if (n.op_type == "BatchNormalizationGrad" && n.domain == ops::kOnnxtrainDomain) {
+      if (n.attr_int("training_mode", 1) == 0) return c;
+      OT_CHECK(n.attr_int("spatial", 1) != 0, "replicate: sync_batchnorm: ", n.describe(),
+               " is per-activation (spatial=0); only per-channel BatchNormalization can be synced");
+      OT_CHECK(c->inputs().size() == 3, "replicate: sync_batchnorm: ", n.describe(), " has ",
+               c->inputs().size(), " inputs, expected 3 (dY, X, scale) in training mode");
+      c->op_type = "SyncBatchNormalizationGrad";
+      c->domain = ops::kOnnxtrainDomain;
+      c->attributes = {graph::Attribute::make_float("epsilon", n.attr_float("epsilon", 1e-5f))};
+      model_.set_opset(ops::kOnnxtrainDomain, 1);
+      return c;
+    }
+    if (n.op_type != "BatchNormalization" || !onnx_domain) return c;
+    const int64_t opset = onnx_opset();
+    if (!bn_training(n, opset)) return c;
+    OT_CHECK(opset >= 9 || n.attr_int("spatial", 1) != 0,
+             "replicate: sync_batchnorm: ", n.describe(), " is per-activation (spatial=0, opset ",
+             opset, "); only per-channel BatchNormalization can be synced");
+    // Before opset 14 outputs 3 and 4 are saved_mean / saved_var, which the Sync op lacks.
+    for (size_t i = 3; i < n.outputs().size(); ++i) {
+      const Value* o = n.output(i);
+      OT_CHECK(!o || (o->uses().empty() && !o->is_graph_output()),
+               "replicate: sync_batchnorm: ", n.describe(), " output ", i, " '", o->name(),
+               "' (saved statistics) is read; SyncBatchNormalization has only (Y, mean, var)");
+    }
+    std::vector<std::string> tmp;
+    for (size_t i = 0; i < 3; ++i)
+      tmp.push_back(c->output(i) ? g_.fresh_name(c->output(i)->name() + "/sync") : "");
+    Node* s = g_.insert_node_before(c, "SyncBatchNormalization", c->inputs(), tmp, c->name,
+                                    ops::kOnnxtrainDomain);
+    s->device = c->device;
+    s->doc_string = c->doc_string;
+    s->attributes = {graph::Attribute::make_float("epsilon", n.attr_float("epsilon", 1e-5f)),
+                     graph::Attribute::make_float("momentum", n.attr_float("momentum", 0.9f))};
+    std::vector<std::pair<Value*, graph::ValueType>> kept;
+    for (size_t i = 0; i < 3; ++i)
+      if (c->output(i)) kept.emplace_back(s->output(i), c->output(i)->type);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < 3; ++i) names.push_back(c->output(i) ? c->output(i)->name() : "");
+    g_.remove_node(c);
+    for (size_t i = 0; i < 3; ++i) {
+      if (!s->output(i)) continue;
+      g_.rename_value(s->output(i), names[i]);
+      map[n.output(i)] = s->output(i);
+    }
+    for (auto& [v, type] : kept) v->type = type;
+    for (size_t i = 3; i < n.outputs().size(); ++i) map.erase(n.output(i));
+    model_.set_opset(ops::kOnnxtrainDomain, 1);
+    return s;
   }
 
   // A cloned If/Loop body still reads the original outer values; point it at replica k's.
@@ -252,9 +364,11 @@ class Replicator {
   Graph& g_;
   int r_;
   std::vector<std::string> devices_;
+  bool sync_batchnorm_;
   Layout layout_;
   std::unordered_set<const Value*> state_;
   std::vector<ValueMap> maps_;
+  std::unordered_map<const Node*, std::string> base_names_;
 };
 
 }  // namespace

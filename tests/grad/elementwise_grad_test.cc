@@ -24,10 +24,7 @@ using testing::GradInput;
 constexpr DataType kF64 = DataType::kDouble;
 constexpr DataType kF32 = DataType::kFloat;
 
-Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1.0, double hi = 1.0,
-           DataType dt = kF64) {
-  return testing::random_tensor(dt, std::move(dims), seed, lo, hi);
-}
+using testing::rnd;
 
 // Moves every element closer than `margin` to a kink onto kink +- margin, so the central
 // difference never straddles a point where the op is not differentiable.

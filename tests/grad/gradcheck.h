@@ -61,6 +61,12 @@ graph::Tensor random_tensor(graph::DataType dt, std::vector<int64_t> dims, uint6
                             double lo = -1.0, double hi = 1.0);
 graph::Tensor int64_tensor(std::vector<int64_t> dims, std::vector<int64_t> values);
 
+// random_tensor with the cases' defaults: uniform in [lo, hi), float64.
+inline graph::Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1.0,
+                         double hi = 1.0, graph::DataType dt = graph::DataType::kDouble) {
+  return random_tensor(dt, std::move(dims), seed, lo, hi);
+}
+
 // Case inputs: a graph input whose gradient is compared, one that is fed but not compared, an
 // initializer (shapes, axes), an omitted optional input, an int64 vector initializer.
 inline GradInput checked(graph::Tensor t) { return GradInput{std::move(t), true, false}; }

@@ -26,10 +26,7 @@ using testing::GradInput;
 constexpr DataType kF64 = DataType::kDouble;
 constexpr DataType kF32 = DataType::kFloat;
 
-Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1.0, double hi = 1.0,
-           DataType dt = kF64) {
-  return testing::random_tensor(dt, std::move(dims), seed, lo, hi);
-}
+using testing::rnd;
 
 // Distinct values spaced 2/numel apart in random order: a max-pool window never holds two
 // values closer than the finite-difference step (1e-3 in float32), so no argmax flips.

@@ -25,13 +25,7 @@ using graph::Tensor;
 
 using optest::OneNodeBuilder;
 
-Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1, double hi = 1) {
-  Tensor t(DataType::kDouble, std::move(dims));
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<double>()[i] = u(gen);
-  return t;
-}
+using optest::rnd;
 
 struct RuleCase {
   std::string op;

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "graph/error.h"
 #include "graph/ir.h"
+#include "graph/tensor.h"
 #include "ops/op_api.h"
 
 namespace onnxtrain::optest {
@@ -58,5 +60,14 @@ class OneNodeBuilder final : public ops::GradientBuilder {
   graph::Value* dy_;
   int counter_ = 0;
 };
+
+// Uniform float64 tensor in [lo, hi), deterministic per seed.
+inline graph::Tensor rnd(std::vector<int64_t> dims, uint64_t seed, double lo = -1, double hi = 1) {
+  graph::Tensor t(graph::DataType::kDouble, std::move(dims));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<double>()[i] = u(gen);
+  return t;
+}
 
 }  // namespace onnxtrain::optest

@@ -110,8 +110,11 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
     for (int k = 0; k < r; ++k) EXPECT_EQ(s->output(k)->name(), s->input(0)->name() + rk(k));
   }
 
-  // Every node of the single graph: R clones next to each other in its topological order
-  // (node names need not be unique), with the right names, devices, op and inputs.
+  // Every node of the single graph: R clones next to each other in its topological order,
+  // with the right names, devices, op and inputs. Single-graph names need not be unique (the
+  // gradient's two Gemms share one); clone names are, for placement on export: a name's
+  // first node keeps it, later ones and unnamed nodes get `_<i>`.
+  std::set<std::string> seen, clone_names;
   std::vector<const Node*> clones;
   for (const auto& n : g.nodes())
     if (n->op_type != "ShardBatch" && n->op_type != "AllReduce") clones.push_back(n.get());
@@ -121,7 +124,14 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
     const Node* n = order[j];
     for (int k = 0; k < r; ++k) {
       const Node* c = clones[j * r + k];
-      EXPECT_EQ(c->name, n->name.empty() ? "" : n->name + rk(k));
+      if (!n->name.empty() && !seen.count(n->name)) {
+        EXPECT_EQ(c->name, n->name + rk(k));
+      } else {
+        const std::string stem = (n->name.empty() ? n->op_type : n->name) + "_";
+        EXPECT_EQ(c->name.rfind(stem, 0), 0u) << c->name;
+        EXPECT_TRUE(c->name.ends_with(rk(k))) << c->name;
+      }
+      EXPECT_TRUE(clone_names.insert(c->name).second) << "repeated clone name " << c->name;
       EXPECT_EQ(c->op_type, n->op_type);
       EXPECT_EQ(c->device, "cpu:" + std::to_string(k));
       ASSERT_EQ(c->inputs().size(), n->inputs().size()) << c->name;
@@ -143,6 +153,7 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
               << c->output(i)->name() << " vs " << want;
         }
     }
+    if (!n->name.empty()) seen.insert(n->name);
   }
   const size_t cloned = clones.size();
   const auto reduces = nodes_of(g, "AllReduce");
@@ -369,22 +380,26 @@ TEST(Replicate, ExportsAndReimports) {
     const std::string bytes = graph::export_onnx_bytes(*m);
     onnx::ModelProto proto;
     ASSERT_TRUE(proto.ParseFromString(bytes));
-    // The checker rejects the `device` attribute that export writes on standard ops (no
-    // schema declares it); everything else must be valid ONNX.
-    int devices = 0;
-    for (onnx::NodeProto& n : *proto.mutable_graph()->mutable_node()) {
-      auto* attrs = n.mutable_attribute();
-      for (int i = attrs->size() - 1; i >= 0; --i)
-        if (attrs->Get(i).name() == "device") {
-          attrs->DeleteSubrange(i, 1);
-          ++devices;
-        }
-    }
-    EXPECT_GT(devices, 0);
+    // Placement travels in the metadata entry, not as node attributes: the file is valid ONNX
+    // as written (the checker rejects an undeclared `device` attribute on a standard op).
+    std::string placement;
+    for (const auto& kv : proto.metadata_props())
+      if (kv.key() == "onnxtrain.placement") placement = kv.value();
+    for (const onnx::NodeProto& n : proto.graph().node())
+      for (const onnx::AttributeProto& a : n.attribute()) EXPECT_NE(a.name(), "device") << n.name();
+    int lines = 0, placed = 0;
+    for (char c : placement) lines += c == '\n';
+    for (const auto& n : m->graph->nodes()) placed += !n->device.empty();
+    EXPECT_GT(placed, 0);
+    EXPECT_EQ(lines, placed);
     EXPECT_NO_THROW(onnx::checker::check_model(proto));
     auto back = graph::import_onnx_bytes(bytes, std::string(model) + "_x2.onnx", "");
     graph::verify_model(*back);
     EXPECT_EQ(graph::to_text(*back->graph), graph::to_text(*m->graph));
+    ASSERT_EQ(back->graph->nodes().size(), m->graph->nodes().size());
+    for (size_t i = 0; i < m->graph->nodes().size(); ++i)
+      EXPECT_EQ(back->graph->nodes()[i]->device, m->graph->nodes()[i]->device) << i;
+    EXPECT_EQ(back->metadata, m->metadata) << "the placement entry is not model metadata";
   }
 }
 
