@@ -66,7 +66,8 @@ replicas and threads:
   --replicas N            data-parallel replicas cpu:0..N-1 (default 1)
   --threads N             total intra-op threads, split across replicas (default: all cores)
   --bucket-mb F           gradient bucket size for AllReduce (default 25)
-  --sync-batchnorm        BatchNormalization statistics across replicas (not supported yet)
+  --sync-batchnorm        training BatchNormalization uses the global batch's statistics
+                          (all replicas'); with --replicas 1 it changes nothing
 
 files:
   --output FILE           the trained inference model (written atomically; never the input)

@@ -201,7 +201,7 @@ std::vector<std::pair<std::string, std::string>> math_options(const TrainConfig&
   char model_hash[17];
   std::snprintf(model_hash, sizeof model_hash, "%016llx",
                 static_cast<unsigned long long>(fnv1a64(model_bytes)));
-  return {
+  std::vector<std::pair<std::string, std::string>> opts = {
       {"model", model_hash},
       {"optimizer", cat(c.optimizer_name, " momentum=", o.momentum, " nesterov=", o.nesterov,
                         " weight_decay=", o.weight_decay, " clip_norm=", o.clip_global_norm)},
@@ -216,6 +216,9 @@ std::vector<std::pair<std::string, std::string>> math_options(const TrainConfig&
       {"trainable", "freeze=" + c.graph.trainable.freeze_regex +
                         " trainable=" + c.graph.trainable.trainable_regex},
   };
+  // Only when it changes the math, so checkpoints written before the flag existed still match.
+  if (c.sync_batchnorm && c.replicas > 1) opts.emplace_back("sync_batchnorm", "1");
+  return opts;
 }
 
 std::string options_hash(const std::vector<std::pair<std::string, std::string>>& opts) {
@@ -341,9 +344,6 @@ void check_ops_known(const graph::Model& m, const std::string& path) {
 
 void check_config(const TrainConfig& c) {
   OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
-  OT_CHECK(!c.sync_batchnorm,
-           "--sync-batchnorm is not supported yet (build_training_graph has no option for "
-           "cross-replica BatchNormalization); leave it out to use per-replica batch statistics");
   OT_CHECK(c.model_path.empty() || c.output.empty() || !same_path(c.model_path, c.output),
            "--output '", c.output, "' is the input model; choose another file");
   OT_CHECK(c.model_path.empty() || c.save_graph.empty() || !same_path(c.model_path, c.save_graph),
@@ -386,6 +386,7 @@ TrainResult run_training(const TrainConfig& c) {
   topts.replicas = c.replicas;
   for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(cat("cpu:", k));
   topts.bucket_mb = c.bucket_mb;
+  topts.sync_batchnorm = c.sync_batchnorm;  // replicate's; with 1 replica there is nothing to sync
   passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, topts);
   const bool ce = info.loss.kind == passes::LossKind::kCrossEntropy;
   // The trained output's dims from the typed inference model (replicated graphs rename it).

@@ -82,6 +82,8 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
                  p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
                  mib(bytes).c_str(), c.bucket_mb);
+    if (c.sync_batchnorm)
+      std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
   if (p.val_name.empty())
     std::fprintf(f, "validation  none\n");
