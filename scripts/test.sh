@@ -18,7 +18,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
   -DONNXTRAIN_CUDA=OFF >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
-cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir backend_roundtrip \
+cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session runtime_optimize_inference passes_training passes_replicate \
   passes_dce optim dataset comm checkpoint plugin
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
