@@ -288,9 +288,10 @@ void switch_dropout(Graph& g, Node* n, int64_t opset, Value*& true_flag) {
   }
   n->set_input(2, true_flag);
   if (n->outputs().size() < 2 || !n->output(1)) {
-    const Value* y = n->output(0);
-    n = with_outputs(g, n, {g.fresh_name(y->name() + ".mask")});
-    n->output(1)->type = ValueType::tensor(DataType::kBool, y->type.shape);
+    // Rebuilding the node replaces its output values: copy what is needed first.
+    const std::optional<graph::Shape> y_shape = n->output(0)->type.shape;
+    n = with_outputs(g, n, {g.fresh_name(n->output(0)->name() + ".mask")});
+    n->output(1)->type = ValueType::tensor(DataType::kBool, y_shape);
   }
 }
 
