@@ -58,6 +58,24 @@ std::vector<std::string> unsupported_ops(const graph::Model& m) {
   return {out.begin(), out.end()};
 }
 
+void require_supported_ops(const graph::Model& m, const std::string& path) {
+  std::vector<std::string> missing = runtime::unsupported_ops(m);
+  if (missing.empty()) return;
+  std::string list;
+  bool custom = false;
+  for (const std::string& op : missing) {
+    list += cat(list.empty() ? "" : ", ", op);
+    const auto dot = op.rfind('.');
+    const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
+    custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
+                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
+  }
+  fail(path, ": unsupported ops (no CPU kernel): ", list,
+       custom ? " (ops of a custom domain: load the library that defines them with "
+                "--custom-op-lib PATH)"
+              : "");
+}
+
 InferenceSession::InferenceSession(std::unique_ptr<graph::Model> model, SessionOptions opts)
     : model_(std::move(model)), opts_(std::move(opts)) {
   if (opts_.threads <= 0) opts_.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -68,6 +68,10 @@ class InferenceSession {
   friend class StepContext;
 };
 
+// Throws "<path>: unsupported ops (no CPU kernel): ..." naming every op without a kernel, with a
+// hint at --custom-op-lib when one is in a custom domain. Tools call it before any other work.
+void require_supported_ops(const graph::Model& m, const std::string& path);
+
 // The communicator of the session a kernel runs in (SessionOptions::communicator), for the
 // runtime's own collective kernels; nullptr when none was given.
 Communicator* communicator_of(const ops::KernelContext& ctx);

@@ -196,23 +196,6 @@ void list_ops() {
 }
 
 // The session would refuse unknown ops too; here the message can point at the flag.
-void check_ops_known(const graph::Model& m, const std::string& path) {
-  std::vector<std::string> missing = runtime::unsupported_ops(m);
-  if (missing.empty()) return;
-  std::string list;
-  bool custom = false;
-  for (const std::string& op : missing) {
-    list += cat(list.empty() ? "" : ", ", op);
-    const auto dot = op.rfind('.');
-    const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
-    custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
-                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
-  }
-  fail(path, ": unsupported ops (no CPU kernel): ", list,
-       custom ? " (ops of a custom domain: load the library that defines them with "
-                "--custom-op-lib PATH)"
-              : "");
-}
 
 double run_ms(runtime::InferenceSession& session, const std::map<std::string, Tensor>& feed) {
   auto start = std::chrono::steady_clock::now();
@@ -260,7 +243,7 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> out_names;
   for (const auto* v : g.outputs()) out_names.push_back(v->name());
-  check_ops_known(*model, a.model);
+  runtime::require_supported_ops(*model, a.model);
   // onnxrun only runs models forward, so the inference rewrite applies; a BatchNormalization
   // in training mode (an exported training graph) is left alone by the pass itself.
   if (a.optimize) passes::optimize_inference(*model);

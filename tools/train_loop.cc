@@ -322,25 +322,6 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
   runtime::prune_checkpoints(c.checkpoint_dir, kKeepCheckpoints);
 }
 
-// The session would refuse unknown ops too, but only after the training graph is built (and
-// autodiff names the first op without a gradient rule); here the message can point at the flag.
-void check_ops_known(const graph::Model& m, const std::string& path) {
-  const std::vector<std::string> missing = runtime::unsupported_ops(m);
-  if (missing.empty()) return;
-  std::string list;
-  bool custom = false;
-  for (const std::string& op : missing) {
-    list += cat(list.empty() ? "" : ", ", op);
-    const auto dot = op.rfind('.');
-    const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
-    custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
-                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
-  }
-  fail(path, ": unsupported ops (no CPU kernel): ", list,
-       custom ? " (ops of a custom domain: load the library that defines them with "
-                "--custom-op-lib PATH)"
-              : "");
-}
 
 void check_config(const TrainConfig& c) {
   OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
@@ -379,7 +360,7 @@ TrainResult run_training(const TrainConfig& c) {
   const std::string model_bytes = read_model_bytes(c.model_path);
   std::unique_ptr<graph::Model> original = graph::import_onnx_bytes(
       model_bytes, c.model_path, fs::path(c.model_path).parent_path().string());
-  check_ops_known(*original, c.model_path);
+  runtime::require_supported_ops(*original, c.model_path);
   const ModelInput input = model_input(*original, c.model_path);
   auto training_graph = original->clone();
   passes::TrainingOptions topts = c.graph;
