@@ -21,7 +21,7 @@
 namespace onnxtrain::ops {
 
 // 3: KernelContext::subgraph (control-flow ops run their graph attributes through the runtime).
-inline constexpr int kOpApiVersion = 3;
+inline constexpr int kOpApiVersion = 4;
 
 using graph::DataType;
 
@@ -201,6 +201,10 @@ struct OpSchema {
   GradientFn gradient;
   // True when the op's result may be computed once at plan time from constant inputs.
   bool foldable = true;
+  // The input whose buffer output `output` of `node` may share (the kernel reads element i of
+  // every input before it writes element i of that output), or -1. The runtime uses it to
+  // update training state in place (an optimizer writes the new weight over the old one).
+  std::function<int(const graph::Node& node, int output)> inplace;
 };
 
 // The process-wide registry. Keyed by (domain, op_type, opset range); later issues add

@@ -64,21 +64,32 @@ class AllReduceKernel final : public ops::Kernel {
       if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
       off += in->nbytes();
     }
-    comm.all_reduce(buf, total, dt);
-    if (mean_) {
-      const double s = 1.0 / comm.size();
-      if (dt == DataType::kDouble)
-        for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= s;
-      else
-        for (int64_t j = 0; j < total; ++j) reinterpret_cast<float*>(buf)[j] *= static_cast<float>(s);
-    }
-    off = 0;
+    // Asynchronous: the reduction runs on the communicator's worker while this replica's
+    // backward continues; the outputs are unpacked when the first reader (an optimizer
+    // update) needs them. Output buffers are fixed for the run, so their addresses are taken now.
+    CommHandle handle = comm.all_reduce_async(buf, total, dt);
+    std::vector<std::pair<std::byte*, size_t>> dst;
     for (int i : slots) {
       const ops::TensorView* in = ctx.input(i);
       ops::TensorView& out = ctx.output(i, in->dims);
-      if (in->nbytes()) std::memcpy(out.data, buf + off, in->nbytes());
-      off += in->nbytes();
+      dst.emplace_back(static_cast<std::byte*>(out.data), in->nbytes());
     }
+    const double scale = mean_ ? 1.0 / comm.size() : 1.0;
+    defer_completion(ctx, [handle, buf, total, dt, scale, dst = std::move(dst)] {
+      handle.wait();
+      if (scale != 1.0) {
+        if (dt == DataType::kDouble)
+          for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= scale;
+        else
+          for (int64_t j = 0; j < total; ++j)
+            reinterpret_cast<float*>(buf)[j] *= static_cast<float>(scale);
+      }
+      size_t off = 0;
+      for (const auto& [p, n] : dst) {
+        if (n) std::memcpy(p, buf + off, n);
+        off += n;
+      }
+    });
   }
 
  private:

@@ -63,6 +63,10 @@ class StepContext final : public ops::KernelContext {
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
   Communicator* communicator() const { return plan_.session_.opts_.communicator; }
+  void defer(std::function<void()> finish) {
+    OT_CHECK(!plan_.deferred_, node().describe(), ": a kernel may defer one completion per run");
+    plan_.deferred_ = std::move(finish);
+  }
   int num_inputs() const override { return static_cast<int>(step_.in.size()); }
   const ops::TensorView* input(int i) const override {
     if (i < 0 || i >= num_inputs() || step_.in[i] < 0) return nullptr;
@@ -81,6 +85,15 @@ class StepContext final : public ops::KernelContext {
     Slot& slot = plan_.slots_[s];
     Plan::Binding& b = plan_.bindings_[s];
     std::vector<int64_t> d(dims.begin(), dims.end());
+    if (slot.alias_direct) {
+      // Written over the aliased input (training state updated in place).
+      const ops::TensorView& target = plan_.bindings_[slot.alias_input].view;
+      OT_CHECK(target.dims == d && target.dtype == slot.type.dtype, node().describe(),
+               ": output ", i, " does not match the input it updates in place");
+      b.owned = Tensor();
+      b.view = target;
+      return b.view;
+    }
     if (slot.is_static && slot.arena_offset >= 0) {
       auto planned = concrete(slot.type);
       if (planned && *planned == d) {
@@ -243,8 +256,55 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs) {
   bindings_.resize(slots_.size());
   for (size_t s = 0; s < slots_.size(); ++s)
     if (slots_[s].is_constant) bind_constant(static_cast<int>(s));
+  if (!parent_) plan_aliases();
   plan_memory();
   prepare_kernels();
+}
+
+void Plan::plan_aliases() {
+  std::vector<char> taken(slots_.size(), 0);
+  for (const auto& [out_name, in_name] : session_.opts_.output_aliases) {
+    const graph::Value* ov = graph_.find_value(out_name);
+    const graph::Value* iv = graph_.find_value(in_name);
+    OT_CHECK(ov && ov->is_graph_output(), "output alias: '", out_name, "' is not a graph output");
+    OT_CHECK(iv && iv->is_graph_input(), "output alias: '", in_name, "' is not a graph input");
+    auto oi = slot_index_.find(ov), ii = slot_index_.find(iv);
+    OT_CHECK(ii != slot_index_.end() && slots_[ii->second].is_input, "output alias: input '",
+             in_name, "' is not bound in this run");
+    const int so = oi->second, si = ii->second;
+    OT_CHECK(!taken[si], "output alias: input '", in_name, "' is the target of two outputs");
+    taken[si] = 1;
+    Slot& out = slots_[so];
+    const Slot& in = slots_[si];
+    const auto od = concrete(out.type), id = concrete(in.type);
+    OT_CHECK(out.type.dtype == in.type.dtype && in.type.dtype != DataType::kString &&
+                 (!od || !id || *od == *id),
+             "output alias: '", out_name, "' ", graph::format_type(out.type), " cannot update '",
+             in_name, "' ", graph::format_type(in.type));
+    out.alias_input = si;
+    if (out.is_constant || out.def_step < 0 || !out.is_static || !id || so == si) {
+      ++stats_.aliased_copied;
+      continue;
+    }
+    // Direct write: the producer declares the pair in place, reads the input only there, and
+    // no later node reads the input (it would see the new value).
+    const Step& w = steps_[static_cast<size_t>(out.def_step)];
+    int out_pos = -1;
+    for (size_t k = 0; k < w.out.size(); ++k)
+      if (w.out[k] == so) out_pos = static_cast<int>(k);
+    const int in_pos = w.schema->inplace ? w.schema->inplace(*w.node, out_pos) : -1;
+    bool direct = in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si;
+    for (size_t k = 0; direct && k < w.in.size(); ++k)
+      if (static_cast<int>(k) != in_pos && w.in[k] == si) direct = false;
+    for (size_t k = static_cast<size_t>(out.def_step) + 1; direct && k < steps_.size(); ++k) {
+      for (int s : steps_[k].in)
+        if (s == si) direct = false;
+      for (const auto& a : steps_[k].node->attributes)
+        if (a.type == graph::AttrType::kGraph || a.type == graph::AttrType::kGraphs) direct = false;
+    }
+    out.alias_direct = direct;
+    ++(direct ? stats_.aliased_in_place : stats_.aliased_copied);
+  }
 }
 
 void Plan::bind_constant(int s) { bindings_[s].view = view_of(slots_[s].constant); }
@@ -370,7 +430,8 @@ void Plan::plan_memory() {
   std::vector<int> order;
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot& slot = slots_[s];
-    if (slot.is_static && !slot.is_constant && !slot.is_input && slot.def_step >= 0) {
+    if (slot.is_static && !slot.is_constant && !slot.is_input && slot.def_step >= 0 &&
+        !slot.alias_direct) {
       if (slot.last_use < slot.def_step) slot.last_use = slot.def_step;  // unused output
       order.push_back(static_cast<int>(s));
       stats_.unshared_bytes += static_cast<int64_t>(round_up(slot.bytes));
@@ -485,15 +546,30 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
     StepContext prep(*this, step, threads);
     step.kernel->prepare(prep);
   }
+  // Outputs of an asynchronous kernel this step reads: finish them first.
+  for (int s : step.in)
+    if (s >= 0 && slots_[s].pending >= 0) complete(slots_[s].pending);
   StepContext ctx(*this, step, threads);
   bool profile = !session_.opts_.profile_path.empty() && !at_plan_time;
   int64_t t0 = profile ? now_us() : 0;
+  deferred_ = nullptr;
   step.kernel->run(ctx);
   if (profile) {
     int64_t t1 = now_us();
     if (session_.trace_origin_us_ == 0) session_.trace_origin_us_ = t0;
     session_.trace_.push_back({step.node->name.empty() ? step.node->op_type : step.node->name,
                                step.node->op_type, t0 - session_.trace_origin_us_, t1 - t0});
+  }
+  if (deferred_) {
+    Pending p{std::move(deferred_), {}, step.node->name.empty() ? step.node->op_type : step.node->name};
+    deferred_ = nullptr;
+    const int id = static_cast<int>(pending_.size());
+    for (int s : step.out)
+      if (s >= 0) {
+        slots_[s].pending = id;
+        p.slots.push_back(s);
+      }
+    pending_.push_back(std::move(p));
   }
   // Outputs the kernel never wrote through output(): fail loudly rather than read garbage.
   for (size_t i = 0; i < step.out.size(); ++i) {
@@ -507,9 +583,42 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
     for (int s : release_after_[index]) bindings_[s] = Binding{};
 }
 
+void Plan::complete(int id) {
+  Pending& p = pending_[static_cast<size_t>(id)];
+  if (!p.finish) return;
+  std::function<void()> finish = std::move(p.finish);
+  p.finish = nullptr;
+  for (int s : p.slots) slots_[s].pending = -1;
+  // Earlier deferred work first: completions run in issue order.
+  for (int k = 0; k < id; ++k)
+    if (pending_[static_cast<size_t>(k)].finish) complete(k);
+  const bool profile = !session_.opts_.profile_path.empty();
+  const int64_t t0 = profile ? now_us() : 0;
+  finish();
+  if (profile) {
+    if (session_.trace_origin_us_ == 0) session_.trace_origin_us_ = t0;
+    session_.trace_.push_back({p.name + " (wait)", "Wait", t0 - session_.trace_origin_us_,
+                               now_us() - t0});
+  }
+}
+
+void Plan::complete_all() {
+  for (size_t k = 0; k < pending_.size(); ++k) complete(static_cast<int>(k));
+  pending_.clear();
+}
+
 Communicator* communicator_of(const ops::KernelContext& ctx) {
   const auto* step = dynamic_cast<const StepContext*>(&ctx);
   return step ? step->communicator() : nullptr;
+}
+
+void defer_completion(ops::KernelContext& ctx, std::function<void()> finish) {
+  auto* step = dynamic_cast<StepContext*>(&ctx);
+  if (!step) {
+    finish();
+    return;
+  }
+  step->defer(std::move(finish));
 }
 
 std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs) {
@@ -520,17 +629,46 @@ std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs
     if (it == slot_index_.end()) continue;  // an input nothing reads
     bindings_[it->second].view = view_of(*t);
   }
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    try {
-      execute(steps_[i], static_cast<int>(i), false);
-    } catch (const std::bad_alloc&) {
-      fail(steps_[i].node->describe(), ": out of memory");
+  pending_.clear();
+  try {
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      try {
+        execute(steps_[i], static_cast<int>(i), false);
+      } catch (const std::bad_alloc&) {
+        fail(steps_[i].node->describe(), ": out of memory");
+      }
     }
+    complete_all();
+  } catch (...) {
+    // Deferred work still uses this plan's buffers: let it finish (its own errors are
+    // secondary to the one being reported).
+    for (Pending& p : pending_) {
+      if (!p.finish) continue;
+      try {
+        p.finish();
+      } catch (...) {
+      }
+      for (int s : p.slots) slots_[s].pending = -1;
+    }
+    pending_.clear();
+    throw;
   }
   std::vector<Tensor> out;
   for (const graph::Value* v : graph_.outputs()) {
-    const Slot& slot = slots_[slot_index_.at(v)];
-    const ops::TensorView& view = bindings_[slot_index_.at(v)].view;
+    const int si = slot_index_.at(v);
+    const Slot& slot = slots_[si];
+    const ops::TensorView& view = bindings_[si].view;
+    if (slot.alias_input >= 0) {
+      // The new value goes into the aliased input's buffer (if the kernel did not write it).
+      const ops::TensorView& target = bindings_[slot.alias_input].view;
+      const void* src = slot.is_constant ? slot.constant.data() : view.data;
+      OT_CHECK(slot.is_constant ? slot.constant.dims() == target.dims : view.dims == target.dims,
+               "output '", v->name(), "' has other dims than the input it updates");
+      if (!slot.alias_direct && src != target.data && target.nbytes())
+        std::memcpy(target.data, src, target.nbytes());
+      out.emplace_back();
+      continue;
+    }
     if (slot.is_constant) {
       out.push_back(slot.constant);
       continue;

@@ -3,6 +3,7 @@
 // liveness-based memory plan; then run() per call.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,10 @@ struct Slot {
   int def_step = -1;               // step producing it (-1: before the first step)
   int last_use = -1;               // last step reading it
   bool is_output = false;
+  // SessionOptions::output_aliases: the input slot whose buffer this output is written into.
+  int alias_input = -1;
+  bool alias_direct = false;       // the kernel writes the input's buffer itself (no copy)
+  int pending = -1;                // index into Plan::pending_ while a deferred write is open
 };
 
 struct Step {
@@ -70,6 +75,11 @@ class Plan {
   void prepare_kernels();
   void bind_constant(int slot);
   void execute(Step& step, int index, bool at_plan_time);
+  // Resolves SessionOptions::output_aliases (top-level plan only).
+  void plan_aliases();
+  // Runs the deferred completion `id` (defer_completion) if still open.
+  void complete(int id);
+  void complete_all() noexcept(false);
 
   InferenceSession& session_;
   const graph::Model& model_;
@@ -84,6 +94,15 @@ class Plan {
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
   std::shared_ptr<std::byte[]> arena_;
   PlanStats stats_;
+  // Deferred completions of asynchronous kernels (AllReduce) in issue order, run before the
+  // first reader of their outputs or at the end of run().
+  struct Pending {
+    std::function<void()> finish;
+    std::vector<int> slots;
+    std::string name;
+  };
+  std::vector<Pending> pending_;
+  std::function<void()> deferred_;  // set by defer_completion while a kernel runs
 };
 
 }  // namespace onnxtrain::runtime

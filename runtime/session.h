@@ -2,6 +2,7 @@
 // constant folding at plan time, a liveness-based memory plan, and a profiler.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,13 @@ struct SessionOptions {
   // The replica's communicator for collective nodes (AllReduce); not owned. nullptr outside
   // data-parallel training.
   Communicator* communicator = nullptr;
+  // Graph outputs written into the buffer of a graph input, output name -> input name (a
+  // training step's `S.updated` -> `S`): the state is updated in place. The caller's tensor for
+  // such an input must own its buffer alone (Tensor::mutable_data() makes sure) and holds the
+  // new value after run(), which returns an empty tensor for the output. The producing kernel
+  // writes the buffer directly when its schema allows (OpSchema::inplace) and no later node
+  // reads the input; otherwise the value is copied there at the end of the run.
+  std::map<std::string, std::string> output_aliases;
 };
 
 struct PlanStats {
@@ -31,6 +39,8 @@ struct PlanStats {
   int folded_nodes = 0;         // nodes computed once at plan time
   int kernel_nodes = 0;         // nodes run per step
   int dynamic_nodes = 0;        // nodes whose output shapes are only known at run time
+  int aliased_in_place = 0;     // output_aliases the producing kernel writes directly
+  int aliased_copied = 0;       // output_aliases copied into the input at the end of a run
 };
 
 class Plan;
@@ -75,6 +85,12 @@ void require_supported_ops(const graph::Model& m, const std::string& path);
 // The communicator of the session a kernel runs in (SessionOptions::communicator), for the
 // runtime's own collective kernels; nullptr when none was given.
 Communicator* communicator_of(const ops::KernelContext& ctx);
+
+// For the runtime's asynchronous kernels (AllReduce): the kernel's outputs are complete only
+// once `finish` ran. The executor calls it on the session's thread before the first node that
+// reads one of those outputs runs, or at the end of the run, in issue order; an Error it
+// throws fails the run. Outside a session `finish` runs at once.
+void defer_completion(ops::KernelContext& ctx, std::function<void()> finish);
 
 // Ops of the model (main graph and subgraphs) with no registered CPU kernel at the model's
 // opset, as "domain.Op" / "Op", sorted and unique.

@@ -55,6 +55,8 @@ TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOpt
   }
   OT_CHECK(!state_names_.empty(), "training graph has no `<state>.updated` output: nothing to train");
   for (const graph::Value* out : g.outputs()) output_names_.push_back(out->name());
+  // Every step writes the new state over the old (no per-step allocation or copy-out).
+  for (const std::string& name : state_names_) opts.output_aliases[name + kUpdated] = name;
   for (const graph::Value* in : g.inputs()) {
     has_lr_ |= in->name() == "lr";
     has_loss_scale_ |= in->name() == "loss_scale";
@@ -65,7 +67,12 @@ TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOpt
 StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
                                  float loss_scale) {
   std::map<std::string, graph::Tensor> feeds = batch;
-  for (const auto& [name, t] : state_) feeds[name] = t;
+  for (auto& [name, t] : state_) {
+    // The step updates the buffer in place: detach it first from copies handed out earlier
+    // (all_state(), a checkpoint being written), which keep the old value.
+    t.mutable_data();
+    feeds[name] = t;
+  }
   if (has_lr_) feeds["lr"] = float_scalar(lr);
   if (has_loss_scale_) feeds["loss_scale"] = float_scalar(loss_scale);
   std::vector<graph::Tensor> outs = session_->run(feeds);
@@ -77,9 +84,7 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
       r.loss = scalar_of(outs[i], name);
     } else if (base == "correct") {
       r.correct = scalar_of(outs[i], name);
-    } else if (name.size() > 8 && name.compare(name.size() - 8, 8, kUpdated) == 0) {
-      state_[name.substr(0, name.size() - 8)] = std::move(outs[i]);
-    }
+    }  // `S.updated` outputs were written into state_[S] (SessionOptions::output_aliases).
   }
   return r;
 }

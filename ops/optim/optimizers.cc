@@ -1,7 +1,9 @@
 // ai.onnx.preview.training optimizers (opset 1): Adam, Momentum (standard / Nesterov), Adagrad,
 // and ai.onnxtrain.AdamW (decoupled weight decay) in the same multi-tensor layout. Each takes
 // (R, T, X_1..X_n, G_1..G_n, S1_1..S1_n, ...) and returns (X_new_1..n, S1_new_1..n, ...): one
-// elementwise rule applied to every parameter group, in double, cast back.
+// elementwise rule applied to every parameter group, computed in the tensor's own type (float
+// tensors in float, vectorized, as PyTorch does; double in double). Outputs may share the
+// buffers of X and the states (OpSchema::inplace): the runtime updates training state in place.
 #include <algorithm>
 #include <cmath>
 
@@ -42,11 +44,12 @@ struct AdamRule {
         r_adj(s.t > 0 ? s.r * std::sqrt(1 - std::pow(beta, static_cast<double>(s.t))) /
                             (1 - std::pow(alpha, static_cast<double>(s.t)))
                       : s.r) {}
-  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
-    const double gr = norm * x + g;
-    s_new[0] = alpha * s[0] + (1 - alpha) * gr;
-    s_new[1] = beta * s[1] + (1 - beta) * gr * gr;
-    x_new = (1 - norm_post) * (x - r_adj * (s_new[0] / (std::sqrt(s_new[1]) + eps)));
+  template <typename C>
+  void apply(C x, C g, C v, C h, C& x_new, C& v_new, C& h_new) const {
+    const C gr = C(norm) * x + g;
+    v_new = C(alpha) * v + C(1 - alpha) * gr;
+    h_new = C(beta) * h + C(1 - beta) * gr * gr;
+    x_new = C(1 - norm_post) * (x - C(r_adj) * (v_new / (std::sqrt(h_new) + C(eps))));
   }
 };
 
@@ -68,10 +71,11 @@ struct MomentumRule {
              ": mode must be 'standard' or 'nesterov', got '", m, "'");
     return m == "nesterov";
   }
-  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
-    const double gr = norm * x + g;
-    s_new[0] = alpha * s[0] + beta_adj * gr;
-    x_new = x - r * (nesterov ? gr + alpha * s_new[0] : s_new[0]);
+  template <typename C>
+  void apply(C x, C g, C v, C& x_new, C& v_new) const {
+    const C gr = C(norm) * x + g;
+    v_new = C(alpha) * v + C(beta_adj) * gr;
+    x_new = x - C(r) * (nesterov ? gr + C(alpha) * v_new : v_new);
   }
 };
 
@@ -84,10 +88,11 @@ struct AdagradRule {
       : eps(node.attr_float("epsilon", 1e-6f)),
         norm(node.attr_float("norm_coefficient", 0.0f)),
         r_adj(s.r / (1 + static_cast<double>(s.t) * node.attr_float("decay_factor", 0.0f))) {}
-  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
-    const double gr = norm * x + g;
-    s_new[0] = s[0] + gr * gr;
-    x_new = x - r_adj * gr / (std::sqrt(s_new[0]) + eps);
+  template <typename C>
+  void apply(C x, C g, C h, C& x_new, C& h_new) const {
+    const C gr = C(norm) * x + g;
+    h_new = h + gr * gr;
+    x_new = x - C(r_adj) * gr / (std::sqrt(h_new) + C(eps));
   }
 };
 
@@ -109,10 +114,11 @@ struct AdamWRule {
         r_adj(s.t > 0 ? s.r * std::sqrt(1 - std::pow(beta2, static_cast<double>(s.t))) /
                             (1 - std::pow(beta1, static_cast<double>(s.t)))
                       : s.r) {}
-  void apply(double x, double g, const double* s, double& x_new, double* s_new) const {
-    s_new[0] = beta1 * s[0] + (1 - beta1) * g;
-    s_new[1] = beta2 * s[1] + (1 - beta2) * g * g;
-    x_new = x - r * decay * x - r_adj * (s_new[0] / (std::sqrt(s_new[1]) + eps));
+  template <typename C>
+  void apply(C x, C g, C m, C v, C& x_new, C& m_new, C& v_new) const {
+    m_new = C(beta1) * m + C(1 - beta1) * g;
+    v_new = C(beta2) * v + C(1 - beta2) * g * g;
+    x_new = x - C(r * decay) * x - C(r_adj) * (m_new / (std::sqrt(v_new) + C(eps)));
   }
 };
 
@@ -216,12 +222,33 @@ class OptimizerKernel final : public Kernel {
         const T* g = src[1] + r;
         const T* st[kS];
         for (int j = 0; j < kS; ++j) st[j] = src[2 + j] + r;
-        for (int64_t k = 0; k < n; ++k) {
-          double s[kS], s_new[kS], x_new = 0;
-          for (int j = 0; j < kS; ++j) s[j] = static_cast<double>(st[j][k]);
-          rule.apply(static_cast<double>(x[k]), static_cast<double>(g[k]), s, x_new, s_new);
-          o[0][k] = static_cast<T>(x_new);
-          for (int j = 0; j < kS; ++j) o[1 + j][k] = static_cast<T>(s_new[j]);
+        // Every input element is read before the outputs at the same index are written, so
+        // an output may be the buffer of X or of its state (in-place update); that exact
+        // overlap is also safe for SIMD, which `omp simd` asserts (GCC's own overlap check
+        // would fall back to scalar code).
+        T* o0 = o[0];
+        T* o1 = o[1];
+        const T* s0 = st[0];
+        if constexpr (kS == 1) {
+#pragma omp simd
+          for (int64_t k = 0; k < n; ++k) {
+            T x_new, s0_new;
+            rule.apply(x[k], g[k], s0[k], x_new, s0_new);
+            o0[k] = x_new;
+            o1[k] = s0_new;
+          }
+        } else {
+          static_assert(kS == 2);
+          T* o2 = o[2];
+          const T* s1 = st[1];
+#pragma omp simd
+          for (int64_t k = 0; k < n; ++k) {
+            T x_new, s0_new, s1_new;
+            rule.apply(x[k], g[k], s0[k], s1[k], x_new, s0_new, s1_new);
+            o0[k] = x_new;
+            o1[k] = s0_new;
+            o2[k] = s1_new;
+          }
         }
       }
     });
@@ -239,6 +266,12 @@ OpSchema optimizer_schema(const char* op_type, const char* domain = kTrainingDom
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<OptimizerKernel<Rule>>(n); };
   // Parameters and states are often initializers the trainer rebinds every step: never fold.
   s.foldable = false;
+  // Output block b (X_new, S1_new, ...) of group i may overwrite input block (0, 2, 3, ...).
+  s.inplace = [](const graph::Node& node, int output) {
+    const int64_t n = groups(node, node.inputs().size(), node.outputs().size(), Rule::kStates);
+    const int block = input_block_of_output(static_cast<int>(output / n));
+    return static_cast<int>(input_slot(n, block, output % n));
+  };
   return s;
 }
 

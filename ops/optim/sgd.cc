@@ -116,6 +116,8 @@ ONNXTRAIN_REGISTER_OP(onnxtrain_sgd) {
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<SgdKernel>(n); };
   // Parameters and velocities are state the trainer rebinds every step: never fold.
   s.foldable = false;
+  // X_new may overwrite X and V_new V: update() reads x[k], g[k], v[k] before writing index k.
+  s.inplace = [](const graph::Node&, int output) { return output == 0 ? 1 : output == 1 ? 3 : -1; };
   return s;
 }
 

@@ -1,5 +1,6 @@
 // The executor on test-local ops (domain "test"): plan caching per shape signature, constant
-// folding, buffer reuse by liveness, run-time shapes, input checks, unsupported-op reporting.
+// folding, buffer reuse by liveness, run-time shapes, input checks, unsupported-op reporting,
+// outputs written over inputs (training state in place) and deferred (asynchronous) kernels.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -18,6 +19,7 @@ using graph::Tensor;
 using graph::ValueType;
 
 int g_scale_runs = 0;
+std::vector<std::string> g_log;  // kernel events in execution order
 
 // test.Scale<k>(x) = k * x, float32, same shape.
 class ScaleKernel : public ops::Kernel {
@@ -25,6 +27,7 @@ class ScaleKernel : public ops::Kernel {
   explicit ScaleKernel(const graph::Node& n) : k_(n.attr_float("k", 1.f)) {}
   void run(ops::KernelContext& ctx) override {
     ++g_scale_runs;
+    g_log.push_back("scale " + ctx.node().name);
     const ops::TensorView& x = *ctx.input(0);
     ops::TensorView& y = ctx.output(0);
     ctx.parallel_for(x.numel(), 1024, [&](int64_t b, int64_t e) {
@@ -42,6 +45,43 @@ ONNXTRAIN_REGISTER_OP(test_scale) {
   s.op_type = "Scale";
   s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ScaleKernel>(n); };
+  return s;
+}
+
+// test.ScaleInPlace: Scale whose output may share the input's buffer (OpSchema::inplace).
+ONNXTRAIN_REGISTER_OP(test_scale_in_place) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "ScaleInPlace";
+  s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ScaleKernel>(n); };
+  s.inplace = [](const graph::Node&, int output) { return output == 0 ? 0 : -1; };
+  return s;
+}
+
+// test.AddOneLater(x) = x + 1, written only when the executor completes it (defer_completion),
+// as an asynchronous collective would.
+class AddOneLaterKernel : public ops::Kernel {
+ public:
+  void run(ops::KernelContext& ctx) override {
+    g_log.push_back("start " + ctx.node().name);
+    const ops::TensorView& x = *ctx.input(0);
+    std::vector<float> v(x.as<float>(), x.as<float>() + x.numel());
+    float* y = ctx.output(0).as<float>();
+    defer_completion(ctx, [v, y, name = ctx.node().name] {
+      g_log.push_back("finish " + name);
+      for (size_t i = 0; i < v.size(); ++i) y[i] = v[i] + 1;
+    });
+  }
+};
+
+ONNXTRAIN_REGISTER_OP(test_add_one_later) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "AddOneLater";
+  s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<AddOneLaterKernel>(); };
+  s.foldable = false;
   return s;
 }
 
@@ -189,6 +229,95 @@ TEST(Session, WritesAChromeTrace) {
   EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(text.find("\"name\":\"scale2\""), std::string::npos) << text;
   std::filesystem::remove(path);
+}
+
+// state [3] -> <op>(k=2) -> "state.updated", aliased to "state"; with `late_reader`, a Scale
+// after the update reads the old state into "y".
+std::unique_ptr<graph::Model> update_model(const char* op, bool late_reader) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* x = g.add_input("state", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(3)}));
+  graph::Node* u = g.add_node(op, {x}, {"state.updated"}, "update", "test");
+  u->set_attr(graph::Attribute::make_float("k", 2.f));
+  g.add_output(u->output(0));
+  if (late_reader) {
+    graph::Node* r = g.add_node("Scale", {x}, {"y"}, "reader", "test");
+    r->set_attr(graph::Attribute::make_float("k", 3.f));
+    g.add_output(r->output(0));
+  }
+  return m;
+}
+
+SessionOptions aliasing() {
+  SessionOptions o;
+  o.output_aliases["state.updated"] = "state";
+  return o;
+}
+
+TEST(Session, OutputAliasWritesTheInputBufferInPlace) {
+  InferenceSession s(update_model("ScaleInPlace", false), aliasing());
+  Tensor state = vec({1, 2, 3});
+  const std::byte* buffer = state.data();
+  auto out = s.run({{"state", state}});
+  EXPECT_EQ(out[0].numel(), 0);  // the value is in `state`
+  EXPECT_EQ(state.data(), buffer);
+  EXPECT_FLOAT_EQ(state.data_as<float>()[2], 6.f);
+  EXPECT_EQ(s.last_plan_stats().aliased_in_place, 1);
+  EXPECT_EQ(s.last_plan_stats().aliased_copied, 0);
+  EXPECT_EQ(s.last_plan_stats().arena_bytes, 0);  // no buffer for the output
+  s.run({{"state", state}});
+  EXPECT_FLOAT_EQ(state.data_as<float>()[0], 4.f);
+}
+
+TEST(Session, OutputAliasIsCopiedWhenALaterNodeReadsTheInput) {
+  InferenceSession s(update_model("ScaleInPlace", true), aliasing());
+  Tensor state = vec({1, 2, 3});
+  auto out = s.run({{"state", state}});
+  EXPECT_EQ(s.last_plan_stats().aliased_in_place, 0);
+  EXPECT_EQ(s.last_plan_stats().aliased_copied, 1);
+  EXPECT_FLOAT_EQ(out[1].data_as<float>()[1], 6.f);  // the reader saw the old state (2 x 3)
+  EXPECT_FLOAT_EQ(state.data_as<float>()[1], 4.f);   // and the state is updated
+}
+
+TEST(Session, OutputAliasIsCopiedWhenTheKernelIsNotInPlace) {
+  InferenceSession s(update_model("Scale", false), aliasing());
+  Tensor state = vec({1, 2, 3});
+  s.run({{"state", state}});
+  EXPECT_EQ(s.last_plan_stats().aliased_copied, 1);
+  EXPECT_FLOAT_EQ(state.data_as<float>()[2], 6.f);
+}
+
+TEST(Session, OutputAliasErrorsNameTheValues) {
+  SessionOptions o;
+  o.output_aliases["state.updated"] = "nope";
+  InferenceSession s(update_model("Scale", false), o);
+  try {
+    s.run({{"state", vec({1, 2, 3})}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'nope' is not a graph input"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Session, DeferredOutputsCompleteBeforeTheirFirstReader) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(2)}));
+  graph::Node* d = g.add_node("AddOneLater", {x}, {"d"}, "later", "test");
+  graph::Node* a = g.add_node("Scale", {x}, {"a"}, "independent", "test");
+  graph::Node* e = g.add_node("Scale", {d->output(0)}, {"e"}, "reader", "test");
+  graph::Node* d2 = g.add_node("AddOneLater", {x}, {"d2"}, "unread", "test");
+  for (graph::Node* n : {a, e}) n->set_attr(graph::Attribute::make_float("k", 10.f));
+  for (graph::Node* n : {a, e, d2}) g.add_output(n->output(0));
+  InferenceSession s(std::move(m));
+  g_log.clear();
+  auto out = s.run({{"x", vec({1, 2})}});
+  EXPECT_EQ(g_log, (std::vector<std::string>{"start later", "scale independent", "finish later",
+                                              "scale reader", "start unread", "finish unread"}));
+  EXPECT_FLOAT_EQ(out[1].data_as<float>()[1], 30.f);  // (2 + 1) x 10
+  EXPECT_FLOAT_EQ(out[2].data_as<float>()[0], 2.f);   // completed at the end of the run
 }
 
 }  // namespace

@@ -279,9 +279,21 @@ TEST(Training, BatchNormStateAndTrainedModel) {
   std::mt19937_64 rng(9);
   const std::string stat = info.prepared.bn_running_stats.front();
   const Tensor before = trainer.session().state(stat);
+  const std::string w = trainer.parameters().front();
+  const Tensor w_before = trainer.parameter(w);
+  const Tensor w_saved = Tensor::from_vector(w_before.dtype(), w_before.dims(),
+                                             std::vector<std::byte>(w_before.data(), w_before.data() + w_before.nbytes()));
   trainer.step({{"input", uniform({4, 1, 32, 32}, rng, 0, 3)}, {"labels", labels(4, 3, rng)}}, 1e-3f);
   const Tensor after = trainer.session().state(stat);
   EXPECT_FALSE(before.equals(after)) << stat << " did not change";
+  // State is updated in place, but a copy taken before the step keeps the old value.
+  EXPECT_TRUE(w_before.equals(w_saved));
+  EXPECT_FALSE(trainer.parameter(w).equals(w_saved));
+  const runtime::PlanStats& st = trainer.session().session().last_plan_stats();
+  EXPECT_GE(st.aliased_in_place, static_cast<int>(trainer.parameters().size()))
+      << "every weight's optimizer update should write the weight in place";
+  EXPECT_EQ(st.aliased_in_place + st.aliased_copied,
+            static_cast<int>(trainer.session().state_names().size()));
   std::unique_ptr<graph::Model> trained = trainer.trained_model();
   EXPECT_TRUE(trained->graph->find_value(stat)->initializer().equals(after));
   const std::string p = trainer.parameters().front();
