@@ -97,6 +97,10 @@ class KernelContext {
   virtual Subgraph& subgraph(const std::string& attr) {
     fail(node().describe(), ": cannot run subgraph '", attr, "' in this context");
   }
+  // The run's random seed, or 0 when the caller set none. A trainer sets one per step (from
+  // --seed, the global step and the replica), so kernels that draw random numbers (Dropout)
+  // draw the same ones when a run resumes from a checkpoint.
+  virtual uint64_t random_seed() const { return 0; }
 };
 
 class Kernel {

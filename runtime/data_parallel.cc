@@ -219,10 +219,18 @@ DataParallelSession::~DataParallelSession() {
     if (r->thread.joinable()) r->thread.join();
 }
 
+uint64_t DataParallelSession::mix_seed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                     float loss_scale) {
+                                     float loss_scale, uint64_t seed) {
   auto& reps = impl_->replicas;
-  if (reps.size() == 1) return reps[0]->session->step(batch, lr, loss_scale);
+  if (reps.size() == 1) return reps[0]->session->step(batch, lr, loss_scale, seed);
   OT_CHECK(!impl_->group->aborted(), "data parallel: an earlier step failed: ",
            impl_->group->abort_reason());
   std::vector<StepResult> results(reps.size());
@@ -231,9 +239,10 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
     std::lock_guard lock(r->mu);
     r->error.clear();
     r->busy = true;
-    r->job = [this, r, k, &batch, lr, loss_scale, &results] {
+    const uint64_t replica_seed = seed ? mix_seed(seed, k) : 0;
+    r->job = [this, r, k, &batch, lr, loss_scale, replica_seed, &results] {
       try {
-        results[k] = r->session->step(batch, lr, loss_scale);
+        results[k] = r->session->step(batch, lr, loss_scale, replica_seed);
       } catch (const std::exception& e) {
         r->error = e.what();
         impl_->group->abort(cat("replica ", k, " failed: ", e.what()));

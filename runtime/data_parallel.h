@@ -33,8 +33,10 @@ class DataParallelSession {
   // One synchronous step on the GLOBAL batch (model inputs and labels/targets with the global
   // batch dim; replica k gets its share of the rows). loss and correct are summed over the
   // replicas: with loss_scale = 1/global batch, `loss` is the global-batch mean.
+  // `seed` (non-zero): the step's random seed; replica k runs with a seed derived from it and k
+  // (different Dropout masks per replica, the same ones again after a resume).
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
-                  float loss_scale);
+                  float loss_scale, uint64_t seed = 0);
 
   // Graph state under its single-replica names (replica 0's copy: "S" for "S/r0").
   std::map<std::string, graph::Tensor> state() const;
@@ -44,6 +46,8 @@ class DataParallelSession {
   std::unique_ptr<graph::Model> trained_model(const graph::Model& original) const;
   // True when every replica's state is bit-identical to replica 0's.
   bool replicas_identical() const;
+  // A well-mixed non-zero seed from `a` and `b` (splitmix64), for per-step and per-replica seeds.
+  static uint64_t mix_seed(uint64_t a, uint64_t b);
 
  private:
   struct Impl;

@@ -137,6 +137,7 @@ class StepContext final : public ops::KernelContext {
   ops::DeviceKind device() const override { return ops::DeviceKind::kCpu; }
   void* stream() const override { return nullptr; }
   int num_threads() const override { return threads_; }
+  uint64_t random_seed() const override { return plan_.session_.random_seed_; }
   void parallel_for(int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t)>& fn) const override {
     if (n <= 0) return;

@@ -58,6 +58,8 @@ class InferenceSession {
   std::vector<graph::Tensor> run(const std::map<std::string, graph::Tensor>& inputs);
 
   const graph::Model& model() const { return *model_; }
+  // KernelContext::random_seed() of the following runs (0: none).
+  void set_random_seed(uint64_t seed) { random_seed_ = seed; }
   const PlanStats& last_plan_stats() const;
   size_t cached_plans() const { return plans_.size(); }
   // Writes the Chrome trace of every run so far.
@@ -74,6 +76,7 @@ class InferenceSession {
   };
   std::vector<TraceEvent> trace_;
   int64_t trace_origin_us_ = 0;
+  uint64_t random_seed_ = 0;
   friend class Plan;
   friend class StepContext;
 };

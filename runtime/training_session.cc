@@ -65,7 +65,8 @@ TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOpt
 }
 
 StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                 float loss_scale) {
+                                 float loss_scale, uint64_t seed) {
+  session_->set_random_seed(seed);
   std::map<std::string, graph::Tensor> feeds = batch;
   for (auto& [name, t] : state_) {
     // The step updates the buffer in place: detach it first from copies handed out earlier

@@ -27,7 +27,10 @@ class TrainingSession {
 
   // One step: `batch` holds the model's data inputs and `labels`/`targets`; `lr` and
   // `loss_scale` feed the scalar inputs of the same name (loss_scale = 1/global batch).
-  StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale);
+  // `seed` (non-zero) is the step's KernelContext::random_seed(): the same seed draws the same
+  // Dropout masks, so a resumed run repeats an uninterrupted one.
+  StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale,
+                  uint64_t seed = 0);
 
   const std::vector<std::string>& state_names() const { return state_names_; }
   bool has_state(const std::string& name) const { return state_.count(name) != 0; }

@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   # build
-  build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev
+  build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev ccache
   # ONNX protobuf schema, checker, shape inference
   libonnx-dev libprotobuf-dev protobuf-compiler
   # CPU kernels (oneDNN)

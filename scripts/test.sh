@@ -8,16 +8,26 @@ jobs=${JOBS:-$(nproc)}
 
 scripts/setup.sh
 
+# ccache (installed by setup.sh) makes a rebuild on the same machine mostly cache hits; paths
+# are taken relative to the checkout, so another clone of the same commit hits too.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+
 echo "== Release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
 grep "onnxtrain:" build-configure.log || true
 cmake --build build -j"$jobs"
 echo "== ctest (Release)"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
+# -O1 -g1 (line tables: sanitizer reports keep file:line) compiles about twice as fast as -O2 -g.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
-  -DONNXTRAIN_CUDA=OFF >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DONNXTRAIN_CUDA=OFF "${launcher[@]}" \
+  >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session runtime_optimize_inference passes_training passes_replicate \
   passes_dce optim dataset comm checkpoint plugin

@@ -17,7 +17,7 @@ Trainer::Trainer(std::unique_ptr<graph::Model> model, TrainerOptions opts)
 }
 
 runtime::StepResult Trainer::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                  float loss_scale) {
+                                  float loss_scale, uint64_t seed) {
   if (loss_scale <= 0) {
     auto it = batch.find("labels");
     if (it == batch.end()) it = batch.find("targets");
@@ -26,7 +26,7 @@ runtime::StepResult Trainer::step(const std::map<std::string, graph::Tensor>& ba
     OT_CHECK(it->second.dims()[0] > 0, "Trainer::step: empty batch");
     loss_scale = 1.0f / static_cast<float>(it->second.dims()[0]);
   }
-  return session_->step(batch, lr, loss_scale);
+  return session_->step(batch, lr, loss_scale, seed);
 }
 
 void Trainer::export_model(const std::string& path) const {

@@ -27,9 +27,10 @@ class Trainer {
   Trainer(std::unique_ptr<graph::Model> model, TrainerOptions opts);
 
   // One optimizer step on `batch` (model inputs + `labels` or `targets`). loss_scale defaults
-  // to 1/N with N the batch dim of `labels`/`targets` (the mean loss of the batch).
+  // to 1/N with N the batch dim of `labels`/`targets` (the mean loss of the batch). `seed`
+  // (non-zero) fixes the step's random numbers (Dropout masks); 0 leaves them unseeded.
   runtime::StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                           float loss_scale = 0);
+                           float loss_scale = 0, uint64_t seed = 0);
 
   const std::vector<std::string>& parameters() const { return info_.prepared.params; }
   const graph::Tensor& parameter(const std::string& name) const { return session_->state(name); }

@@ -309,7 +309,8 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
   ck.metadata["epoch"] = std::to_string(step / steps_per_epoch);
   ck.metadata["loader_epoch"] = std::to_string(step / steps_per_epoch);
   ck.metadata["loader_step"] = std::to_string(step % steps_per_epoch);
-  // The shuffle order is a pure function of (seed, epoch): the seed is the whole RNG state.
+  // The shuffle order is a pure function of (seed, epoch) and the step's random seed (Dropout)
+  // one of (seed, step): the seed and the step are the whole RNG state.
   ck.metadata["seed"] = std::to_string(c.seed);
   ck.metadata["epoch_loss_sum"] = bits_of(a.loss_sum);
   ck.metadata["epoch_correct"] = bits_of(a.correct);
@@ -482,7 +483,11 @@ TrainResult run_training(const TrainConfig& c) {
     feeds[input.name] = std::move(b.inputs);
     feeds[ce ? "labels" : "targets"] = std::move(b.targets);
     const float lr = runtime::lr_at(schedule, s);
-    runtime::StepResult r = session.step(feeds, lr, 1.0f / static_cast<float>(n));
+    // The step's random numbers (Dropout) are a function of (--seed, step): a resumed run
+    // draws what the uninterrupted one drew.
+    const uint64_t step_seed =
+        runtime::DataParallelSession::mix_seed(static_cast<uint64_t>(c.seed), static_cast<uint64_t>(s));
+    runtime::StepResult r = session.step(feeds, lr, 1.0f / static_cast<float>(n), step_seed);
     acc.loss_sum += r.loss * static_cast<double>(n);
     acc.correct += r.correct;
     acc.examples += n;

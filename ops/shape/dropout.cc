@@ -3,9 +3,14 @@
 // 12+): keep = u >= ratio with u uniform in [0, 1), y = x * keep / (1 - ratio). u comes from an
 // mt19937 seeded by the `seed` attribute (random without it) and advancing across runs; its
 // doubles are drawn exactly like numpy's random_sample, so seed=0 reproduces the ONNX tests.
+// When the runtime gives a per-run seed (KernelContext::random_seed, set by the trainer each
+// step) the generator is reseeded from it and the node's name every run instead, so a run
+// resumed from a checkpoint draws the same masks as an uninterrupted one.
 // The gradient is ai.onnxtrain.DropoutGrad, which reads the forward node's mask.
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 
 #include "ops/elementwise/dtypes.h"  // float dtype dispatch
 #include "ops/shape/args.h"
@@ -71,6 +76,13 @@ class DropoutKernel : public Kernel {
       copy_all(ctx, x, y);
       if (want_mask) fill_mask(ctx, ctx.output(1, x.dims), n);
       return;
+    }
+    if (const uint64_t run_seed = ctx.random_seed()) {
+      // seed_seq takes 32-bit words: the run's seed, and the node's name so nodes differ.
+      const uint64_t name_hash = std::hash<std::string>{}(ctx.node().name);
+      std::seed_seq seq{static_cast<uint32_t>(run_seed), static_cast<uint32_t>(run_seed >> 32),
+                        static_cast<uint32_t>(name_hash), static_cast<uint32_t>(name_hash >> 32)};
+      gen_.seed(seq);
     }
     // Training: one draw per element in order (sequential, to stay reproducible).
     std::vector<uint8_t> keep(static_cast<size_t>(n));

@@ -303,6 +303,53 @@ TEST(Training, BatchNormStateAndTrainedModel) {
   EXPECT_EQ(trained->graph->find_value("labels"), nullptr);
 }
 
+// The zoo MLP with a training Dropout (ratio 0.5, opset 13) after its first Relu.
+std::unique_ptr<graph::Model> mlp_with_dropout(int64_t d_in, int64_t classes) {
+  auto m = models::build_zoo_model("mlp", {.input_shape = {d_in}, .classes = classes, .width = 16, .seed = 3});
+  graph::Graph& g = *m->graph;
+  graph::Value* h = nullptr;
+  for (const auto& n : g.nodes())
+    if (n->name == "relu1") h = n->output(0);
+  if (!h) throw Error("mlp has no node relu1");
+  const std::vector<graph::Use> uses = h->uses();
+  graph::Value* ratio = g.add_initializer("drop.ratio", Tensor::from_vector(DataType::kFloat, {}, std::vector<float>{0.5f}));
+  graph::Node* d = g.add_node("Dropout", {h, ratio}, {"drop"}, "drop");
+  for (const graph::Use& u : uses) u.node->set_input(u.input_index, d->output(0));
+  return m;
+}
+
+// Dropout draws from the step's seed: a run restored from a state copy after step 2 and fed the
+// same seeds ends bit-identical to the uninterrupted run (what --resume relies on); other seeds
+// draw other masks.
+TEST(Training, DropoutMasksFollowTheStepSeed) {
+  const int64_t d_in = 8, classes = 3, batch = 16;
+  tools::TrainerOptions to;
+  to.session.threads = 1;
+  std::mt19937_64 rng(21);
+  std::vector<std::map<std::string, Tensor>> batches;
+  for (int k = 0; k < 4; ++k)
+    batches.push_back({{"input", uniform({batch, d_in}, rng)}, {"labels", labels(batch, classes, rng)}});
+  auto seed_of = [](uint64_t base, int k) { return base * 1000 + static_cast<uint64_t>(k) + 1; };
+  auto run = [&](tools::Trainer& t, int from, int to_step, uint64_t base) {
+    for (int k = from; k < to_step; ++k) t.step(batches[static_cast<size_t>(k)], 1e-2f, 0, seed_of(base, k));
+  };
+  tools::Trainer whole(mlp_with_dropout(d_in, classes), to);
+  run(whole, 0, 4, 7);
+  tools::Trainer first(mlp_with_dropout(d_in, classes), to);
+  run(first, 0, 2, 7);
+  tools::Trainer resumed(mlp_with_dropout(d_in, classes), to);
+  for (const auto& [name, t] : first.session().all_state()) resumed.session().set_state(name, t);
+  run(resumed, 2, 4, 7);
+  tools::Trainer other(mlp_with_dropout(d_in, classes), to);
+  run(other, 0, 4, 8);
+  bool any_differs = false;
+  for (const std::string& p : whole.parameters()) {
+    EXPECT_TRUE(whole.parameter(p).equals(resumed.parameter(p))) << p;
+    any_differs |= !whole.parameter(p).equals(other.parameter(p));
+  }
+  EXPECT_TRUE(any_differs) << "other seeds drew the same dropout masks";
+}
+
 // The training graph is valid ONNX; onnxdump shows the gradients and the optimizer nodes.
 TEST(Training, TrainingGraphExportsAndDumps) {
   tools::TrainerOptions to;
