@@ -344,8 +344,11 @@ int run(int argc, char** argv) {
   }
   try {
     run_training(a.config);
-  } catch (const runtime::WorldConsistentError&) {
-    throw;  // every process stops here alike: MPI_Finalize as usual, exit 1
+  } catch (const runtime::WorldConsistentError& e) {
+    // Every process stops here alike: each prints, then MPI_Finalize (~world) as usual.
+    std::fprintf(stderr, "onnxtrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    return 1;
   } catch (const std::exception& e) {
     if (!world) throw;
     // Only this process failed; the others would wait in their next collective.

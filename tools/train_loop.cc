@@ -341,10 +341,10 @@ int64_t shard_start(int64_t n, int64_t replicas, int64_t g) {
   return g * (n / replicas) + std::min(g, n % replicas);
 }
 
-// Every process hashes each setup item and compares with rank 0; a difference is the same
-// one-line error on every process, before step 1.
-void check_same_setup(runtime::ProcessWorld& w,
-                      const std::vector<std::pair<std::string, std::string>>& items) {
+// Every process hashes each item and compares with rank 0; a difference is the same one-line
+// error on every process ("processes disagree <when> (rank 1 differs from rank 0 in lr)").
+void check_same(runtime::ProcessWorld& w, const std::vector<std::pair<std::string, std::string>>& items,
+                const std::string& when) {
   std::vector<int64_t> mine;
   for (const auto& [k, v] : items) mine.push_back(static_cast<int64_t>(fnv1a64(v, fnv1a64(k + "="))));
   const int p = w.size();
@@ -354,7 +354,7 @@ void check_same_setup(runtime::ProcessWorld& w,
   for (int r = 1; r < p; ++r)
     if (counts[r] != counts[0])
       throw runtime::WorldConsistentError(
-          cat("processes disagree before step 1: rank ", r, " compares ", counts[r],
+          cat("processes disagree ", when, ": rank ", r, " compares ", counts[r],
               " setup items, rank 0 ", counts[0], " (different onnxtrain versions?)"));
   std::vector<int64_t> all(static_cast<size_t>(count * p));
   w.all_gather(mine.data(), all.data(), count, graph::DataType::kInt64, "setup check");
@@ -365,7 +365,7 @@ void check_same_setup(runtime::ProcessWorld& w,
         diff += cat(diff.empty() ? "" : ", ", "rank ", r, " differs from rank 0 in ", items[i].first);
   if (!diff.empty())
     throw runtime::WorldConsistentError(
-        cat("processes disagree before step 1 (", diff,
+        cat("processes disagree ", when, " (", diff,
             "); every process must run the same model, data and options"));
 }
 
@@ -518,7 +518,7 @@ TrainResult run_training(const TrainConfig& config) {
     setup.emplace_back("steps", cat(res.total_steps, " of ", res.steps_per_epoch, " per epoch, ",
                                     data.train.size(), " examples"));
     setup.emplace_back("resume", c.resume ? "1" : "0");
-    check_same_setup(*world, setup);
+    check_same(*world, setup, "before step 1");
   }
 
   // Files that must be writable before training starts.
@@ -634,6 +634,16 @@ TrainResult run_training(const TrainConfig& config) {
     const bool due = c.checkpoint_every > 0 ? (s + 1) % c.checkpoint_every == 0 : epoch_end;
     if (!c.checkpoint_dir.empty() && lead && (due || s + 1 == res.total_steps))
       save_checkpoint(c, session, opts, hash, s + 1, spe, acc);
+  }
+  if (world) {
+    // The collectives give every replica of every process the same bytes; verify it once.
+    OT_CHECK(session.replicas_identical(), "rank ", world->rank(),
+             ": the replicas of this process ended with different weights");
+    uint64_t h = fnv1a64("state");
+    for (const auto& [name, t] : session.state())
+      h = fnv1a64(std::string_view(reinterpret_cast<const char*>(t.data()), t.nbytes()),
+                  fnv1a64(name, h));
+    check_same(*world, {{"trained weights", cat(h)}}, "after training");
   }
   if (!c.output.empty()) {
     graph::export_onnx_file(*session.trained_model(*original), c.output);

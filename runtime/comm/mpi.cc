@@ -32,6 +32,8 @@ int env_int(const char* name) {
 using Clock = std::chrono::steady_clock;
 // Bytes per MPI message: counts are int.
 constexpr size_t kChunk = size_t{1} << 30;
+// Message tags: the gather to rank 0 and the broadcast from the root never match each other.
+constexpr int kGatherTag = 1, kBcastTag = 2;
 
 template <typename T>
 void add_into(void* acc, const std::byte* src, int64_t n) {
@@ -81,12 +83,18 @@ void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, int
         const std::string p = std::to_string(peers[i]);
         if (!f && missing.find(" " + p + ",") == std::string::npos) missing += " " + p + ",";
       }
-      if (!missing.empty()) missing.pop_back();
+      if (missing.empty())  // completed just now: name every peer of the collective
+        for (int p : peers)
+          if (missing.find(" " + std::to_string(p) + ",") == std::string::npos)
+            missing += " " + std::to_string(p) + ",";
+      missing.pop_back();
+      // A rank waiting for rank 0 may really wait for whoever rank 0 waits for.
+      const char* via = rank != 0 && missing == " 0" ? " (or a rank that rank 0 waits for)" : "";
       std::fprintf(stderr,
                    "onnxtrain: error: rank %d: collective '%.*s' timed out after %.0f s waiting "
-                   "for rank%s (it died or stalled; see --collective-timeout)\n",
+                   "for rank%s%s: it died or stalled (--collective-timeout)\n",
                    rank, static_cast<int>(what.size()), what.data(),
-                   std::chrono::duration<double>(timeout).count(), missing.c_str());
+                   std::chrono::duration<double>(timeout).count(), missing.c_str(), via);
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
@@ -127,37 +135,47 @@ void MpiWorld::gather_to_root(const void* send, void* recv, size_t bytes, std::s
   std::vector<MPI_Request> reqs;
   std::vector<int> peers;
   const auto* s = static_cast<const std::byte*>(send);
-  if (rank_ == 0) {
-    auto* r = static_cast<std::byte*>(recv);
-    if (bytes) std::memcpy(r, s, bytes);
-    for (int p = 1; p < size_; ++p)
-      for (size_t off = 0; off < bytes; off += kChunk) {
-        reqs.emplace_back();
-        peers.push_back(p);
-        MPI_Irecv(r + static_cast<size_t>(p) * bytes + off, static_cast<int>(std::min(kChunk, bytes - off)),
-                  MPI_BYTE, p, 0, MPI_COMM_WORLD, &reqs.back());
-      }
-  } else {
-    for (size_t off = 0; off < bytes; off += kChunk) {
+  auto* r = static_cast<std::byte*>(recv);
+  if (rank_ == 0 && bytes) std::memcpy(r, s, bytes);
+  // At least one message per rank, so rank 0 sees every rank arrive.
+  const size_t messages = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
+  for (int p = rank_ == 0 ? 1 : 0; p < (rank_ == 0 ? size_ : 1); ++p)
+    for (size_t m = 0; m < messages; ++m) {
+      const size_t off = m * kChunk;
+      const int n = static_cast<int>(std::min(kChunk, bytes - off));
       reqs.emplace_back();
-      peers.push_back(0);
-      MPI_Isend(s + off, static_cast<int>(std::min(kChunk, bytes - off)), MPI_BYTE, 0, 0,
-                MPI_COMM_WORLD, &reqs.back());
+      peers.push_back(p);
+      if (rank_ == 0)
+        MPI_Irecv(r + static_cast<size_t>(p) * bytes + off, n, MPI_BYTE, p, kGatherTag,
+                  MPI_COMM_WORLD, &reqs.back());
+      else
+        MPI_Isend(s + off, n, MPI_BYTE, 0, kGatherTag, MPI_COMM_WORLD, &reqs.back());
     }
-  }
   wait_all(reqs, peers, rank_, timeout_, what);
 }
 
 void MpiWorld::bcast_bytes(void* buf, size_t bytes, int root, std::string_view what) {
+  // Point to point from the root (not MPI_Ibcast): the root then waits only for ranks that
+  // have not taken their copy, and a timeout names them.
   auto* b = static_cast<std::byte*>(buf);
-  // An empty broadcast still synchronises, as every collective does.
-  for (size_t off = 0; off < bytes || off == 0; off += kChunk) {
-    std::vector<MPI_Request> reqs(1);
-    MPI_Ibcast(bytes ? b + off : nullptr, static_cast<int>(std::min(kChunk, bytes - off)), MPI_BYTE,
-               root, MPI_COMM_WORLD, &reqs[0]);
-    wait_all(reqs, {root}, rank_, timeout_, what);
-    if (bytes == 0) break;
+  std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
+  // An empty message still arrives: every rank passes the collective.
+  const size_t messages = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || (rank_ != root && p != root)) continue;
+    for (size_t m = 0; m < messages; ++m) {
+      const size_t off = m * kChunk;
+      const int n = static_cast<int>(std::min(kChunk, bytes - off));
+      reqs.emplace_back();
+      peers.push_back(p);
+      if (rank_ == root)
+        MPI_Isend(b + off, n, MPI_BYTE, p, kBcastTag, MPI_COMM_WORLD, &reqs.back());
+      else
+        MPI_Irecv(b + off, n, MPI_BYTE, root, kBcastTag, MPI_COMM_WORLD, &reqs.back());
+    }
   }
+  wait_all(reqs, peers, rank_, timeout_, what);
 }
 
 void MpiWorld::all_reduce(void* buf, int64_t count, graph::DataType dtype, std::string_view what) {
