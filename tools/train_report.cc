@@ -95,11 +95,13 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     if (c.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
-  // What the network between machines must carry (README "Several machines").
-  const int n = std::max(all, 2);
-  std::fprintf(f, "network     %s bytes AllReduced per step (%s); ring 2(n-1)/n x bytes at n = %d%s: "
-               "%.3g ms at 10 Gbit/s, %.3g ms at 100 Gbit/s\n",
-               grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(), n, all > 1 ? "" : " (if replicated)",
+  // What the network between machines must carry (README "Several machines"): replicas of one
+  // process sum in memory first, so the ring spans the processes.
+  const int n = std::max(p.processes, 2);
+  std::fprintf(f, "network     %s bytes AllReduced per step (%s); ring 2(n-1)/n x bytes over n = %d "
+               "processes%s: %.3g ms at 10 Gbit/s, %.3g ms at 100 Gbit/s\n",
+               grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(), n,
+               p.processes > 1 ? "" : " (if run on 2)",
                1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 10),
                1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 100));
   if (p.val_name.empty())
