@@ -166,6 +166,49 @@ TEST_F(MpiTest, TwoProcessesOfTwoReplicasMatchFourReplicas) {
   }
 }
 
+TEST_F(MpiTest, BatchNormRunningStatsAndSyncBatchNormMatchTwoReplicas) {
+  // ResNet-18 (width 4): the BN running statistics go through the "mean" AllReduce, and with
+  // --sync-batchnorm every BN layer's batch statistics through the world in float64.
+  RunResult z = run_process({kOnnxzoo, "resnet18", "--input", "1x32x32", "--width", "4", "-o", path("r18.onnx")}, dir_);
+  ASSERT_EQ(z.rc, 0) << z.err;
+  for (const std::string sync : {"", "--sync-batchnorm"}) {
+    SCOPED_TRACE(sync);
+    const std::string common = "--data synthetic:40 --val-data none --steps 3 --optimizer momentum --lr 0.05 "
+                               "--seed 3 --global-batch-size 16 " + sync;
+    std::vector<std::string> a = {path("r18.onnx")}, b = {path("r18.onnx")};
+    for (const std::string& w : words(common + " --replicas 2 --threads 2 --output " + path("one.onnx"))) a.push_back(w);
+    for (const std::string& w : words(common + " --replicas 1 --threads 1 --output " + path("two.onnx"))) b.push_back(w);
+    RunResult one = onnxtrain(a);
+    ASSERT_EQ(one.rc, 0) << one.err;
+    RunResult two = mpirun(2, "", b);
+    ASSERT_EQ(two.rc, 0) << two.out << two.err;
+    const auto x = initializers(path("one.onnx"));
+    const auto y = initializers(path("two.onnx"));
+    ASSERT_EQ(x.size(), y.size());
+    for (const auto& [name, t] : x) EXPECT_TRUE(y.count(name) && t.equals(y.at(name))) << name;
+  }
+}
+
+TEST_F(MpiTest, ResumeFromRankZerosCheckpointContinuesBitForBit) {
+  const std::string ck = path("ck");
+  auto args = [&](const std::string& rest) {
+    return mlp_args(path("mlp.onnx"), "--optimizer adam --lr 0.05 --threads 1 --replicas 1 " + rest);
+  };
+  // mlp_args says --steps 9; the later --steps 12 wins.
+  RunResult full = mpirun(2, "", args("--steps 12 --output " + path("full.onnx")));
+  ASSERT_EQ(full.rc, 0) << full.out << full.err;
+  RunResult part = mpirun(2, "", args("--steps 5 --checkpoint-dir " + ck));
+  ASSERT_EQ(part.rc, 0) << part.out << part.err;
+  RunResult rest = mpirun(2, "", args("--steps 12 --resume --checkpoint-dir " + ck + " --output " + path("res.onnx")));
+  ASSERT_EQ(rest.rc, 0) << rest.out << rest.err;
+  EXPECT_TRUE(rest.out.find("(resuming after step 5)") != std::string::npos) << rest.out;
+  // Rank 1 gets the state from rank 0; had it kept its initial weights, its gradients (and
+  // the end-of-training agreement check) would differ.
+  const auto a = initializers(path("full.onnx"));
+  const auto b = initializers(path("res.onnx"));
+  for (const auto& [name, t] : a) EXPECT_TRUE(b.count(name) && t.equals(b.at(name))) << name;
+}
+
 TEST_F(MpiTest, StalledRankEndsTheJobWithinTheTimeout) {
   // Rank 1 stops (SIGSTOP) once rank 0 wrote its first checkpoint: both are training then.
   const std::string ck = path("ck");
