@@ -56,8 +56,10 @@ bool mpi_built() {
 int mpi_launch_size() {
   if (int n = env_int("OMPI_COMM_WORLD_SIZE")) return n;
   if (int n = env_int("PMI_SIZE")) return n;
-  if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK"))
+  if (std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) {
+    if (int n = env_int("SLURM_STEP_NUM_TASKS")) return n;
     if (int n = env_int("SLURM_NTASKS")) return n;
+  }
   return 0;
 }
 

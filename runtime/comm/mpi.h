@@ -14,7 +14,8 @@ namespace onnxtrain::runtime {
 bool mpi_built();
 
 // The world size an MPI launcher announces in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// or SLURM_NTASKS next to PMIX_RANK / PMI_RANK); 0 for a process started without one.
+// or SLURM_STEP_NUM_TASKS / SLURM_NTASKS next to PMIX_RANK / PMI_RANK); 0 for a process started
+// without one.
 int mpi_launch_size();
 
 class MpiWorld final : public ProcessWorld {
