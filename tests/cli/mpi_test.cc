@@ -210,11 +210,13 @@ TEST_F(MpiTest, ResumeFromRankZerosCheckpointContinuesBitForBit) {
 }
 
 TEST_F(MpiTest, StalledRankEndsTheJobWithinTheTimeout) {
-  // Rank 1 stops (SIGSTOP) once rank 0 wrote its first checkpoint: both are training then.
+  // Rank 1 stops (SIGSTOP) once rank 0 wrote its first checkpoint: both are training then (the
+  // watcher gives up after 30 s, so a failed run leaves no loop behind).
   const std::string ck = path("ck");
   const std::string wrap = script("stall.sh",
       "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
-      "  (until ls '" + ck + "' 2>/dev/null | grep -q otck; do sleep 0.05; done; kill -STOP $$) &\n"
+      "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
+      "     sleep 0.05; i=$((i+1)); done; kill -STOP $$) &\n"
       "fi\nexec \"$@\"\n");
   double seconds = 0;
   RunResult r = mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
@@ -230,7 +232,8 @@ TEST_F(MpiTest, KilledRankEndsTheJob) {
   const std::string ck = path("ck");
   const std::string wrap = script("kill.sh",
       "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
-      "  (until ls '" + ck + "' 2>/dev/null | grep -q otck; do sleep 0.05; done; kill -KILL $$) &\n"
+      "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
+      "     sleep 0.05; i=$((i+1)); done; kill -KILL $$) &\n"
       "fi\nexec \"$@\"\n");
   double seconds = 0;
   RunResult r = mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
