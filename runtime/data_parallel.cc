@@ -1,6 +1,7 @@
 // DataParallelSession (data_parallel.h): replica partitions and replica threads.
 #include "runtime/data_parallel.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>

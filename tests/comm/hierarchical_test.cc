@@ -14,33 +14,10 @@
 #include "graph/error.h"
 #include "runtime/comm/hierarchical.h"
 #include "runtime/comm/in_process.h"
+#include "tests/comm/thread_world.h"
 
 namespace onnxtrain::runtime {
 namespace {
-
-// Process p of the world, talking through rank p of an in-process group. Called by local rank
-// 0 of process p only, one call at a time, as ProcessWorld requires.
-class ThreadWorld final : public ProcessWorld {
- public:
-  explicit ThreadWorld(Communicator& c) : c_(c) {}
-  int rank() const override { return c_.rank(); }
-  int size() const override { return c_.size(); }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(30); }
-  void all_reduce(void* buf, int64_t count, DataType dtype, std::string_view) override {
-    c_.all_reduce(buf, count, dtype);
-  }
-  void broadcast(void* buf, int64_t count, DataType dtype, int root, std::string_view) override {
-    c_.broadcast(buf, count, dtype, root);
-  }
-  void all_gather(const void* send, void* recv, int64_t count, DataType dtype,
-                  std::string_view) override {
-    c_.all_gather(send, recv, count, dtype);
-  }
-  void barrier(std::string_view) override { c_.barrier(); }
-
- private:
-  Communicator& c_;
-};
 
 // P processes x R replicas; fn(global rank, communicator) on one thread each.
 void run_world(int processes, int replicas, const std::function<void(int, Communicator&)>& fn) {
