@@ -38,9 +38,9 @@ int replica_count(const Graph& g) {
              " replicas but another ShardBatch into ", r);
     r = k;
   }
-  OT_CHECK(r >= 2,
-           "bucket_allreduce: the graph has no ShardBatch over >= 2 replicas (run "
-           "replicate with replicas > 1 first)");
+  OT_CHECK(r >= 1,
+           "bucket_allreduce: the graph has no ShardBatch (run replicate with replicas > 1, or "
+           "force, first)");
   return r;
 }
 

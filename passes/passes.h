@@ -111,6 +111,7 @@ struct ReplicateOptions {
   int replicas = 1;
   std::vector<std::string> devices;  // one per replica; empty = "cpu:0" .. "cpu:<R-1>"
   bool sync_batchnorm = false;       // training-mode BN over the global batch (see below)
+  bool force = false;  // rewrite also when replicas == 1 (other processes share the collectives)
 };
 // Data parallelism as a graph rewrite, on build_training_graph's single-replica output.
 // State = every initializer S with a graph output `S.updated` (weights, BN running statistics,
@@ -130,7 +131,8 @@ struct ReplicateOptions {
 //            per-replica, e.g. a constant, gets one Identity per replica to carry the name).
 // Dim 0 symbol N of the batch inputs becomes `N/r<k>` in replica k's value types; a batch of
 // known size has its types re-inferred. R == 1 leaves the graph untouched (the pipeline skips
-// the pass). Checks everything (names free, inputs splittable) before changing the graph.
+// the pass) unless `force` is set: then it is rewritten like any R (one ShardBatch output, `/r0`
+// names), for multi-process runs whose collectives span processes. Checks everything (names free, inputs splittable) before changing the graph.
 // sync_batchnorm: each replica's training-mode BatchNormalization (main graph, any opset; an
 // opset < 14 node may not have its saved_mean/saved_var read) becomes
 // ai.onnxtrain.SyncBatchNormalization(X, scale, B, mean, var) -> (Y, mean', var') and each
@@ -201,6 +203,9 @@ struct TrainingOptions {
   std::vector<std::string> devices;  // ReplicateOptions::devices
   bool sync_batchnorm = false;       // ReplicateOptions::sync_batchnorm
   double bucket_mb = 25;             // BucketOptions::bucket_mb
+  // Replicate and bucket also when replicas == 1 (ReplicateOptions::force): the AllReduce nodes
+  // then span the processes of a multi-process (MPI) run.
+  bool collectives = false;
 };
 struct TrainingGraphInfo {
   PreparedModel prepared;
@@ -210,7 +215,8 @@ struct TrainingGraphInfo {
   BucketInfo buckets;  // empty for one replica
 };
 // infer_shapes -> prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce
-// (-> replicate -> bucket_allreduce -> dce when replicas > 1), the verifier after each.
+// (-> replicate -> bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after
+// each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 
 }  // namespace onnxtrain::passes

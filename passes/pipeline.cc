@@ -22,10 +22,11 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_optimizer");
   dce(model);
   stage("dce");
-  if (opts.replicas > 1) {
+  if (opts.replicas > 1 || opts.collectives) {
     replicate(model, {.replicas = opts.replicas,
                       .devices = opts.devices,
-                      .sync_batchnorm = opts.sync_batchnorm});
+                      .sync_batchnorm = opts.sync_batchnorm,
+                      .force = opts.collectives});
     stage("replicate");
     info.buckets = bucket_allreduce(model, {.bucket_mb = opts.bucket_mb});
     stage("bucket_allreduce");

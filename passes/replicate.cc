@@ -381,8 +381,8 @@ void replicate(graph::Model& model, const ReplicateOptions& opts) {
            " replicas (one per replica, or none for cpu:0..)");
   for (size_t k = 0; k < opts.devices.size(); ++k)
     OT_CHECK(!opts.devices[k].empty(), "replicate: device of replica ", k, " is empty");
-  // One replica is the graph as it is.
-  if (opts.replicas == 1) return;
+  // One replica is the graph as it is, unless other processes share its collectives.
+  if (opts.replicas == 1 && !opts.force) return;
   Replicator(model, opts).run();
 }
 

@@ -1,6 +1,7 @@
 // DataParallelSession (data_parallel.h): replica partitions and replica threads.
 #include "runtime/data_parallel.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "graph/error.h"
 #include "ops/op_api.h"
 #include "runtime/collective_kernels.h"
+#include "runtime/comm/hierarchical.h"
 #include "runtime/comm/in_process.h"
 
 namespace onnxtrain::runtime {
@@ -175,12 +177,15 @@ struct Replica {
 
 struct DataParallelSession::Impl {
   std::unique_ptr<InProcessGroup> group;
+  std::vector<std::unique_ptr<HierarchicalCommunicator>> hierarchical;  // with a world
   std::vector<std::unique_ptr<Replica>> replicas;
 };
 
 DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, int replicas,
-                                         SessionOptions opts)
-    : impl_(std::make_unique<Impl>()), replicas_(replicas) {
+                                         SessionOptions opts, ProcessWorld* world)
+    : impl_(std::make_unique<Impl>()),
+      replicas_(replicas),
+      world_(world && world->size() > 1 ? world : nullptr) {
   OT_CHECK(replicas >= 1, "data parallel: replicas must be >= 1, got ", replicas);
   const int in_graph = replicas_of(*graph);
   OT_CHECK(in_graph == replicas, "data parallel: the training graph is built for ", in_graph,
@@ -188,18 +193,32 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   if (opts.threads <= 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   SessionOptions each = opts;
   each.threads = std::max(1, opts.threads / replicas);
-  if (replicas == 1) {
+  if (world_) {
+    bool replicated = false;
+    for (const auto& n : graph->graph->nodes()) replicated = replicated || is_shared(*n);
+    OT_CHECK(replicated, "data parallel: a multi-process run needs a training graph with "
+             "ShardBatch/AllReduce nodes (TrainingOptions::collectives)");
+  }
+  if (replicas == 1 && !world_) {
     auto r = std::make_unique<Replica>();
     r->session = std::make_unique<TrainingSession>(std::move(graph), each);
     impl_->replicas.push_back(std::move(r));
     return;
   }
   register_collective_kernels();
-  impl_->group = std::make_unique<InProcessGroup>(replicas);
+  // With a world, local ranks wait here while local rank 0 waits for the other processes:
+  // the world's deadline must expire first (it names the missing process).
+  std::chrono::milliseconds local_timeout = std::chrono::seconds(300);
+  if (world_) local_timeout = std::max(local_timeout, 2 * world_->timeout() + std::chrono::seconds(60));
+  impl_->group = std::make_unique<InProcessGroup>(replicas, local_timeout);
   for (int k = 0; k < replicas; ++k) {
     auto r = std::make_unique<Replica>();
     SessionOptions o = each;
     o.communicator = &impl_->group->communicator(k);
+    if (world_) {
+      impl_->hierarchical.push_back(std::make_unique<HierarchicalCommunicator>(*o.communicator, *world_));
+      o.communicator = impl_->hierarchical.back().get();
+    }
     if (!o.profile_path.empty()) o.profile_path += ".r" + std::to_string(k);
     r->session = std::make_unique<TrainingSession>(partition(*graph, k, replicas), o);
     impl_->replicas.push_back(std::move(r));
@@ -230,7 +249,7 @@ uint64_t DataParallelSession::mix_seed(uint64_t a, uint64_t b) {
 StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
                                      float loss_scale, uint64_t seed) {
   auto& reps = impl_->replicas;
-  if (reps.size() == 1) return reps[0]->session->step(batch, lr, loss_scale, seed);
+  if (!impl_->group) return reps[0]->session->step(batch, lr, loss_scale, seed);
   OT_CHECK(!impl_->group->aborted(), "data parallel: an earlier step failed: ",
            impl_->group->abort_reason());
   std::vector<StepResult> results(reps.size());
@@ -239,7 +258,9 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
     std::lock_guard lock(r->mu);
     r->error.clear();
     r->busy = true;
-    const uint64_t replica_seed = seed ? mix_seed(seed, k) : 0;
+    const uint64_t global_replica =
+        static_cast<uint64_t>(world_ ? world_->rank() : 0) * reps.size() + k;
+    const uint64_t replica_seed = seed ? mix_seed(seed, global_replica) : 0;
     r->job = [this, r, k, &batch, lr, loss_scale, replica_seed, &results] {
       try {
         results[k] = r->session->step(batch, lr, loss_scale, replica_seed);
@@ -261,6 +282,12 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
     total.correct += results[k].correct;
   }
   if (!first_error.empty()) fail(first_error);
+  if (world_) {
+    double sums[2] = {total.loss, total.correct};
+    world_->all_reduce(sums, 2, DataType::kDouble, "step loss");
+    total.loss = sums[0];
+    total.correct = sums[1];
+  }
   return total;
 }
 
@@ -274,7 +301,7 @@ void DataParallelSession::set_state(const std::map<std::string, graph::Tensor>& 
   for (size_t k = 0; k < impl_->replicas.size(); ++k) {
     TrainingSession& s = *impl_->replicas[k]->session;
     for (const auto& [name, t] : state) {
-      const std::string local = replicas_ == 1 ? name : name + kReplicaSuffix + std::to_string(k);
+      const std::string local = !impl_->group ? name : name + kReplicaSuffix + std::to_string(k);
       s.set_state(local, t);
     }
   }

@@ -7,6 +7,11 @@
 // nodes and state carry `/r<k>` suffixes, AllReduce nodes ahead of the updates). Replica k's
 // executor runs its partition: the nodes whose device is replica k's, plus its share of the
 // ShardBatch and AllReduce nodes.
+//
+// Several processes (MPI): give the session the ProcessWorld. Each process runs R local replicas
+// of a graph built for R replicas with TrainingOptions::collectives (so R == 1 has its
+// ShardBatch and AllReduce nodes too); replica k's collectives go through a
+// HierarchicalCommunicator as global rank p*R + k of P*R.
 #pragma once
 
 #include <map>
@@ -16,6 +21,7 @@
 
 #include "graph/ir.h"
 #include "graph/tensor.h"
+#include "runtime/comm/process_world.h"
 #include "runtime/session.h"
 #include "runtime/training_session.h"
 
@@ -25,16 +31,19 @@ class DataParallelSession {
  public:
   // `opts.threads` is the total intra-op budget, split evenly across the replicas (at least 1
   // each). Throws when the graph's replica count (its ShardBatch/AllReduce `replicas`) differs.
+  // `world` (not owned; nullptr or size 1 = this process alone): the other processes.
   DataParallelSession(std::unique_ptr<graph::Model> training_graph, int replicas,
-                      SessionOptions opts = {});
+                      SessionOptions opts = {}, ProcessWorld* world = nullptr);
   ~DataParallelSession();
 
-  int replicas() const { return replicas_; }
+  int replicas() const { return replicas_; }  // this process's
+  ProcessWorld* world() const { return world_; }  // nullptr without other processes
   // One synchronous step on the GLOBAL batch (model inputs and labels/targets with the global
   // batch dim; replica k gets its share of the rows). loss and correct are summed over the
-  // replicas: with loss_scale = 1/global batch, `loss` is the global-batch mean.
-  // `seed` (non-zero): the step's random seed; replica k runs with a seed derived from it and k
-  // (different Dropout masks per replica, the same ones again after a resume).
+  // replicas: with loss_scale = 1/global batch, `loss` is the global-batch mean. With a world,
+  // the batch is this process's rows and the sums cover every process's replicas.
+  // `seed` (non-zero): the step's random seed; global replica g runs with a seed derived from it
+  // and g (different Dropout masks per replica, the same ones again after a resume).
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
                   float loss_scale, uint64_t seed = 0);
 
@@ -53,6 +62,7 @@ class DataParallelSession {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int replicas_ = 1;
+  ProcessWorld* world_ = nullptr;
 };
 
 }  // namespace onnxtrain::runtime

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <string_view>
 
 #include "graph/error.h"
+#include "runtime/comm/mpi.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/transform.h"
 #include "runtime/lr_schedule.h"
@@ -69,6 +72,10 @@ replicas and threads:
   --sync-batchnorm        training BatchNormalization uses the global batch's statistics
                           (all replicas'); with --replicas 1 it changes nothing
 
+several processes (mpirun -np P onnxtrain ... trains P x R replicas; see README):
+  --collective-timeout S  a process waiting longer than S seconds for another in a collective
+                          ends the job with an error naming both (default 300)
+
 files:
   --output FILE           the trained inference model (written atomically; never the input)
   --save-graph FILE       the training graph as ONNX, written before training (see onnxdump)
@@ -125,6 +132,7 @@ struct Args {
   bool batch_given = false, global_batch_given = false;
   bool momentum_given = false;
   std::string mean, std;
+  double collective_timeout = 300;  // seconds
 };
 
 passes::OptimizerKind optimizer_kind(const std::string& s) {
@@ -255,6 +263,8 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--sync-batchnorm") {
       no_value();
       c.sync_batchnorm = true;
+    } else if (arg == "--collective-timeout") {
+      a.collective_timeout = parse_float(arg, value(), 0, false);
     } else if (arg == "--bucket-mb") {
       c.bucket_mb = parse_float(arg, value(), 0, false);
     } else {
@@ -321,7 +331,32 @@ int run(int argc, char** argv) {
   }
   a.config.log = stdout;
   a.config.live = isatty(STDOUT_FILENO) != 0;
-  run_training(a.config);
+  // Under mpirun / srun with P > 1 this process is one of P; a plain start never touches MPI.
+  const int launched = runtime::mpi_launch_size();
+  std::unique_ptr<runtime::MpiWorld> world;
+  if (launched > 1) {
+    OT_CHECK(runtime::mpi_built(), "launched as one of ", launched,
+             " MPI processes, but this onnxtrain was built without MPI (install libopenmpi-dev "
+             "and rebuild with -DONNXTRAIN_MPI=ON)");
+    world = std::make_unique<runtime::MpiWorld>(std::chrono::milliseconds(
+        static_cast<int64_t>(a.collective_timeout * 1000)));
+    a.config.world = world.get();
+    // mpirun hands ranks a terminal even when its own output goes to a file: epoch lines only.
+    a.config.live = false;
+  }
+  try {
+    run_training(a.config);
+  } catch (const runtime::WorldConsistentError& e) {
+    // Every process stops here alike: each prints, then MPI_Finalize (~world) as usual.
+    std::fprintf(stderr, "onnxtrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    return 1;
+  } catch (const std::exception& e) {
+    if (!world) throw;
+    // Only this process failed; the others would wait in their next collective.
+    std::fprintf(stderr, "onnxtrain: error: rank %d: %s\n", world->rank(), e.what());
+    world->abort(1);
+  }
   return 0;
 }
 

@@ -189,7 +189,7 @@ int64_t meta_int(const runtime::Checkpoint& c, const std::string& key, const std
 // The options that change the math, as (key, value): a resumed run must match them all.
 std::vector<std::pair<std::string, std::string>> math_options(const TrainConfig& c,
                                                               const std::string& model_bytes,
-                                                              int64_t global_batch) {
+                                                              int64_t global_batch, int processes) {
   const auto& o = c.graph.optimizer;
   std::string norm = "default";
   if (c.normalization) {
@@ -217,7 +217,8 @@ std::vector<std::pair<std::string, std::string>> math_options(const TrainConfig&
                         " trainable=" + c.graph.trainable.trainable_regex},
   };
   // Only when it changes the math, so checkpoints written before the flag existed still match.
-  if (c.sync_batchnorm && c.replicas > 1) opts.emplace_back("sync_batchnorm", "1");
+  if (c.sync_batchnorm && c.replicas * processes > 1) opts.emplace_back("sync_batchnorm", "1");
+  if (processes > 1) opts.emplace_back("processes", std::to_string(processes));
   return opts;
 }
 
@@ -323,6 +324,70 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
   runtime::prune_checkpoints(c.checkpoint_dir, kKeepCheckpoints);
 }
 
+// Rows [start, start + n) of a batch tensor (dim 0).
+Tensor rows_of(const Tensor& t, int64_t start, int64_t n) {
+  std::vector<int64_t> dims = t.dims();
+  OT_CHECK(!dims.empty() && start >= 0 && n >= 0 && start + n <= dims[0],
+           "batch rows [", start, ", ", start + n, ") out of range");
+  const size_t row = dims[0] > 0 ? t.nbytes() / static_cast<size_t>(dims[0]) : 0;
+  dims[0] = n;
+  Tensor out(t.dtype(), dims);
+  if (n > 0) std::memcpy(out.mutable_data(), t.data() + static_cast<size_t>(start) * row, out.nbytes());
+  return out;
+}
+
+// First row of replica g of `replicas` when n rows are split as evenly as possible, the first
+// n % replicas replicas taking one more (ShardBatch's rule).
+int64_t shard_start(int64_t n, int64_t replicas, int64_t g) {
+  return g * (n / replicas) + std::min(g, n % replicas);
+}
+
+// Every process hashes each item and compares with rank 0; a difference is the same one-line
+// error on every process ("processes disagree <when> (rank 1 differs from rank 0 in lr)").
+void check_same(runtime::ProcessWorld& w, const std::vector<std::pair<std::string, std::string>>& items,
+                const std::string& when) {
+  std::vector<int64_t> mine;
+  for (const auto& [k, v] : items) mine.push_back(static_cast<int64_t>(fnv1a64(v, fnv1a64(k + "="))));
+  const int p = w.size();
+  int64_t count = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> counts(static_cast<size_t>(p));
+  w.all_gather(&count, counts.data(), 1, graph::DataType::kInt64, "setup check");
+  for (int r = 1; r < p; ++r)
+    if (counts[r] != counts[0])
+      throw runtime::WorldConsistentError(
+          cat("processes disagree ", when, ": rank ", r, " compares ", counts[r],
+              " setup items, rank 0 ", counts[0], " (different onnxtrain versions?)"));
+  std::vector<int64_t> all(static_cast<size_t>(count * p));
+  w.all_gather(mine.data(), all.data(), count, graph::DataType::kInt64, "setup check");
+  std::string diff;
+  for (int r = 1; r < p; ++r)
+    for (int64_t i = 0; i < count; ++i)
+      if (all[static_cast<size_t>(r * count + i)] != all[static_cast<size_t>(i)])
+        diff += cat(diff.empty() ? "" : ", ", "rank ", r, " differs from rank 0 in ", items[i].first);
+  if (!diff.empty())
+    throw runtime::WorldConsistentError(
+        cat("processes disagree ", when, " (", diff,
+            "); every process must run the same model, data and options"));
+}
+
+// Rank 0 read the checkpoint; the others get its state and position.
+void share_resume(runtime::ProcessWorld& w, runtime::DataParallelSession& session, ResumePoint& rp) {
+  int64_t ints[3] = {rp.step, rp.accum.examples, rp.accum.steps};
+  double reals[3] = {rp.accum.loss_sum, rp.accum.correct, rp.accum.seconds};
+  w.broadcast(ints, 3, graph::DataType::kInt64, 0, "resume position");
+  w.broadcast(reals, 3, graph::DataType::kDouble, 0, "resume position");
+  rp.step = ints[0];
+  rp.accum.examples = ints[1];
+  rp.accum.steps = ints[2];
+  rp.accum.loss_sum = reals[0];
+  rp.accum.correct = reals[1];
+  rp.accum.seconds = reals[2];
+  std::map<std::string, Tensor> state = session.state();
+  for (auto& [name, t] : state)
+    w.broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()), graph::DataType::kUInt8, 0,
+                "resume state");
+  session.set_state(state);
+}
 
 void check_config(const TrainConfig& c) {
   OT_CHECK(c.replicas >= 1, "--replicas must be >= 1, got ", c.replicas);
@@ -349,7 +414,23 @@ void check_config(const TrainConfig& c) {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& c) {
+TrainResult run_training(const TrainConfig& config) {
+  runtime::ProcessWorld* world = config.world && config.world->size() > 1 ? config.world : nullptr;
+  const int procs = world ? world->size() : 1;
+  const bool lead = !world || world->rank() == 0;
+  // The other processes compute the same and write nothing: no output, files or checkpoints.
+  TrainConfig c = config;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(nullptr, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
+  if (!lead) {
+    quiet.reset(std::fopen("/dev/null", "w"));
+    OT_CHECK(quiet, "cannot open /dev/null: ", std::strerror(errno));
+    c.log = quiet.get();
+    c.live = false;
+    c.output.clear();
+    c.save_graph.clear();
+    c.metrics_json.clear();
+    if (!c.profile.empty()) c.profile += cat(".p", world->rank());
+  }
   check_config(c);
   // Syntax of the data specs first: a typo should not wait for the model to load.
   runtime::parse_data_spec(c.data);
@@ -369,6 +450,7 @@ TrainResult run_training(const TrainConfig& c) {
   for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(cat("cpu:", k));
   topts.bucket_mb = c.bucket_mb;
   topts.sync_batchnorm = c.sync_batchnorm;  // replicate's; with 1 replica there is nothing to sync
+  topts.collectives = world != nullptr;      // R == 1 too: the AllReduce spans the processes
   passes::TrainingGraphInfo info = passes::build_training_graph(*training_graph, topts);
   const bool ce = info.loss.kind == passes::LossKind::kCrossEntropy;
   // The trained output's dims from the typed inference model (replicated graphs rename it).
@@ -402,16 +484,42 @@ TrainResult run_training(const TrainConfig& c) {
     val_adapter = runtime::InputAdapter::for_dataset(*data.val, input.dims, c.normalization);
 
   TrainResult res;
-  res.global_batch = c.global_batch > 0 ? c.global_batch : c.batch_size * c.replicas;
+  const int all_replicas = c.replicas * procs;
+  res.global_batch = c.global_batch > 0 ? c.global_batch : c.batch_size * all_replicas;
+  OT_CHECK(res.global_batch >= all_replicas, "--global-batch-size ", res.global_batch,
+           " is smaller than the ", all_replicas, " replicas of ", procs, " processes");
   res.steps_per_epoch = runtime::steps_per_epoch(data.train.size(), res.global_batch);
   res.total_steps = c.steps > 0 ? c.steps : c.epochs * res.steps_per_epoch;
   const int64_t spe = res.steps_per_epoch;
   const int64_t epochs = (res.total_steps + spe - 1) / spe;
   if (schedule.kind == runtime::LrSchedule::Kind::kCosine && schedule.total_steps == 0)
     schedule.total_steps = res.total_steps;
+  int64_t allreduce_bytes = 0;
   for (const std::string& p : info.prepared.params) {
     const graph::Value* v = original->graph->find_value(p);
-    if (v && v->has_initializer()) res.trainable_parameters += v->initializer().numel();
+    if (v && v->has_initializer()) {
+      res.trainable_parameters += v->initializer().numel();
+      allreduce_bytes += static_cast<int64_t>(v->initializer().nbytes());
+    }
+  }
+  const auto opts = math_options(c, model_bytes, res.global_batch, procs);
+  const std::string hash = options_hash(opts);
+  if (world) {
+    std::vector<std::pair<std::string, std::string>> setup = opts;
+    if (!c.sync_batchnorm || all_replicas == 1) setup.emplace_back("sync_batchnorm", "0");
+    std::string buckets;
+    for (size_t b = 0; b < info.buckets.num_buckets(); ++b) {
+      buckets += cat(info.buckets.bytes[b], ":");
+      for (const std::string& p : info.buckets.params[b]) buckets += p + ",";
+      buckets += ";";
+    }
+    setup.emplace_back("training graph", cat(fnv1a64(graph::export_onnx_bytes(*training_graph))));
+    setup.emplace_back("bucket layout", buckets);
+    setup.emplace_back("replicas per process", std::to_string(c.replicas));
+    setup.emplace_back("steps", cat(res.total_steps, " of ", res.steps_per_epoch, " per epoch, ",
+                                    data.train.size(), " examples"));
+    setup.emplace_back("resume", c.resume ? "1" : "0");
+    check_same(*world, setup, "before step 1");
   }
 
   // Files that must be writable before training starts.
@@ -422,7 +530,7 @@ TrainResult run_training(const TrainConfig& c) {
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_owner(
       metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
-  if (!c.checkpoint_dir.empty()) {
+  if (!c.checkpoint_dir.empty() && lead) {
     std::error_code ec;
     fs::create_directories(c.checkpoint_dir, ec);
     OT_CHECK(fs::is_directory(c.checkpoint_dir), "--checkpoint-dir '", c.checkpoint_dir,
@@ -434,21 +542,21 @@ TrainResult run_training(const TrainConfig& c) {
   so.threads = c.threads > 0 ? c.threads
                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   so.profile_path = c.profile;
-  runtime::DataParallelSession session(training_graph->clone(), c.replicas, so);
+  runtime::DataParallelSession session(training_graph->clone(), c.replicas, so, world);
   std::vector<std::string> fed_state;
   std::unique_ptr<runtime::InferenceSession> val_session;
-  if (data.val) {
+  if (data.val && lead) {
     runtime::SessionOptions vo;
     vo.threads = so.threads;
     val_session = std::make_unique<runtime::InferenceSession>(
         validation_graph(*original, c, info.loss.kind, session.state(), fed_state), vo);
   }
 
-  const auto opts = math_options(c, model_bytes, res.global_batch);
-  const std::string hash = options_hash(opts);
   EpochAccum acc;
   if (c.resume) {
-    ResumePoint rp = resume_from(c, session, opts, hash, spe);
+    ResumePoint rp;
+    if (lead) rp = resume_from(c, session, opts, hash, spe);
+    if (world) share_resume(*world, session, rp);
     res.start_step = std::min(rp.step, res.total_steps);
     acc = rp.accum;
   }
@@ -466,7 +574,9 @@ TrainResult run_training(const TrainConfig& c) {
                        .info = info,
                        .result = res,
                        .epochs = epochs,
-                       .threads_per_replica = std::max(1, so.threads / c.replicas)};
+                       .threads_per_replica = std::max(1, so.threads / c.replicas),
+                       .processes = procs,
+                       .allreduce_bytes = allreduce_bytes};
   print_plan(c, plan);
 
   runtime::LoaderOptions tl;
@@ -480,6 +590,15 @@ TrainResult run_training(const TrainConfig& c) {
     runtime::Batch b = loader.next();
     std::map<std::string, Tensor> feeds;
     const int64_t n = b.size();
+    if (world) {
+      // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
+      // split these rows over R by the same rule, which reproduces the global split.
+      const int64_t first = static_cast<int64_t>(world->rank()) * c.replicas;
+      const int64_t start = shard_start(n, all_replicas, first);
+      const int64_t rows = shard_start(n, all_replicas, first + c.replicas) - start;
+      b.inputs = rows_of(b.inputs, start, rows);
+      b.targets = rows_of(b.targets, start, rows);
+    }
     feeds[input.name] = std::move(b.inputs);
     feeds[ce ? "labels" : "targets"] = std::move(b.targets);
     const float lr = runtime::lr_at(schedule, s);
@@ -518,8 +637,18 @@ TrainResult run_training(const TrainConfig& c) {
       acc = EpochAccum{};
     }
     const bool due = c.checkpoint_every > 0 ? (s + 1) % c.checkpoint_every == 0 : epoch_end;
-    if (!c.checkpoint_dir.empty() && (due || s + 1 == res.total_steps))
+    if (!c.checkpoint_dir.empty() && lead && (due || s + 1 == res.total_steps))
       save_checkpoint(c, session, opts, hash, s + 1, spe, acc);
+  }
+  if (world) {
+    // The collectives give every replica of every process the same bytes; verify it once.
+    OT_CHECK(session.replicas_identical(), "rank ", world->rank(),
+             ": the replicas of this process ended with different weights");
+    uint64_t h = fnv1a64("state");
+    for (const auto& [name, t] : session.state())
+      h = fnv1a64(std::string_view(reinterpret_cast<const char*>(t.data()), t.nbytes()),
+                  fnv1a64(name, h));
+    check_same(*world, {{"trained weights", cat(h)}}, "after training");
   }
   if (!c.output.empty()) {
     graph::export_onnx_file(*session.trained_model(*original), c.output);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "passes/passes.h"
+#include "runtime/comm/process_world.h"
 #include "runtime/data/dataset.h"
 
 namespace onnxtrain::tools {
@@ -20,7 +21,11 @@ struct TrainConfig {
   std::string model_path;
   // --custom-op-lib: loaded (ops::load_op_library) in this order before the model is imported.
   std::vector<std::string> custom_op_libs;
-  int replicas = 1;
+  int replicas = 1;  // per process
+  // Other processes (MPI; not owned). nullptr or size 1: this process alone. With P > 1 every
+  // process loads the same shuffled global batch and keeps the rows of its R replicas; rank 0
+  // alone prints, validates and writes files; all compare their setup before step 1.
+  runtime::ProcessWorld* world = nullptr;
   // Data: runtime/data specs; val_data "" = --val-split if > 0, else the dataset's test split.
   std::string data = "fashion-mnist";
   std::string val_data;
@@ -29,7 +34,7 @@ struct TrainConfig {
   // Length: `steps` > 0 wins over `epochs` (the last epoch may then be partial).
   int64_t epochs = 1;
   int64_t steps = 0;
-  // Batch: global_batch > 0 wins; otherwise batch_size per replica x replicas.
+  // Batch: global_batch > 0 wins; otherwise batch_size per replica x replicas x processes.
   int64_t batch_size = 64;
   int64_t global_batch = 0;
   // Graph: trainable set, trained output, loss, optimizer (lr is fed per step, not here).

@@ -1,6 +1,7 @@
 // onnxtrain's output (train_report.h): plan, progress, epoch lines, metrics JSON.
 #include "tools/train_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -48,18 +49,27 @@ std::string json_number(std::optional<double> v) {
 
 }  // namespace
 
+double ring_allreduce_seconds(int64_t bytes, int n, double gbit_per_s) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / (gbit_per_s * 1e9);
+}
+
 void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::FILE* f = c.log;
   const TrainResult& r = p.result;
+  const int all = c.replicas * p.processes;
   std::string devices;
   for (int k = 0; k < c.replicas; ++k) devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
-  std::string per_replica = std::to_string(r.global_batch / c.replicas);
-  if (r.global_batch % c.replicas != 0)
-    per_replica += "-" + std::to_string(r.global_batch / c.replicas + 1);
+  std::string per_replica = std::to_string(r.global_batch / all);
+  if (r.global_batch % all != 0) per_replica += "-" + std::to_string(r.global_batch / all + 1);
   std::fprintf(f, "model       %s (input '%s' %s, output '%s'%s)\n", p.model_path.c_str(),
                p.input_name.c_str(), dims_text(p.input_dims).c_str(), p.output_name.c_str(),
                p.classes > 0 ? cat(", ", p.classes, " classes").c_str() : "");
-  std::fprintf(f, "replicas    %d (%s)\n", c.replicas, devices.c_str());
+  if (p.processes > 1)
+    std::fprintf(f, "replicas    %d = %d processes (MPI) x %d (%s each)\n", all, p.processes,
+                 c.replicas, devices.c_str());
+  else
+    std::fprintf(f, "replicas    %d (%s)\n", c.replicas, devices.c_str());
   std::fprintf(f, "batch       %s per replica, %lld global\n", per_replica.c_str(),
                static_cast<long long>(r.global_batch));
   std::fprintf(f, "data        %s: %lld examples%s%s\n", p.train_name.c_str(),
@@ -76,7 +86,7 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "loss        %s on '%s'\n", loss_name(p.info.loss.kind).c_str(),
                p.output_name.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
-  if (c.replicas > 1) {
+  if (all > 1) {
     int64_t bytes = 0;
     for (int64_t b : p.info.buckets.bytes) bytes += b;
     std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
@@ -85,6 +95,15 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     if (c.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
+  // What the network between machines must carry (README "Several machines"): replicas of one
+  // process sum in memory first, so the ring spans the processes.
+  const int n = std::max(p.processes, 2);
+  std::fprintf(f, "network     %s bytes AllReduced per step (%s); ring 2(n-1)/n x bytes over n = %d "
+               "processes%s: %.3g ms at 10 Gbit/s, %.3g ms at 100 Gbit/s\n",
+               grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(), n,
+               p.processes > 1 ? "" : " (if run on 2)",
+               1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 10),
+               1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 100));
   if (p.val_name.empty())
     std::fprintf(f, "validation  none\n");
   else

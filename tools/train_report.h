@@ -28,9 +28,14 @@ struct PlanFacts {
   const TrainResult& result;
   int64_t epochs = 0;
   int threads_per_replica = 1;
+  int processes = 1;             // MPI world size; replicas in all = processes x c.replicas
+  int64_t allreduce_bytes = 0;   // gradient bytes one replica contributes to AllReduce per step
 };
 
 void print_plan(const TrainConfig& c, const PlanFacts& p);
+// Seconds a ring AllReduce of `bytes` over n ranks needs at `gbit_per_s`: every rank sends and
+// receives 2(n-1)/n x bytes (reduce-scatter, then all-gather), so bandwidth bounds it.
+double ring_allreduce_seconds(int64_t bytes, int n, double gbit_per_s);
 
 // "Epoch 2/3  45/45  60.1s  1.34s/step  2150 img/s  loss 0.4721  accuracy 0.8312  val_loss ..."
 // (a partial last epoch under --steps shows e.g. 20/1875).

@@ -226,6 +226,38 @@ TEST(Replicate, ZooMlpAndCnnTwoAndThreeReplicas) {
   check_replicated("mlp", 3, OptimizerKind::kSgd, 0.0f);
 }
 
+// Multi-process runs (TrainingOptions::collectives): one local replica still gets its ShardBatch
+// and AllReduce nodes, which then span the processes.
+TEST(Replicate, ForcedOneReplicaKeepsTheCollectives) {
+  auto single = zoo("mlp");
+  passes::build_training_graph(*single, options(1));
+  TrainingOptions o = options(1);
+  o.collectives = true;
+  auto m = zoo("mlp");
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, o);
+  int shards = 0, reduces = 0, clones = 0, originals = 0;
+  for (const auto& n : single->graph->nodes()) originals += n->op_type != "Constant";
+  for (const auto& n : m->graph->nodes()) {
+    if (n->op_type == "ShardBatch") {
+      ++shards;
+      EXPECT_EQ(n->outputs().size(), 1u);
+      EXPECT_EQ(n->attr_int("replicas", 0), 1);
+    } else if (n->op_type == "AllReduce") {
+      ++reduces;
+      EXPECT_EQ(n->attr_int("replicas", 0), 1);
+      EXPECT_EQ(n->inputs().size(), n->outputs().size());
+    } else {
+      ++clones;
+      EXPECT_TRUE(ends_with(n->name, "/r0")) << n->name;
+      EXPECT_EQ(n->device, "cpu:0") << n->name;
+    }
+  }
+  EXPECT_EQ(shards, 2);  // input and labels
+  EXPECT_GE(reduces, 1);
+  EXPECT_EQ(static_cast<size_t>(reduces), info.buckets.num_buckets());
+  EXPECT_EQ(clones, originals);
+}
+
 TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
   auto m = zoo("mlp");
   TrainingOptions o = options(2);

@@ -1,0 +1,56 @@
+// The MPI process world (ProcessWorld over MPI_COMM_WORLD) and how a launch by mpirun / srun is
+// recognised. Built with MPI when CMake's ONNXTRAIN_MPI is on; otherwise the same API reports
+// that MPI is missing. No MPI header leaks out of this file.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "runtime/comm/process_world.h"
+
+namespace onnxtrain::runtime {
+
+// True when this build has MPI (ONNXTRAIN_MPI).
+bool mpi_built();
+
+// The world size an MPI launcher announces in the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// or SLURM_STEP_NUM_TASKS / SLURM_NTASKS next to PMIX_RANK / PMI_RANK); 0 for a process started
+// without one.
+int mpi_launch_size();
+
+class MpiWorld final : public ProcessWorld {
+ public:
+  // MPI_Init_thread (MPI_THREAD_SERIALIZED). `timeout`: how long one collective waits for a
+  // peer; then this process prints "onnxtrain: error: rank R: collective 'WHAT' timed out ...
+  // waiting for rank Q" on stderr and MPI_Abort ends the whole job with exit code 1. Throws
+  // Error when the build has no MPI or the library cannot do serialized threading.
+  explicit MpiWorld(std::chrono::milliseconds timeout);
+  // MPI_Finalize.
+  ~MpiWorld() override;
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  // Gathers every buffer on rank 0 (point to point), sums in rank order there, broadcasts.
+  void all_reduce(void* buf, int64_t count, graph::DataType dtype, std::string_view what) override;
+  void broadcast(void* buf, int64_t count, graph::DataType dtype, int root,
+                 std::string_view what) override;
+  void all_gather(const void* send, void* recv, int64_t count, graph::DataType dtype,
+                  std::string_view what) override;
+  void barrier(std::string_view what) override;
+
+  // Ends every process of the job with `code` (MPI_Abort); for an error only this process saw.
+  [[noreturn]] void abort(int code);
+
+ private:
+  void gather_to_root(const void* send, void* recv, size_t bytes, std::string_view what);
+  void bcast_bytes(void* buf, size_t bytes, int root, std::string_view what);
+
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace onnxtrain::runtime
