@@ -2,7 +2,11 @@
 #include "runtime/data_parallel.h"
 
 #include <chrono>
+#include <pthread.h>
+#include <sched.h>
+
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -224,6 +228,36 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
     impl_->replicas.push_back(std::move(r));
   }
   for (auto& r : impl_->replicas) r->thread = std::thread([p = r.get()] { p->loop(); });
+  pin_replica_threads(each.threads);
+}
+
+// Replica k's thread on its own CPUs (k*T .. k*T+T-1 of the allowed ones): without it the
+// scheduler often stacks the two replicas of a 2-core machine on one core for a while after a
+// wake-up (resnet18 w16 28x28, R=2 x 1 thread: 2719 -> 2931 img/s, steadier). Only when the
+// replicas use exactly the CPUs this process may run on (the whole machine, or what mpirun
+// bound it to): with spare CPUs, pinning would stack concurrent runs on the first ones.
+// ONNXTRAIN_NO_PIN=1 turns it off.
+void DataParallelSession::pin_replica_threads(int per) {
+  const char* off = std::getenv("ONNXTRAIN_NO_PIN");
+  if (off && *off && std::string(off) != "0") return;
+  {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    sched_getaffinity(0, sizeof(allowed), &allowed);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    const int replicas = static_cast<int>(impl_->replicas.size());
+    const int need = replicas * per;
+    const int have = static_cast<int>(cpus.size());
+    if (have == need)
+      for (int k = 0; k < replicas; ++k) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int t = 0; t < per; ++t) CPU_SET(cpus[static_cast<size_t>(k * per + t)], &set);
+        pthread_setaffinity_np(impl_->replicas[static_cast<size_t>(k)]->thread.native_handle(), sizeof(set), &set);
+      }
+  }
 }
 
 DataParallelSession::~DataParallelSession() {

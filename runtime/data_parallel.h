@@ -59,6 +59,7 @@ class DataParallelSession {
   static uint64_t mix_seed(uint64_t a, uint64_t b);
 
  private:
+  void pin_replica_threads(int threads_per_replica);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int replicas_ = 1;
