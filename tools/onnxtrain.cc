@@ -341,6 +341,7 @@ int run(int argc, char** argv) {
     world = std::make_unique<runtime::MpiWorld>(std::chrono::milliseconds(
         static_cast<int64_t>(a.collective_timeout * 1000)));
     a.config.world = world.get();
+    a.config.local_processes = runtime::mpi_local_size();
     // mpirun hands ranks a terminal even when its own output goes to a file: epoch lines only.
     a.config.live = false;
   }

@@ -2,6 +2,7 @@
 // DataParallelSession through the loader, validating, reporting and checkpointing per epoch.
 #include "tools/train_loop.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,19 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+// --threads 0: the CPUs this process may run on; when a launcher started several processes on
+// this machine without binding them, an equal share each (two unbound ranks on a 2-core machine
+// would otherwise run 2 threads each on 2 cores).
+int default_threads(int local_processes) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cpus <= 0) cpus = machine;
+  if (local_processes > 1 && cpus >= machine) cpus /= local_processes;
+  return std::max(1, cpus);
+}
 using graph::Tensor;
 
 constexpr int kKeepCheckpoints = 3;
@@ -539,8 +553,7 @@ TrainResult run_training(const TrainConfig& config) {
 
   // Sessions.
   runtime::SessionOptions so;
-  so.threads = c.threads > 0 ? c.threads
-                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  so.threads = c.threads > 0 ? c.threads : default_threads(world ? c.local_processes : 1);
   so.profile_path = c.profile;
   runtime::DataParallelSession session(training_graph->clone(), c.replicas, so, world);
   std::vector<std::string> fed_state;

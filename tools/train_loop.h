@@ -26,6 +26,7 @@ struct TrainConfig {
   // process loads the same shuffled global batch and keeps the rows of its R replicas; rank 0
   // alone prints, validates and writes files; all compare their setup before step 1.
   runtime::ProcessWorld* world = nullptr;
+  int local_processes = 1;  // processes of the launch on this machine (threads default to a share)
   // Data: runtime/data specs; val_data "" = --val-split if > 0, else the dataset's test split.
   std::string data = "fashion-mnist";
   std::string val_data;

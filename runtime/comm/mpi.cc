@@ -63,6 +63,12 @@ int mpi_launch_size() {
   return 0;
 }
 
+int mpi_local_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (int n = env_int(var); n > 0) return n;
+  return 1;
+}
+
 #ifdef ONNXTRAIN_HAVE_MPI
 
 namespace {

@@ -17,6 +17,9 @@ bool mpi_built();
 // or SLURM_STEP_NUM_TASKS / SLURM_NTASKS next to PMIX_RANK / PMI_RANK); 0 for a process started
 // without one.
 int mpi_launch_size();
+// Processes of this launch on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// SLURM_NTASKS_PER_NODE), or 1.
+int mpi_local_size();
 
 class MpiWorld final : public ProcessWorld {
  public:
