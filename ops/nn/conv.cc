@@ -11,6 +11,20 @@
 namespace onnxtrain::ops::nn {
 namespace {
 
+// Any stride above 1.
+bool strided(const WindowGeom& g) {
+  return std::any_of(g.strides.begin(), g.strides.end(), [](int64_t s) { return s > 1; });
+}
+
+// Blocked layouts (format `any`) pay for a kernel's reorders unless it is a 1x1, stride-1 conv
+// over a large map, which plain nchw runs as one GEMM per image. Over a small map those GEMMs
+// are thin (ResNet-50 layer4 at 64x64 input: 2x2 maps), and strided 1x1 convs gather im2col
+// columns on plain layouts.
+bool prefer_blocked_layout(const WindowGeom& g) {
+  constexpr int64_t kLargeMap = 256;  // output pixels per image
+  return g.kernel_size > 1 || strided(g) || g.out_size < kLargeMap;
+}
+
 using dnnl::memory;
 
 void check_channels(const std::string& where, int64_t x_channels, int64_t w_in_channels,
@@ -221,8 +235,10 @@ class ConvKernel final : public Kernel {
     // Blocked layouts (nChw16c) beat plain nchw for spatial kernels even with the per-run
     // reorders (AVX-512, 2 threads: 8x64x56x56 3x3 9.5 vs 18 ms, depthwise 3x3 0.6 vs 2.2 ms);
     // for 1x1 kernels the plain path is a straight GEMM and the reorders cost more than they
-    // save (8x256x56x56 -> 64: 3.8 ms plain vs 4.3 + 3.0 ms blocked).
-    bool prefer_blocked = g.kernel_size > 1;
+    // save (8x256x56x56 -> 64: 3.8 ms plain vs 4.3 + 3.0 ms blocked) -- unless strided: a
+    // strided 1x1 conv on plain layouts gathers im2col columns (ResNet-50's downsample
+    // 1024 -> 2048 s2, batch 16, 1 thread: 24 ms plain).
+    bool prefer_blocked = prefer_blocked_layout(g);
     ThreadBudget budget(ctx.num_threads());
     dnnl_.init(u, prefer_blocked, make);
   }
@@ -480,7 +496,9 @@ class ConvGradKernel final : public Kernel {
         }
       }
     };
-    const bool spatial_kernel = g.kernel_size > 1;
+    // Also strided or small-map 1x1 kernels: plain, their backward data is a col2im scatter
+    // (ResNet-50 downsample 1024 -> 2048 s2 at 4x4, batch 16, 1 thread: 48-60 ms plain).
+    const bool spatial_kernel = prefer_blocked_layout(g);
     ThreadBudget budget(ctx.num_threads());
     if (want_dx_) try_both(spatial_kernel && setup_.c >= 8, init_data);
     if (want_dwb_) try_both(spatial_kernel, init_weights);
