@@ -19,6 +19,7 @@
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
 #include "tests/cli/cli_support.h"
+#include "tests/cli/cli_words.h"
 
 namespace onnxtrain {
 namespace {
@@ -32,19 +33,8 @@ using graph::Tensor;
 const std::string kOnnxtrain = ONNXTRAIN_BIN_DIR "/onnxtrain";
 const std::string kOnnxzoo = ONNXTRAIN_BIN_DIR "/onnxzoo";
 
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
-std::map<std::string, Tensor> initializers(const std::string& file) {
-  std::map<std::string, Tensor> out;
-  auto m = graph::import_onnx_file(file);
-  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
-  return out;
-}
+using cli_test::initializers;
+using cli_test::words;
 
 // Occurrences of `what` in `text`.
 int count_of(const std::string& text, const std::string& what) {
@@ -97,6 +87,7 @@ class MpiTest : public ::testing::Test {
     EXPECT_NE(r.rc, 124) << "mpirun hung: " << r.out << r.err;
     return r;
   }
+  RunResult run_with_rank1_signal(const std::string& signal, double* seconds);
 
   fs::path dir_;
 };
@@ -209,18 +200,25 @@ TEST_F(MpiTest, ResumeFromRankZerosCheckpointContinuesBitForBit) {
   for (const auto& [name, t] : a) EXPECT_TRUE(b.count(name) && t.equals(b.at(name))) << name;
 }
 
+// A training run on 2 ranks (--collective-timeout 2) whose rank 1 gets SIG<signal> once rank 0
+// wrote its first checkpoint: both are training then (the watcher gives up after 30 s, so a
+// failed run leaves no loop behind).
+RunResult MpiTest::run_with_rank1_signal(const std::string& signal, double* seconds) {
+  const std::string ck = path("ck");
+  const std::string wrap = script(signal + ".sh",
+      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
+      "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
+      "     sleep 0.05; i=$((i+1)); done; kill -" + signal + " $$) &\n"
+      "fi\nexec \"$@\"\n");
+  return mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
+                                   " --checkpoint-every 20 --collective-timeout 2"), seconds);
+}
+
 TEST_F(MpiTest, StalledRankEndsTheJobWithinTheTimeout) {
   // Rank 1 stops (SIGSTOP) once rank 0 wrote its first checkpoint: both are training then (the
   // watcher gives up after 30 s, so a failed run leaves no loop behind).
-  const std::string ck = path("ck");
-  const std::string wrap = script("stall.sh",
-      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
-      "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
-      "     sleep 0.05; i=$((i+1)); done; kill -STOP $$) &\n"
-      "fi\nexec \"$@\"\n");
   double seconds = 0;
-  RunResult r = mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
-                                          " --checkpoint-every 20 --collective-timeout 2"), &seconds);
+  RunResult r = run_with_rank1_signal("STOP", &seconds);
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(seconds, 30);
   EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex(
@@ -229,15 +227,8 @@ TEST_F(MpiTest, StalledRankEndsTheJobWithinTheTimeout) {
 }
 
 TEST_F(MpiTest, KilledRankEndsTheJob) {
-  const std::string ck = path("ck");
-  const std::string wrap = script("kill.sh",
-      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
-      "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
-      "     sleep 0.05; i=$((i+1)); done; kill -KILL $$) &\n"
-      "fi\nexec \"$@\"\n");
   double seconds = 0;
-  RunResult r = mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
-                                          " --checkpoint-every 20 --collective-timeout 2"), &seconds);
+  RunResult r = run_with_rank1_signal("KILL", &seconds);
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(seconds, 30);
   // mpirun notices the death itself; if it did not, the timeout names the rank.

@@ -29,6 +29,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/npy.h"
 #include "tests/cli/cli_support.h"
+#include "tests/cli/cli_words.h"
 #include "tools/train_loop.h"
 
 extern char** environ;
@@ -61,20 +62,8 @@ std::optional<double> json_number(const std::string& line, const std::string& ke
   return std::stod(m[1]);
 }
 
-// "a b c" -> {"a", "b", "c"}: long argument lists stay readable.
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
-std::map<std::string, Tensor> initializers(const std::string& file) {
-  std::map<std::string, Tensor> out;
-  auto m = graph::import_onnx_file(file);
-  for (graph::Value* v : m->graph->initializers()) out[v->name()] = v->initializer();
-  return out;
-}
+using cli_test::initializers;
+using cli_test::words;
 
 // The float initializers of two models with the same names and shapes: how many elements
 // differ by more than 1e-5 relative (+1e-7 absolute, for values near 0); a test failure says
