@@ -13,6 +13,7 @@
 #include "models/zoo.h"
 #include "passes/passes.h"
 #include "runtime/data_parallel.h"
+#include "tests/train/train_data.h"
 
 namespace onnxtrain {
 namespace {
@@ -20,19 +21,8 @@ namespace {
 using graph::DataType;
 using graph::Tensor;
 
-Tensor uniform(std::vector<int64_t> dims, std::mt19937_64& rng) {
-  Tensor t(DataType::kFloat, std::move(dims));
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = u(rng);
-  return t;
-}
-
-Tensor labels(int64_t n, int64_t classes, std::mt19937_64& rng) {
-  Tensor t(DataType::kInt64, {n});
-  for (int64_t i = 0; i < n; ++i)
-    t.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(rng() % classes);
-  return t;
-}
+using train_test::labels;
+using train_test::uniform;
 
 const models::ZooOptions kResnet{.input_shape = {1, 32, 32}, .classes = 3, .width = 4, .seed = 7};
 

@@ -19,6 +19,7 @@
 #include "runtime/session.h"
 #include "tests/cli/cli_support.h"
 #include "tools/train_api.h"
+#include "tests/train/train_data.h"
 
 namespace onnxtrain {
 namespace {
@@ -27,18 +28,8 @@ namespace fs = std::filesystem;
 using graph::DataType;
 using graph::Tensor;
 
-Tensor uniform(std::vector<int64_t> dims, std::mt19937_64& rng, float lo = -1, float hi = 1) {
-  Tensor t(DataType::kFloat, std::move(dims));
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data_as<float>()[i] = u(rng);
-  return t;
-}
-
-Tensor labels(int64_t n, int64_t classes, std::mt19937_64& rng) {
-  Tensor t(DataType::kInt64, {n});
-  for (int64_t i = 0; i < n; ++i) t.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(rng() % classes);
-  return t;
-}
+using train_test::labels;
+using train_test::uniform;
 
 Tensor scalar(float v) { return Tensor::from_vector(DataType::kFloat, {}, std::vector<float>{v}); }
 
