@@ -286,6 +286,44 @@ TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch
   EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("resumed2.onnx")));
 }
 
+// Dropout's masks follow --seed and the step (not a generator that lives in the process): a
+// 2-replica Dropout model resumed from its epoch-1 checkpoint ends where the uninterrupted run
+// ends, bit for bit (train's DropoutMasksFollowTheStepSeed checks that other seeds draw other
+// masks).
+TEST_F(OnnxtrainTest, DropoutModelResumesBitForBitOnTwoReplicas) {
+  std::unique_ptr<graph::Model> m = graph::import_onnx_file(small_mlp());
+  graph::Graph& g = *m->graph;
+  graph::Value* h = nullptr;
+  for (const auto& n : g.nodes())
+    if (n->name == "relu1") h = n->output(0);
+  ASSERT_NE(h, nullptr);
+  const std::vector<graph::Use> uses = h->uses();
+  graph::Value* ratio = g.add_initializer(
+      "drop.ratio", Tensor::from_vector(DataType::kFloat, {}, std::vector<float>{0.5f}));
+  graph::Node* d = g.add_node("Dropout", {h, ratio}, {"drop"}, "drop");
+  for (const graph::Use& u : uses) u.node->set_input(u.input_index, d->output(0));
+  const std::string model = path("mlp_dropout.onnx");
+  graph::export_onnx_file(*m, model);
+  auto run = [&](const std::string& extra, const std::string& out) {
+    std::vector<std::string> a = words(
+        "--data synthetic:600 --val-data none --replicas 2 --batch-size 32 --threads 2 "
+        "--optimizer adam --lr 1e-2 " + extra);
+    a.insert(a.begin(), model);
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult r = train(a);
+    EXPECT_EQ(r.rc, 0) << r.err;
+  };
+  run("--epochs 2 --save-graph " + path("train_graph.onnx"), "full.onnx");
+  int dropout_grads = 0;  // the Dropout trains (a mask is drawn and read by its gradient)
+  const std::unique_ptr<graph::Model> tg = graph::import_onnx_file(path("train_graph.onnx"));
+  for (const auto& n : tg->graph->nodes())
+    dropout_grads += n->op_type == "DropoutGrad" ? 1 : 0;
+  EXPECT_EQ(dropout_grads, 2);  // one per replica
+  run("--epochs 1 --checkpoint-dir " + path("ck"), "half.onnx");
+  run("--epochs 2 --resume --checkpoint-dir " + path("ck"), "resumed.onnx");
+  EXPECT_EQ(cli_test::read_file(path("full.onnx")), cli_test::read_file(path("resumed.onnx")));
+}
+
 // --sync-batchnorm: 2 replicas x 8 normalize with the statistics of the global 16, so a ResNet-18
 // (17 training-mode BatchNormalizations) ends where 1 replica x 16 ends: weights and running
 // statistics within float32 rounding after 3 momentum steps. Without the flag each replica
