@@ -486,7 +486,11 @@ TEST(NnGradRules, Float32OneDnnMatchesFloat64Reference) {
   const std::vector<Big> convs{
       {{2, 16, 10, 10}, {32, 16, 3, 3}, {1, 1}, {1, 1, 1, 1}, 1, false},
       {{2, 16, 11, 11}, {32, 16, 3, 3}, {2, 2}, {1, 1, 1, 1}, 1, true},
+      // 1x1 kernels take plain nchw over maps of >= 256 pixels, blocked layouts below that
+      // or when strided (ops/nn/conv.cc prefer_blocked_layout): one case of each.
       {{2, 32, 8, 8}, {64, 32, 1, 1}, {1, 1}, {0, 0, 0, 0}, 1, false},
+      {{2, 16, 16, 16}, {32, 16, 1, 1}, {1, 1}, {0, 0, 0, 0}, 1, true},
+      {{2, 32, 9, 9}, {64, 32, 1, 1}, {2, 2}, {0, 0, 0, 0}, 1, false},
       {{2, 32, 9, 9}, {32, 1, 3, 3}, {2, 2}, {1, 1, 1, 1}, 32, true},
       {{2, 16, 6, 6, 6}, {16, 16, 3, 3, 3}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, 1, false},
       {{2, 16, 20}, {32, 8, 5}, {2}, {2, 2}, 2, true}};
