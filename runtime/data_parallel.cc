@@ -18,6 +18,7 @@
 #include "runtime/collective_kernels.h"
 #include "runtime/comm/hierarchical.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/data/random.h"
 
 namespace onnxtrain::runtime {
 namespace {
@@ -240,23 +241,15 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
 void DataParallelSession::pin_replica_threads(int per) {
   const char* off = std::getenv("ONNXTRAIN_NO_PIN");
   if (off && *off && std::string(off) != "0") return;
-  {
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    sched_getaffinity(0, sizeof(allowed), &allowed);
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    const int replicas = static_cast<int>(impl_->replicas.size());
-    const int need = replicas * per;
-    const int have = static_cast<int>(cpus.size());
-    if (have == need)
-      for (int k = 0; k < replicas; ++k) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int t = 0; t < per; ++t) CPU_SET(cpus[static_cast<size_t>(k * per + t)], &set);
-        pthread_setaffinity_np(impl_->replicas[static_cast<size_t>(k)]->thread.native_handle(), sizeof(set), &set);
-      }
+  const std::vector<int> cpus = allowed_cpus();
+  const int replicas = static_cast<int>(impl_->replicas.size());
+  if (static_cast<int>(cpus.size()) != replicas * per) return;
+  for (int k = 0; k < replicas; ++k) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int t = 0; t < per; ++t) CPU_SET(cpus[static_cast<size_t>(k * per + t)], &set);
+    pthread_setaffinity_np(impl_->replicas[static_cast<size_t>(k)]->thread.native_handle(),
+                           sizeof(set), &set);
   }
 }
 
@@ -272,11 +265,18 @@ DataParallelSession::~DataParallelSession() {
     if (r->thread.joinable()) r->thread.join();
 }
 
+std::vector<int> allowed_cpus() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  return cpus;
+}
+
 uint64_t DataParallelSession::mix_seed(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
+  const uint64_t z = DataRng(a, b).next();
   return z ? z : 1;
 }
 

@@ -27,6 +27,9 @@
 
 namespace onnxtrain::runtime {
 
+// The CPUs this process may run on (its affinity mask; empty if it cannot be read).
+std::vector<int> allowed_cpus();
+
 class DataParallelSession {
  public:
   // `opts.threads` is the total intra-op budget, split evenly across the replicas (at least 1
@@ -55,7 +58,8 @@ class DataParallelSession {
   std::unique_ptr<graph::Model> trained_model(const graph::Model& original) const;
   // True when every replica's state is bit-identical to replica 0's.
   bool replicas_identical() const;
-  // A well-mixed non-zero seed from `a` and `b` (splitmix64), for per-step and per-replica seeds.
+  // A well-mixed non-zero seed from `a` and `b` (DataRng's SplitMix64), for per-step and
+  // per-replica seeds.
   static uint64_t mix_seed(uint64_t a, uint64_t b);
 
  private:

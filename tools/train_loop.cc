@@ -2,7 +2,6 @@
 // DataParallelSession through the loader, validating, reporting and checkpointing per epoch.
 #include "tools/train_loop.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,9 +47,7 @@ using Clock = std::chrono::steady_clock;
 // this machine without binding them, an equal share each (two unbound ranks on a 2-core machine
 // would otherwise run 2 threads each on 2 cores).
 int default_threads(int local_processes) {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  int cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  int cpus = static_cast<int>(runtime::allowed_cpus().size());
   const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (cpus <= 0) cpus = machine;
   if (local_processes > 1 && cpus >= machine) cpus /= local_processes;
@@ -338,24 +335,6 @@ void save_checkpoint(const TrainConfig& c, const runtime::DataParallelSession& s
   runtime::prune_checkpoints(c.checkpoint_dir, kKeepCheckpoints);
 }
 
-// Rows [start, start + n) of a batch tensor (dim 0).
-Tensor rows_of(const Tensor& t, int64_t start, int64_t n) {
-  std::vector<int64_t> dims = t.dims();
-  OT_CHECK(!dims.empty() && start >= 0 && n >= 0 && start + n <= dims[0],
-           "batch rows [", start, ", ", start + n, ") out of range");
-  const size_t row = dims[0] > 0 ? t.nbytes() / static_cast<size_t>(dims[0]) : 0;
-  dims[0] = n;
-  Tensor out(t.dtype(), dims);
-  if (n > 0) std::memcpy(out.mutable_data(), t.data() + static_cast<size_t>(start) * row, out.nbytes());
-  return out;
-}
-
-// First row of replica g of `replicas` when n rows are split as evenly as possible, the first
-// n % replicas replicas taking one more (ShardBatch's rule).
-int64_t shard_start(int64_t n, int64_t replicas, int64_t g) {
-  return g * (n / replicas) + std::min(g, n % replicas);
-}
-
 // Every process hashes each item and compares with rank 0; a difference is the same one-line
 // error on every process ("processes disagree <when> (rank 1 differs from rank 0 in lr)").
 void check_same(runtime::ProcessWorld& w, const std::vector<std::pair<std::string, std::string>>& items,
@@ -606,11 +585,10 @@ TrainResult run_training(const TrainConfig& config) {
     if (world) {
       // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
       // split these rows over R by the same rule, which reproduces the global split.
-      const int64_t first = static_cast<int64_t>(world->rank()) * c.replicas;
-      const int64_t start = shard_start(n, all_replicas, first);
-      const int64_t rows = shard_start(n, all_replicas, first + c.replicas) - start;
-      b.inputs = rows_of(b.inputs, start, rows);
-      b.targets = rows_of(b.targets, start, rows);
+      const auto [start, rows] =
+          runtime::shard_range(n, all_replicas, world->rank() * c.replicas, c.replicas);
+      b.inputs = runtime::slice_rows(b.inputs, start, rows);
+      b.targets = runtime::slice_rows(b.targets, start, rows);
     }
     feeds[input.name] = std::move(b.inputs);
     feeds[ce ? "labels" : "targets"] = std::move(b.targets);

@@ -35,9 +35,15 @@ std::vector<int64_t> shard_sizes(int64_t batch, int replicas) {
   return sizes;
 }
 
-namespace {
+std::pair<int64_t, int64_t> shard_range(int64_t batch, int replicas, int first, int count) {
+  OT_CHECK(first >= 0 && count >= 0 && first + count <= replicas, "shard: replicas [", first, ", ",
+           first + count, ") of ", replicas);
+  const std::vector<int64_t> sizes = shard_sizes(batch, replicas);
+  int64_t begin = 0, rows = 0;
+  for (int r = 0; r < first + count; ++r) (r < first ? begin : rows) += sizes[static_cast<size_t>(r)];
+  return {begin, rows};
+}
 
-// Rows [begin, begin + count) of a tensor whose first dim is the batch.
 graph::Tensor slice_rows(const graph::Tensor& t, int64_t begin, int64_t count) {
   std::vector<int64_t> dims = t.dims();
   OT_CHECK(!dims.empty() && begin + count <= dims[0], "shard: batch tensor has ",
@@ -50,8 +56,6 @@ graph::Tensor slice_rows(const graph::Tensor& t, int64_t begin, int64_t count) {
                 static_cast<size_t>(count) * row_bytes);
   return out;
 }
-
-}  // namespace
 
 std::vector<Batch> shard(const Batch& batch, int replicas) {
   std::vector<int64_t> sizes = shard_sizes(batch.size(), replicas);

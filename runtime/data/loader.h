@@ -11,6 +11,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "graph/tensor.h"
@@ -42,6 +43,11 @@ int64_t steps_per_epoch(int64_t examples, int64_t batch_size);
 std::vector<int64_t> shard_sizes(int64_t batch, int replicas);
 // Per-replica batches (copies of consecutive slices, same epoch/step).
 std::vector<Batch> shard(const Batch& batch, int replicas);
+// First row and row count of replicas [first, first + count) under shard_sizes(batch, replicas):
+// the rows one process of several takes for its replicas.
+std::pair<int64_t, int64_t> shard_range(int64_t batch, int replicas, int first, int count);
+// Rows [begin, begin + count) of a tensor whose first dim is the batch (a copy).
+graph::Tensor slice_rows(const graph::Tensor& t, int64_t begin, int64_t count);
 
 // Builds the inputs/targets of one batch from dataset indices (called on the prefetch thread).
 using BatchFn = std::function<void(std::span<const int64_t> indices, Batch& out)>;

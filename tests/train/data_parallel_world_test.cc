@@ -17,6 +17,7 @@
 #include "graph/error.h"
 #include "models/zoo.h"
 #include "passes/passes.h"
+#include "runtime/data/loader.h"
 #include "runtime/data_parallel.h"
 #include "tests/comm/thread_world.h"
 
@@ -39,19 +40,6 @@ std::unique_ptr<runtime::DataParallelSession> session(const graph::Model& model,
   so.threads = replicas;
   return std::make_unique<runtime::DataParallelSession>(std::move(g), replicas, so, world);
 }
-
-// Rows [start, start + n) of t.
-Tensor rows(const Tensor& t, int64_t start, int64_t n) {
-  std::vector<int64_t> dims = t.dims();
-  const size_t row = t.nbytes() / static_cast<size_t>(dims[0]);
-  dims[0] = n;
-  Tensor out(t.dtype(), dims);
-  if (n) std::memcpy(out.mutable_data(), t.data() + static_cast<size_t>(start) * row, out.nbytes());
-  return out;
-}
-
-// First row of replica g of `all` (the first n % all replicas take one more).
-int64_t start_of(int64_t n, int64_t all, int64_t g) { return g * (n / all) + std::min(g, n % all); }
 
 // Steps P processes x R replicas and one process x P·R replicas on the same global batches.
 void compare(int processes, int replicas, const std::vector<int64_t>& batches, bool bitwise) {
@@ -78,10 +66,10 @@ void compare(int processes, int replicas, const std::vector<int64_t>& batches, b
     std::vector<std::thread> threads;
     for (int p = 0; p < processes; ++p)
       threads.emplace_back([&, p] {
-        const int64_t a = start_of(n, processes * replicas, p * replicas);
-        const int64_t b = start_of(n, processes * replicas, (p + 1) * replicas);
+        const auto [a, rows] = runtime::shard_range(n, processes * replicas, p * replicas, replicas);
+        const int64_t b = a + rows;
         try {
-          got[p] = procs[p]->step({{"input", rows(x, a, b - a)}, {"labels", rows(y, a, b - a)}}, 1e-2f, scale);
+          got[p] = procs[p]->step({{"input", runtime::slice_rows(x, a, b - a)}, {"labels", runtime::slice_rows(y, a, b - a)}}, 1e-2f, scale);
         } catch (const Error& e) {
           errors[p] = e.what();
         }
