@@ -79,7 +79,7 @@ class Plan {
   void plan_aliases();
   // Runs the deferred completion `id` (defer_completion) if still open.
   void complete(int id);
-  void complete_all() noexcept(false);
+  void complete_all();
 
   InferenceSession& session_;
   const graph::Model& model_;

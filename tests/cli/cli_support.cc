@@ -1,6 +1,8 @@
 // Process spawning and a strict JSON checker for the CLI tests.
 #include "tests/cli/cli_support.h"
 
+#include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -164,6 +166,16 @@ class JsonChecker {
 };
 
 }  // namespace
+
+std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      (prefix + (info ? info->name() : "none") + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

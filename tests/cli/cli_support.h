@@ -20,6 +20,9 @@ struct RunResult {
 RunResult run_process(const std::vector<std::string>& args, const std::filesystem::path& dir,
                       const std::string& stdin_path = "");
 
+// A fresh, empty folder for the running gtest test: <tmp>/<prefix><test name>_<pid>.
+std::filesystem::path fresh_test_dir(const std::string& prefix);
+
 std::string read_file(const std::filesystem::path& p);
 bool on_path(const std::string& tool);
 // python3 is on PATH and runs (checks may use json.load on the tool's output).

@@ -46,11 +46,7 @@ int count_of(const std::string& text, const std::string& what) {
 class MpiTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           (std::string("onnxtrain_mpi_") + info->name() + "_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = cli_test::fresh_test_dir("onnxtrain_mpi_");
     RunResult r = run_process({kOnnxzoo, "mlp", "--input", "16", "--width", "8", "-o", path("mlp.onnx")}, dir_);
     ASSERT_EQ(r.rc, 0) << r.err;
   }

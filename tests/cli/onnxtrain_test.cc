@@ -139,11 +139,7 @@ double max_change(const std::string& before, const std::string& after) {
 class OnnxtrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           (std::string("onnxtrain_test_") + info->name() + "_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = cli_test::fresh_test_dir("onnxtrain_test_");
   }
   void TearDown() override {
     std::error_code ec;
