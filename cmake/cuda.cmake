@@ -10,12 +10,34 @@ if(NOT ONNXTRAIN_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    enable_language(CUDA)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-      # sm_90 machine code plus PTX so other GPUs JIT it.
-      set(CMAKE_CUDA_ARCHITECTURES "90-real;90-virtual")
+      # sm_90 (H100/H200) machine code plus compute_80 PTX, which the driver JITs for A100,
+      # Ada and newer GPUs. Set before enable_language, which would otherwise pick its own.
+      set(CMAKE_CUDA_ARCHITECTURES "90-real;80-virtual" CACHE STRING "CUDA architectures")
     endif()
+    enable_language(CUDA)
+    # C++20 (op_api.h uses std::span). CMake 3.25 does not know nvcc 13's dialect flags.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA_STANDARD 20)
     find_package(CUDAToolkit REQUIRED)
+    # cuDNN and NCCL ship beside the toolkit (/usr/local/cuda) or as distro packages.
+    find_library(ONNXTRAIN_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${ONNXTRAIN_CUDA_ROOT}/lib64)
+    find_library(ONNXTRAIN_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${ONNXTRAIN_CUDA_ROOT}/lib64)
+    find_path(ONNXTRAIN_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_path(ONNXTRAIN_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    if(NOT ONNXTRAIN_CUDNN_LIBRARY OR NOT ONNXTRAIN_NCCL_LIBRARY OR NOT ONNXTRAIN_CUDNN_INCLUDE
+       OR NOT ONNXTRAIN_NCCL_INCLUDE)
+      message(FATAL_ERROR "CUDA toolkit found but cuDNN or NCCL is missing "
+                          "(cudnn: ${ONNXTRAIN_CUDNN_LIBRARY}, nccl: ${ONNXTRAIN_NCCL_LIBRARY}); "
+                          "install them or configure with -DONNXTRAIN_CUDA=OFF")
+    endif()
+    add_library(onnxtrain_cudnn INTERFACE)
+    target_link_libraries(onnxtrain_cudnn INTERFACE ${ONNXTRAIN_CUDNN_LIBRARY})
+    target_include_directories(onnxtrain_cudnn INTERFACE ${ONNXTRAIN_CUDNN_INCLUDE})
+    add_library(onnxtrain_nccl INTERFACE)
+    target_link_libraries(onnxtrain_nccl INTERFACE ${ONNXTRAIN_NCCL_LIBRARY})
+    target_include_directories(onnxtrain_nccl INTERFACE ${ONNXTRAIN_NCCL_INCLUDE})
     set(ONNXTRAIN_CUDA_ENABLED ON)
   elseif(ONNXTRAIN_CUDA STREQUAL "ON")
     message(FATAL_ERROR "ONNXTRAIN_CUDA=ON but no CUDA compiler was found "

@@ -21,7 +21,9 @@
 namespace onnxtrain::ops {
 
 // 3: KernelContext::subgraph (control-flow ops run their graph attributes through the runtime).
-inline constexpr int kOpApiVersion = 4;
+// 4: OpSchema::inplace, KernelContext::random_seed.
+// 5: device kernels: KernelContext::host_constant, OpRegistry::add_kernel.
+inline constexpr int kOpApiVersion = 5;
 
 using graph::DataType;
 
@@ -73,6 +75,12 @@ class KernelContext {
   // (an initializer nothing writes, a folded value). Its data is readable already in
   // prepare(), so a kernel may pre-pack it once (oneDNN weight reorders).
   virtual bool input_is_constant(int i) const = 0;
+  // Input i on the host when it is constant (input_is_constant), else nullptr. A device kernel's
+  // input(i) points at device memory; shape-like inputs (axes, a Reshape target, pads) are read
+  // here instead, in prepare() or run(). On the CPU it is input(i).
+  virtual const TensorView* host_constant(int i) const {
+    return input_is_constant(i) ? input(i) : nullptr;
+  }
   virtual int num_outputs() const = 0;
   // True when output i is requested by the graph (not an omitted optional output).
   virtual bool has_output(int i) const = 0;
@@ -81,11 +89,13 @@ class KernelContext {
   virtual TensorView& output(int i, std::span<const int64_t> dims) = 0;
   // Output i with the dims the plan inferred; throws if the plan could not infer them.
   virtual TensorView& output(int i) = 0;
-  // Per-node scratch memory, 64-byte aligned, kept across runs; a larger request in the same
-  // run() may move it, so request the total once.
+  // Per-node scratch memory on the kernel's device (device memory for a CUDA kernel), 64-byte
+  // (CPU) / 256-byte (CUDA) aligned, kept across runs; a larger request in the same run() may
+  // move it, so request the total once.
   virtual void* scratch(size_t bytes) = 0;
   virtual DeviceKind device() const = 0;
-  // The device stream (cudaStream_t on CUDA, nullptr on CPU).
+  // The device stream (cudaStream_t on CUDA, nullptr on CPU). CUDA kernels enqueue their work on
+  // it and return without synchronizing; the runtime orders steps by the stream.
   virtual void* stream() const = 0;
   // Threads this kernel may use (intra-op budget).
   virtual int num_threads() const = 0;
@@ -101,6 +111,14 @@ class KernelContext {
   // --seed, the global step and the replica), so kernels that draw random numbers (Dropout)
   // draw the same ones when a run resumes from a checkpoint.
   virtual uint64_t random_seed() const { return 0; }
+};
+
+// Thrown by a device kernel's factory or prepare() for a case it does not handle (a dtype, a
+// rank, an attribute): the runtime runs the node's CPU kernel instead, staging its inputs and
+// outputs through host memory, and lists the node in the plan's fallback count. Not an Error:
+// it never reaches a user.
+struct DeviceFallback {
+  std::string reason;
 };
 
 class Kernel {
@@ -221,9 +239,23 @@ class OpRegistry {
   const OpSchema* find(const std::string& domain, const std::string& op_type, int64_t opset) const;
   OpSchema* mutable_find(const std::string& domain, const std::string& op_type, int64_t opset);
   std::vector<const OpSchema*> all() const;
+  // Attaches a kernel for `device` to every registration of (domain, op_type) whose opset range
+  // meets [since, until]. Device kernels register from their own files' static registrars, which
+  // may run before the op's: the request waits and is applied on the next lookup, where one that
+  // matches no registration throws Error naming it.
+  void add_kernel(const std::string& domain, const std::string& op_type, DeviceKind device,
+                  KernelFactory factory, int since = 1, int until = 1 << 30);
 
  private:
+  struct PendingKernel {
+    std::string domain, op_type;
+    DeviceKind device;
+    KernelFactory factory;
+    int since, until;
+  };
+  void apply_pending() const;
   std::vector<std::unique_ptr<OpSchema>> schemas_;
+  mutable std::vector<PendingKernel> pending_;
 };
 
 // Static registration: ONNXTRAIN_REGISTER_OP(relu) { return OpSchema{...}; }
@@ -234,5 +266,18 @@ struct OpRegistrar {
   static ::onnxtrain::ops::OpSchema onnxtrain_make_op_##id();                   \
   static ::onnxtrain::ops::OpRegistrar onnxtrain_registrar_##id(&onnxtrain_make_op_##id); \
   static ::onnxtrain::ops::OpSchema onnxtrain_make_op_##id()
+
+// Static device-kernel registration, e.g. in a .cu file:
+//   ONNXTRAIN_REGISTER_KERNEL(relu_cuda, "", "Relu", kCuda) { return std::make_unique<K>(n); }
+#define ONNXTRAIN_REGISTER_KERNEL(id, domain, op_type, device)                              \
+  static std::unique_ptr<::onnxtrain::ops::Kernel> onnxtrain_make_kernel_##id(             \
+      const ::onnxtrain::graph::Node& n);                                                   \
+  static const bool onnxtrain_kernel_registered_##id = [] {                                 \
+    ::onnxtrain::ops::OpRegistry::global().add_kernel(                                      \
+        domain, op_type, ::onnxtrain::ops::DeviceKind::device, &onnxtrain_make_kernel_##id); \
+    return true;                                                                            \
+  }();                                                                                      \
+  static std::unique_ptr<::onnxtrain::ops::Kernel> onnxtrain_make_kernel_##id(             \
+      [[maybe_unused]] const ::onnxtrain::graph::Node& n)
 
 }  // namespace onnxtrain::ops

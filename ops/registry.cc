@@ -1,5 +1,6 @@
 // The op registry: one entry per (domain, op_type, opset range).
 #include <algorithm>
+#include <mutex>
 
 #include "ops/op_api.h"
 
@@ -34,8 +35,43 @@ void OpRegistry::add(OpSchema schema) {
   schemas_.push_back(std::make_unique<OpSchema>(std::move(schema)));
 }
 
+namespace {
+std::mutex& pending_mutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+}  // namespace
+
+void OpRegistry::add_kernel(const std::string& domain, const std::string& op_type,
+                            DeviceKind device, KernelFactory factory, int since, int until) {
+  OT_CHECK(factory, "op registry: ", op_type, ": empty kernel factory");
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  pending_.push_back({domain, op_type, device, std::move(factory), since, until});
+}
+
+void OpRegistry::apply_pending() const {
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  if (pending_.empty()) return;
+  std::vector<PendingKernel> todo;
+  todo.swap(pending_);
+  for (PendingKernel& k : todo) {
+    int matched = 0;
+    for (const auto& s : schemas_) {
+      if (!same_domain(s->domain, k.domain) || s->op_type != k.op_type ||
+          s->until_version < k.since || k.until < s->since_version)
+        continue;
+      (k.device == DeviceKind::kCuda ? s->cuda_kernel : s->cpu_kernel) = k.factory;
+      ++matched;
+    }
+    OT_CHECK(matched > 0, "op registry: a ", k.device == DeviceKind::kCuda ? "CUDA" : "CPU",
+             " kernel for ", k.domain.empty() ? "" : k.domain + ".", k.op_type,
+             " matches no registered op");
+  }
+}
+
 OpSchema* OpRegistry::mutable_find(const std::string& domain, const std::string& op_type,
                                    int64_t opset) {
+  apply_pending();
   for (auto& s : schemas_)
     if (same_domain(s->domain, domain) && s->op_type == op_type && s->since_version <= opset &&
         opset <= s->until_version)
@@ -49,6 +85,7 @@ const OpSchema* OpRegistry::find(const std::string& domain, const std::string& o
 }
 
 std::vector<const OpSchema*> OpRegistry::all() const {
+  apply_pending();
   std::vector<const OpSchema*> out;
   for (const auto& s : schemas_) out.push_back(s.get());
   std::sort(out.begin(), out.end(), [](const OpSchema* a, const OpSchema* b) {
