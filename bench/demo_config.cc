@@ -20,6 +20,7 @@
 #include "runtime/data/loader.h"
 #include "runtime/data/transform.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
 #include "tools/train_api.h"
 
@@ -40,13 +41,16 @@ struct Config {
   std::string data = "fashion-mnist";
   std::string profile;  // Chrome trace of the timed steps
   uint64_t seed = 1;
+  std::string device = "cpu";  // cpu | cuda[:N] | sim
+  bool tf32 = true;
 };
 
 const char* kUsage =
     "usage: demo_config [--model resnet18] [--input 1x28x28] [--width 16] [--classes 10]\n"
     "  [--batch 64] [--threads 1] [--epochs 1] [--lr 1e-3] [--schedule constant|cosine|...]\n"
     "  [--optimizer adam|adamw|sgd|momentum] [--weight-decay 0] [--data fashion-mnist|synthetic:N]\n"
-    "  [--train-limit N] [--steps N [--warmup K]] [--profile trace.json] [--seed S]\n";
+    "  [--train-limit N] [--steps N [--warmup K]] [--profile trace.json] [--seed S]\n"
+    "  [--device cpu|cuda[:N]] [--no-tf32]\n";
 
 std::vector<int64_t> parse_dims(const std::string& s) {
   std::vector<int64_t> out;
@@ -68,6 +72,10 @@ Config parse(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
+    if (a == "--no-tf32") {
+      c.tf32 = false;
+      continue;
+    }
     OT_CHECK(i + 1 < argc, "demo_config: ", a, " needs a value");
     std::string v = argv[++i];
     if (a == "--model") c.model = v;
@@ -76,6 +84,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--classes") c.classes = std::stoll(v);
     else if (a == "--batch") c.batch = std::stoll(v);
     else if (a == "--threads") c.threads = std::stoi(v);
+    else if (a == "--device") c.device = v;
     else if (a == "--epochs") c.epochs = std::stoi(v);
     else if (a == "--steps") c.steps = std::stoll(v);
     else if (a == "--warmup") c.warmup = std::stoll(v);
@@ -159,6 +168,8 @@ int run(const Config& c) {
   to.graph.optimizer.weight_decay = c.weight_decay;
   to.session.threads = c.threads;
   to.session.profile_path = c.profile;
+  to.session.device = runtime::make_device(c.device);
+  runtime::set_cuda_tf32(c.tf32);
   tools::Trainer trainer(models::build_zoo_model(c.model, zo), to);
 
   runtime::DataConfig dc;

@@ -198,6 +198,13 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   if (opts.threads <= 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   SessionOptions each = opts;
   each.threads = std::max(1, opts.threads / replicas);
+  each.replica_devices.clear();
+  OT_CHECK(opts.replica_devices.empty() || static_cast<int>(opts.replica_devices.size()) == replicas,
+           "data parallel: ", opts.replica_devices.size(), " replica devices for ", replicas,
+           " replicas");
+  auto device_of = [&](int k) {
+    return opts.replica_devices.empty() ? opts.device : opts.replica_devices[static_cast<size_t>(k)];
+  };
   if (world_) {
     bool replicated = false;
     for (const auto& n : graph->graph->nodes()) replicated = replicated || is_shared(*n);
@@ -206,6 +213,7 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   }
   if (replicas == 1 && !world_) {
     auto r = std::make_unique<Replica>();
+    each.device = device_of(0);
     r->session = std::make_unique<TrainingSession>(std::move(graph), each);
     impl_->replicas.push_back(std::move(r));
     return;
@@ -219,6 +227,7 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   for (int k = 0; k < replicas; ++k) {
     auto r = std::make_unique<Replica>();
     SessionOptions o = each;
+    o.device = device_of(k);
     o.communicator = &impl_->group->communicator(k);
     if (world_) {
       impl_->hierarchical.push_back(std::make_unique<HierarchicalCommunicator>(*o.communicator, *world_));

@@ -58,7 +58,8 @@ ops::TensorView view_of(const Tensor& t) {
 class StepContext final : public ops::KernelContext {
  public:
   StepContext(Plan& plan, Step& step, int threads)
-      : plan_(plan), step_(step), threads_(threads) {}
+      : plan_(plan), step_(step), threads_(threads),
+        staged_(plan.device_mode_ && step.on_host), native_(plan.device_mode_ && !step.on_host) {}
 
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
@@ -70,7 +71,13 @@ class StepContext final : public ops::KernelContext {
   int num_inputs() const override { return static_cast<int>(step_.in.size()); }
   const ops::TensorView* input(int i) const override {
     if (i < 0 || i >= num_inputs() || step_.in[i] < 0) return nullptr;
+    // A staged step reads host copies (Plan::stage_inputs); a device kernel device memory.
+    if (staged_) return &plan_.host_views_[step_.in[i]];
     return &plan_.bindings_[step_.in[i]].view;
+  }
+  const ops::TensorView* host_constant(int i) const override {
+    if (!input_is_constant(i)) return nullptr;
+    return plan_.device_mode_ ? &plan_.host_views_[step_.in[i]] : input(i);
   }
   bool input_is_constant(int i) const override {
     return i >= 0 && i < num_inputs() && step_.in[i] >= 0 && plan_.slots_[step_.in[i]].is_constant;
@@ -85,6 +92,7 @@ class StepContext final : public ops::KernelContext {
     Slot& slot = plan_.slots_[s];
     Plan::Binding& b = plan_.bindings_[s];
     std::vector<int64_t> d(dims.begin(), dims.end());
+    if (staged_) return host_output(i, slot, b, std::move(d));
     if (slot.alias_direct) {
       // Written over the aliased input (training state updated in place).
       const ops::TensorView& target = plan_.bindings_[slot.alias_input].view;
@@ -100,21 +108,41 @@ class StepContext final : public ops::KernelContext {
         b.owned = Tensor();
         b.view.dtype = slot.type.dtype;
         b.view.dims = std::move(d);
-        b.view.data = plan_.arena_.get() + slot.arena_offset;
+        b.view.data = (native_ ? plan_.device_arena_.get() : plan_.arena_.get()) + slot.arena_offset;
         b.view.strings = nullptr;
         return b.view;
       }
     }
-    // Off-plan: a fresh buffer, checked against the same cap as the loader.
+    if (native_) {
+      // Off-plan on the device: a fresh buffer from the device's caching allocator.
+      const size_t bytes = checked_bytes(i, slot, d);
+      b.owned = Tensor();
+      b.device_owned = plan_.device_->make_buffer(bytes);
+      b.view.dtype = slot.type.dtype;
+      b.view.dims = std::move(d);
+      b.view.data = b.device_owned.get();
+      b.view.strings = nullptr;
+      return b.view;
+    }
+    return host_output(i, slot, b, std::move(d));
+  }
+  // A host buffer for output i: off-plan values on the CPU, every output of a staged step (the
+  // plan copies it to the device after the kernel ran).
+  ops::TensorView& host_output(int i, const Slot& slot, Plan::Binding& b, std::vector<int64_t> d) {
+    checked_bytes(i, slot, d);
+    b.device_owned.reset();
+    b.owned = Tensor(slot.type.dtype, d);
+    b.view = view_of(b.owned);
+    return b.view;
+  }
+  size_t checked_bytes(int i, const Slot& slot, const std::vector<int64_t>& d) const {
     auto count = graph::checked_element_count(d, node().describe() + " output");
     auto bytes = graph::dtype_storage_bytes(slot.type.dtype, count);
     OT_CHECK(bytes && *bytes <= plan_.session_.opts_.max_tensor_bytes, node().describe(),
              ": output ", i, " of ", count, " elements exceeds the tensor size cap");
     OT_CHECK(slot.type.dtype != DataType::kUndefined, node().describe(), ": output ", i,
              " has no inferred dtype");
-    b.owned = Tensor(slot.type.dtype, d);
-    b.view = view_of(b.owned);
-    return b.view;
+    return static_cast<size_t>(*bytes);
   }
   ops::TensorView& output(int i) override {
     OT_CHECK(has_output(i), node().describe(), ": output ", i, " is not requested");
@@ -126,6 +154,13 @@ class StepContext final : public ops::KernelContext {
   }
   // Grows the step's buffer; a second call in the same run() may move it.
   void* scratch(size_t bytes) override {
+    if (native_) {
+      if (bytes > step_.device_scratch_bytes) {
+        step_.device_scratch = plan_.device_->make_buffer(bytes);
+        step_.device_scratch_bytes = bytes;
+      }
+      return step_.device_scratch.get();
+    }
     if (bytes > step_.scratch_bytes) {
       auto* p = static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{kAlign}));
       step_.scratch = std::shared_ptr<std::byte[]>(
@@ -134,8 +169,10 @@ class StepContext final : public ops::KernelContext {
     }
     return step_.scratch.get();
   }
-  ops::DeviceKind device() const override { return ops::DeviceKind::kCpu; }
-  void* stream() const override { return nullptr; }
+  ops::DeviceKind device() const override {
+    return native_ ? plan_.device_->kind() : ops::DeviceKind::kCpu;
+  }
+  void* stream() const override { return native_ ? plan_.device_->stream() : nullptr; }
   int num_threads() const override { return threads_; }
   uint64_t random_seed() const override { return plan_.session_.random_seed_; }
   void parallel_for(int64_t n, int64_t grain,
@@ -177,6 +214,8 @@ class StepContext final : public ops::KernelContext {
   Plan& plan_;
   Step& step_;
   int threads_;
+  bool staged_;  // device mode, CPU kernel: host copies in and out
+  bool native_;  // device mode, device kernel: device memory
 };
 
 // ---------------------------------------------------------------- construction
@@ -193,14 +232,21 @@ int Plan::slot_of(const graph::Value* v) {
   return id;
 }
 
-Plan::Plan(InferenceSession& session, const std::map<std::string, const Tensor*>& inputs)
+Plan::Plan(InferenceSession& session, const std::map<std::string, const Tensor*>& inputs,
+           const ResidentMap& resident)
     : session_(session), model_(*session.model_), graph_(*session.model_->graph) {
-  build(inputs);
+  device_ = session.opts_.device ? session.opts_.device : cpu_device();
+  device_mode_ = !device_->host_memory();
+  if (device_mode_) device_->activate();
+  build(inputs, resident);
 }
 
 Plan::Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
            const std::map<std::string, const Tensor*>& inputs)
     : session_(session), model_(*session.model_), graph_(g), parent_(parent) {
+  // Bodies run on the host: their node is a staged step on a device, which hands them host
+  // copies of what they capture (Plan::stage_inputs).
+  device_ = cpu_device();
   // Captured outer values: constants stay constants (so they fold here too); the rest are
   // bound from the parent's buffers on every run, with the dims they have now.
   for (const graph::Value* v : g.captured_values()) {
@@ -222,10 +268,10 @@ Plan::Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
     slots_[s].type = ValueType::tensor(view.dtype, graph::make_shape(view.dims));
     captures_.emplace_back(s, it->second);
   }
-  build(inputs);
+  build(inputs, {});
 }
 
-void Plan::build(const std::map<std::string, const Tensor*>& inputs) {
+void Plan::build(const std::map<std::string, const Tensor*>& inputs, const ResidentMap& resident) {
   default_opset_ = model_.opset_version("").value_or(1);
   const graph::Graph& g = graph_;
   // Graph inputs take the caller's dims; initializers are constants.
@@ -237,8 +283,15 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs) {
     std::vector<int64_t> dims = it->second->dims();
     slots_[s].type = ValueType::tensor(it->second->dtype(), graph::make_shape(dims));
   }
+  for (const auto& [name, t] : resident) {
+    const graph::Value* v = g.find_value(name);
+    OT_CHECK(v && v->is_graph_input(), "resident input '", name, "' is not a graph input");
+    int s = slot_of(v);
+    slots_[s].is_input = true;
+    slots_[s].type = ValueType::tensor(t->dtype, graph::make_shape(t->dims));
+  }
   for (const graph::Value* v : g.initializers()) {
-    if (inputs.count(v->name())) continue;
+    if (inputs.count(v->name()) || resident.count(v->name())) continue;
     int s = slot_of(v);
     slots_[s].is_constant = true;
     slots_[s].constant = v->initializer();
@@ -255,6 +308,7 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs) {
     slots_[it->second].last_use = static_cast<int>(steps_.size());
   }
   bindings_.resize(slots_.size());
+  host_views_.resize(slots_.size());
   for (size_t s = 0; s < slots_.size(); ++s)
     if (slots_[s].is_constant) bind_constant(static_cast<int>(s));
   if (!parent_) plan_aliases();
@@ -294,7 +348,8 @@ void Plan::plan_aliases() {
     for (size_t k = 0; k < w.out.size(); ++k)
       if (w.out[k] == so) out_pos = static_cast<int>(k);
     const int in_pos = w.schema->inplace ? w.schema->inplace(*w.node, out_pos) : -1;
-    bool direct = in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si;
+    bool direct = in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si &&
+                  !w.on_host;
     for (size_t k = 0; direct && k < w.in.size(); ++k)
       if (static_cast<int>(k) != in_pos && w.in[k] == si) direct = false;
     for (size_t k = static_cast<size_t>(out.def_step) + 1; direct && k < steps_.size(); ++k) {
@@ -308,7 +363,52 @@ void Plan::plan_aliases() {
   }
 }
 
-void Plan::bind_constant(int s) { bindings_[s].view = view_of(slots_[s].constant); }
+void Plan::bind_constant(int s, bool upload) {
+  if (!device_mode_) {
+    bindings_[s].view = view_of(slots_[s].constant);
+    return;
+  }
+  if (host_views_.size() < slots_.size()) host_views_.resize(slots_.size());
+  host_views_[s] = view_of(slots_[s].constant);
+  if (!upload || bindings_[s].device_owned) return;
+  const Tensor& c = slots_[s].constant;
+  if (c.dtype() == DataType::kString) {
+    bindings_[s].view = host_views_[s];  // strings stay on the host; only staged steps read them
+    return;
+  }
+  bindings_[s].device_owned = device_->make_buffer(c.nbytes());
+  device_->to_device(bindings_[s].device_owned.get(), c.data(), c.nbytes());
+  bindings_[s].view = host_views_[s];
+  bindings_[s].view.data = bindings_[s].device_owned.get();
+}
+
+void Plan::choose_kernel(Step& step) {
+  const graph::Node& n = *step.node;
+  bool host = step.dynamic;
+  for (const auto& a : n.attributes)
+    host = host || a.type == graph::AttrType::kGraph || a.type == graph::AttrType::kGraphs;
+  for (int s : step.in)
+    host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
+  for (int s : step.out)
+    host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
+  if (!host) step.kernel = device_->device_kernel(*step.schema, n);
+  step.on_host = !step.kernel;
+  if (step.on_host) step.kernel = step.schema->cpu_kernel(n);
+}
+
+void Plan::fall_back_to_host(Step& step) {
+  step.kernel = step.schema->cpu_kernel(*step.node);
+  step.on_host = true;
+  step.device_scratch.reset();
+  step.device_scratch_bytes = 0;
+  // Its outputs can no longer be written over the state they update: copy at the end instead.
+  for (int s : step.out)
+    if (s >= 0 && slots_[s].alias_direct) {
+      slots_[s].alias_direct = false;
+      --stats_.aliased_in_place;
+      ++stats_.aliased_copied;
+    }
+}
 
 void Plan::infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx) {
   for (const graph::Value* v : n.inputs()) {
@@ -384,8 +484,9 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   if (inputs_constant && schema->foldable && !n.inputs().empty()) {
     // Compute once now; the result becomes a constant of the plan.
     step.kernel = schema->cpu_kernel(n);
+    step.on_host = device_mode_;
     for (int s : step.in)
-      if (s >= 0) bind_constant(s);
+      if (s >= 0) bind_constant(s, /*upload=*/false);
     execute(step, -1, true);
     for (int s : step.out) {
       if (s < 0) continue;
@@ -415,7 +516,10 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   }
   for (int s : step.out)
     if (s >= 0) slots_[s].is_constant = false;
-  step.kernel = schema->cpu_kernel(n);
+  if (device_mode_)
+    choose_kernel(step);
+  else
+    step.kernel = schema->cpu_kernel(n);
   if (step.dynamic) ++stats_.dynamic_nodes;
   ++stats_.kernel_nodes;
   steps_.push_back(std::move(step));
@@ -460,7 +564,9 @@ void Plan::plan_memory() {
     arena = std::max(arena, offset + static_cast<int64_t>(need));
   }
   stats_.arena_bytes = arena;
-  if (arena > 0) {
+  if (arena > 0 && device_mode_) {
+    device_arena_ = device_->make_buffer(static_cast<size_t>(arena));
+  } else if (arena > 0) {
     auto* p = static_cast<std::byte*>(::operator new[](static_cast<size_t>(arena), std::align_val_t{kAlign}));
     arena_ = std::shared_ptr<std::byte[]>(p, [](std::byte* q) { ::operator delete[](q, std::align_val_t{kAlign}); });
   }
@@ -468,7 +574,7 @@ void Plan::plan_memory() {
     Binding& b = bindings_[s];
     b.view.dtype = slots_[s].type.dtype;
     b.view.dims = *concrete(slots_[s].type);
-    b.view.data = arena_.get() + slots_[s].arena_offset;
+    b.view.data = (device_mode_ ? device_arena_.get() : arena_.get()) + slots_[s].arena_offset;
   }
   // Dynamic buffers are released after their last reader.
   release_after_.assign(steps_.size(), {});
@@ -491,6 +597,7 @@ void Plan::prepare_kernels() {
       if (s >= 0 && !concrete(slots_[s].type)) inputs_known = false;
     if (!inputs_known) {
       step.dynamic = true;
+      if (device_mode_ && !step.on_host) fall_back_to_host(step);
       continue;
     }
     // Inputs bound to the caller are not known yet: give the kernel their dims only.
@@ -501,14 +608,87 @@ void Plan::prepare_kernels() {
         bindings_[s].view.dtype = slots_[s].type.dtype;
         bindings_[s].view.dims = *concrete(slots_[s].type);
       }
-    StepContext ctx(*this, step, threads);
     try {
-      step.kernel->prepare(ctx);
+      if (device_mode_ && !step.on_host) {
+        try {
+          StepContext ctx(*this, step, threads);
+          step.kernel->prepare(ctx);
+        } catch (const ops::DeviceFallback&) {
+          fall_back_to_host(step);
+        }
+      }
+      if (step.on_host || !device_mode_) {
+        // A staged step sees host views: constants' data, the others' dims only (for now).
+        if (device_mode_)
+          for (int s : step.in)
+            if (s >= 0 && !slots_[s].is_constant) {
+              host_views_[s] = bindings_[s].view;
+              host_views_[s].data = nullptr;
+            }
+        StepContext ctx(*this, step, threads);
+        step.kernel->prepare(ctx);
+      }
     } catch (const Error& e) {
       fail(e.what());
     }
     for (auto& [s, v] : saved) bindings_[s].view = v;
   }
+  for (const Step& step : steps_) {
+    if (!device_mode_) break;
+    ++(step.on_host ? stats_.staged_nodes : stats_.device_nodes);
+  }
+}
+
+void Plan::stage_inputs(Step& step, std::vector<std::pair<int, ops::TensorView>>& swapped) {
+  auto stage = [&](int s) {
+    const ops::TensorView& v = bindings_[s].view;
+    if (slots_[s].is_constant || v.dtype == DataType::kString) {
+      if (!slots_[s].is_constant) host_views_[s] = v;  // strings live on the host
+      return;
+    }
+    Tensor& t = staged_[static_cast<size_t>(s)];
+    if (t.dtype() != v.dtype || t.dims() != v.dims) t = Tensor(v.dtype, v.dims);
+    if (t.nbytes()) device_->to_host(t.mutable_data(), v.data, t.nbytes());
+    host_views_[s] = view_of(t);
+  };
+  if (staged_.size() < slots_.size()) staged_.resize(slots_.size());
+  for (int s : step.in)
+    if (s >= 0) stage(s);
+  // A control-flow body reads what it captures through this plan's bindings: host copies
+  // while the node runs (restored by the caller).
+  for (const auto& a : step.node->attributes) {
+    if (a.type != graph::AttrType::kGraph) continue;
+    for (const graph::Value* v : a.g().captured_values()) {
+      auto it = slot_index_.find(v);
+      if (it == slot_index_.end()) continue;
+      const int s = it->second;
+      stage(s);
+      swapped.emplace_back(s, bindings_[s].view);
+      bindings_[s].view = host_views_[s];
+    }
+  }
+}
+
+void Plan::upload_outputs(Step& step) {
+  for (int s : step.out) {
+    if (s < 0) continue;
+    Slot& slot = slots_[s];
+    Binding& b = bindings_[s];
+    if (b.view.dtype == DataType::kString || !b.owned.data()) continue;  // strings stay on the host
+    std::byte* dst = nullptr;
+    const auto planned = concrete(slot.type);
+    if (slot.is_static && slot.arena_offset >= 0 && planned && *planned == b.view.dims) {
+      dst = device_arena_.get() + slot.arena_offset;
+    } else {
+      b.device_owned = device_->make_buffer(b.owned.nbytes());
+      dst = b.device_owned.get();
+    }
+    device_->to_device(dst, b.owned.data(), b.owned.nbytes());
+    b.view.data = dst;
+    b.owned = Tensor();
+  }
+  for (int s : step.in)
+    if (s >= 0 && s < static_cast<int>(staged_.size())) staged_[static_cast<size_t>(s)] = Tensor();
 }
 
 // ---------------------------------------------------------------- execution
@@ -550,11 +730,29 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
   // Outputs of an asynchronous kernel this step reads: finish them first.
   for (int s : step.in)
     if (s >= 0 && slots_[s].pending >= 0) complete(slots_[s].pending);
+  const bool staged = device_mode_ && step.on_host && !at_plan_time;
+  std::vector<std::pair<int, ops::TensorView>> swapped;
+  if (staged) stage_inputs(step, swapped);
   StepContext ctx(*this, step, threads);
   bool profile = !session_.opts_.profile_path.empty() && !at_plan_time;
   int64_t t0 = profile ? now_us() : 0;
   deferred_ = nullptr;
-  step.kernel->run(ctx);
+  try {
+    step.kernel->run(ctx);
+  } catch (...) {
+    for (auto& [s, v] : swapped) bindings_[s].view = v;
+    throw;
+  }
+  for (auto& [s, v] : swapped) bindings_[s].view = v;
+  if (staged) {
+    // A CPU kernel's deferred work (the host AllReduce) writes host buffers: finish it now.
+    if (deferred_) {
+      std::function<void()> finish = std::move(deferred_);
+      deferred_ = nullptr;
+      finish();
+    }
+    upload_outputs(step);
+  }
   if (profile) {
     int64_t t1 = now_us();
     if (session_.trace_origin_us_ == 0) session_.trace_origin_us_ = t0;
@@ -622,13 +820,37 @@ void defer_completion(ops::KernelContext& ctx, std::function<void()> finish) {
   step->defer(std::move(finish));
 }
 
-std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs) {
+std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs,
+                              const ResidentMap& resident) {
+  if (device_mode_) device_->activate();
   for (const auto& [s, ps] : captures_) bindings_[s].view = parent_->bindings_[ps].view;
+  if (input_buffers_.size() < slots_.size()) {
+    input_buffers_.resize(slots_.size());
+    input_buffer_bytes_.resize(slots_.size(), 0);
+  }
   for (const auto& [name, t] : inputs) {
     const graph::Value* v = graph_.find_value(name);
     auto it = slot_index_.find(v);
     if (it == slot_index_.end()) continue;  // an input nothing reads
-    bindings_[it->second].view = view_of(*t);
+    const int s = it->second;
+    bindings_[s].view = view_of(*t);
+    if (!device_mode_ || t->dtype() == DataType::kString) continue;
+    // A caller's tensor is copied to the device (into a buffer kept for the next run).
+    if (input_buffer_bytes_[s] != t->nbytes() || !input_buffers_[s]) {
+      input_buffers_[s] = device_->make_buffer(t->nbytes());
+      input_buffer_bytes_[s] = t->nbytes();
+    }
+    device_->to_device(input_buffers_[s].get(), t->data(), t->nbytes());
+    bindings_[s].view.data = input_buffers_[s].get();
+  }
+  for (const auto& [name, t] : resident) {
+    auto it = slot_index_.find(graph_.find_value(name));
+    if (it == slot_index_.end()) continue;
+    ops::TensorView& view = bindings_[it->second].view;
+    view.dtype = t->dtype;
+    view.dims = t->dims;
+    view.data = t->data.get();
+    view.strings = nullptr;
   }
   pending_.clear();
   try {
@@ -665,8 +887,14 @@ std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs
       const void* src = slot.is_constant ? slot.constant.data() : view.data;
       OT_CHECK(slot.is_constant ? slot.constant.dims() == target.dims : view.dims == target.dims,
                "output '", v->name(), "' has other dims than the input it updates");
-      if (!slot.alias_direct && src != target.data && target.nbytes())
-        std::memcpy(target.data, src, target.nbytes());
+      if (!slot.alias_direct && src != target.data && target.nbytes()) {
+        if (!device_mode_)
+          std::memcpy(target.data, src, target.nbytes());
+        else if (slot.is_constant)
+          device_->to_device(target.data, src, target.nbytes());
+        else
+          device_->on_device(target.data, src, target.nbytes());
+      }
       out.emplace_back();
       continue;
     }
@@ -678,11 +906,16 @@ std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs
     Tensor t(view.dtype, view.dims);
     if (view.dtype == DataType::kString) {
       if (view.strings) t.mutable_strings() = *view.strings;
+    } else if (t.nbytes() && device_mode_) {
+      device_->to_host(t.mutable_data(), view.data, t.nbytes());
     } else if (t.nbytes()) {
       std::memcpy(t.mutable_data(), view.data, t.nbytes());
     }
     out.push_back(std::move(t));
   }
+  // Surfaces a device kernel's asynchronous failure in this run, and finishes the in-place state
+  // updates before the caller reads the state.
+  if (device_mode_) device_->synchronize();
   return out;
 }
 

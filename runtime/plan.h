@@ -11,6 +11,7 @@
 
 #include "graph/ir.h"
 #include "ops/op_api.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
 #include "runtime/subgraph.h"
 
@@ -46,35 +47,54 @@ struct Step {
   size_t scratch_bytes = 0;
   // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first use.
   std::map<std::string, std::shared_ptr<ops::Subgraph>> subgraphs;
+  // On a device without host memory: the node runs its CPU kernel, its inputs copied to the
+  // host and its outputs back (no device kernel, a dynamic shape, strings, a graph attribute).
+  bool on_host = false;
+  std::shared_ptr<std::byte> device_scratch;  // a device kernel's scratch
+  size_t device_scratch_bytes = 0;
 };
+
+// Inputs kept in a device's memory between runs (InferenceSession::set_resident), by name.
+using ResidentMap = std::map<std::string, const DeviceTensor*>;
 
 class Plan {
  public:
-  Plan(InferenceSession& session, const std::map<std::string, const graph::Tensor*>& inputs);
+  Plan(InferenceSession& session, const std::map<std::string, const graph::Tensor*>& inputs,
+       const ResidentMap& resident = {});
   // A control-flow body: `g` is a subgraph of a node of `parent`'s graph; every value it
   // captures from enclosing graphs is a constant or a run-time input bound from `parent`.
   Plan(InferenceSession& session, const graph::Graph& g, Plan* parent,
        const std::map<std::string, const graph::Tensor*>& inputs);
-  std::vector<graph::Tensor> run(const std::map<std::string, const graph::Tensor*>& inputs);
+  std::vector<graph::Tensor> run(const std::map<std::string, const graph::Tensor*>& inputs,
+                                 const ResidentMap& resident = {});
   const PlanStats& stats() const { return stats_; }
 
   // Used by the kernel context.
   struct Binding {
     ops::TensorView view;
-    graph::Tensor owned;  // dynamic buffers and string tensors
+    graph::Tensor owned;  // dynamic buffers and string tensors (host)
+    std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
   };
 
  private:
   friend class StepContext;
   friend class SubgraphRunner;
-  void build(const std::map<std::string, const graph::Tensor*>& inputs);
+  void build(const std::map<std::string, const graph::Tensor*>& inputs, const ResidentMap& resident);
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);
   void plan_memory();
   void prepare_kernels();
-  void bind_constant(int slot);
+  // Binds a constant's buffer; on a device, `upload` also copies it to device memory.
+  void bind_constant(int slot, bool upload = true);
   void execute(Step& step, int index, bool at_plan_time);
+  // Device mode: host copies of a staged step's inputs before it runs; its outputs to the device
+  // after (and the body captures of a control-flow node, swapped in while it runs).
+  void stage_inputs(Step& step, std::vector<std::pair<int, ops::TensorView>>& swapped);
+  void upload_outputs(Step& step);
+  // Device mode: the device kernel for a step when there is one, else the CPU kernel (on_host).
+  void choose_kernel(Step& step);
+  void fall_back_to_host(Step& step);
   // Resolves SessionOptions::output_aliases (top-level plan only).
   void plan_aliases();
   // Runs the deferred completion `id` (defer_completion) if still open.
@@ -94,6 +114,15 @@ class Plan {
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
   std::shared_ptr<std::byte[]> arena_;
   PlanStats stats_;
+  // The session's device; device_mode_ when its memory is not host memory (a GPU): then
+  // bindings_ hold device pointers, host_views_ the host side of constants and staged inputs.
+  std::shared_ptr<Device> device_;
+  bool device_mode_ = false;
+  std::shared_ptr<std::byte> device_arena_;
+  std::vector<ops::TensorView> host_views_;
+  std::vector<graph::Tensor> staged_;                       // by slot, during a staged step
+  std::vector<std::shared_ptr<std::byte>> input_buffers_;   // device copies of caller inputs
+  std::vector<size_t> input_buffer_bytes_;
   // Deferred completions of asynchronous kernels (AllReduce) in issue order, run before the
   // first reader of their outputs or at the end of run().
   struct Pending {

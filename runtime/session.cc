@@ -79,6 +79,7 @@ void require_supported_ops(const graph::Model& m, const std::string& path) {
 InferenceSession::InferenceSession(std::unique_ptr<graph::Model> model, SessionOptions opts)
     : model_(std::move(model)), opts_(std::move(opts)) {
   if (opts_.threads <= 0) opts_.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!opts_.device) opts_.device = cpu_device();
   auto missing = unsupported_ops(*model_);
   if (!missing.empty()) {
     std::string list;
@@ -110,7 +111,7 @@ std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, gra
   for (const graph::Value* v : model_->graph->inputs()) {
     auto it = inputs.find(v->name());
     if (it == inputs.end()) {
-      if (!v->has_initializer()) missing += (missing.empty() ? "" : ", ") + describe_input(*v);
+      if (!v->has_initializer() && !resident_.count(v->name())) missing += (missing.empty() ? "" : ", ") + describe_input(*v);
       continue;
     }
     check_input(*v, it->second, file);
@@ -120,17 +121,61 @@ std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, gra
   for (const auto& [name, t] : inputs) {
     const graph::Value* v = model_->graph->find_value(name);
     OT_CHECK(v && v->is_graph_input(), file, ": '", name, "' is not an input of the model");
+    OT_CHECK(!resident_.count(name), file, ": input '", name,
+             "' is resident on the device (set_resident); do not pass it to run()");
   }
+  ResidentMap resident;
+  for (const auto& [name, t] : resident_) resident[name] = &t;
   std::string signature;
   for (const auto& [name, t] : bound) {
     signature += name + ":" + std::string(graph::dtype_short_name(t->dtype()));
     for (int64_t d : t->dims()) signature += "," + std::to_string(d);
     signature += ";";
   }
+  for (const auto& [name, t] : resident_) {
+    signature += "@" + name + ":" + std::string(graph::dtype_short_name(t.dtype));
+    for (int64_t d : t.dims) signature += "," + std::to_string(d);
+    signature += ";";
+  }
   auto it = plans_.find(signature);
-  if (it == plans_.end()) it = plans_.emplace(signature, std::make_unique<Plan>(*this, bound)).first;
+  if (it == plans_.end())
+    it = plans_.emplace(signature, std::make_unique<Plan>(*this, bound, resident)).first;
   last_plan_ = it->second.get();
-  return last_plan_->run(bound);
+  return last_plan_->run(bound, resident);
+}
+
+void InferenceSession::set_resident(const std::string& name, const graph::Tensor& value) {
+  const std::string file = model_->source_path.empty() ? "model" : model_->source_path;
+  const graph::Value* v = model_->graph->find_value(name);
+  OT_CHECK(v && v->is_graph_input(), file, ": resident '", name, "' is not an input of the model");
+  OT_CHECK(value.dtype() != graph::DataType::kString, file, ": resident '", name,
+           "' cannot be a string tensor");
+  check_input(*v, value, file);
+  DeviceTensor& t = resident_[name];
+  if (t.data && (t.dtype != value.dtype() || t.dims != value.dims()))
+    fail(file, ": resident '", name, "' is ", graph::dtype_short_name(t.dtype),
+         graph::format_shape(graph::make_shape(t.dims)), ", new value ",
+         graph::dtype_short_name(value.dtype()),
+         graph::format_shape(graph::make_shape(value.dims())));
+  opts_.device->activate();
+  if (!t.data) {
+    t.dtype = value.dtype();
+    t.dims = value.dims();
+    t.nbytes = value.nbytes();
+    t.data = opts_.device->make_buffer(t.nbytes);
+  }
+  opts_.device->to_device(t.data.get(), value.data(), t.nbytes);
+  opts_.device->synchronize();
+}
+
+graph::Tensor InferenceSession::get_resident(const std::string& name) const {
+  auto it = resident_.find(name);
+  OT_CHECK(it != resident_.end(), "'", name, "' is not a resident input");
+  const DeviceTensor& t = it->second;
+  graph::Tensor out(t.dtype, t.dims);
+  opts_.device->activate();
+  if (t.nbytes) opts_.device->to_host(out.mutable_data(), t.data.get(), t.nbytes);
+  return out;
 }
 
 const PlanStats& InferenceSession::last_plan_stats() const {

@@ -12,6 +12,7 @@
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
 #include "ops/op_api.h"
+#include "runtime/device/device.h"
 
 namespace onnxtrain::runtime {
 
@@ -31,6 +32,11 @@ struct SessionOptions {
   // writes the buffer directly when its schema allows (OpSchema::inplace) and no later node
   // reads the input; otherwise the value is copied there at the end of the run.
   std::map<std::string, std::string> output_aliases;
+  // Where tensors live and kernels run (runtime/device/device.h); nullptr = the CPU.
+  std::shared_ptr<Device> device;
+  // DataParallelSession: replica k runs on replica_devices[k] (one per local replica); empty =
+  // `device` for every replica.
+  std::vector<std::shared_ptr<Device>> replica_devices;
 };
 
 struct PlanStats {
@@ -41,6 +47,8 @@ struct PlanStats {
   int dynamic_nodes = 0;        // nodes whose output shapes are only known at run time
   int aliased_in_place = 0;     // output_aliases the producing kernel writes directly
   int aliased_copied = 0;       // output_aliases copied into the input at the end of a run
+  int device_nodes = 0;         // nodes run by the device's own kernels (0 on the CPU)
+  int staged_nodes = 0;         // nodes run by CPU kernels through host copies on a device
 };
 
 class Plan;
@@ -58,6 +66,14 @@ class InferenceSession {
   std::vector<graph::Tensor> run(const std::map<std::string, graph::Tensor>& inputs);
 
   const graph::Model& model() const { return *model_; }
+  Device& device() const { return *opts_.device; }
+  // Device inputs: `name` (a graph input) is held in the device's memory and bound to every run
+  // without being passed to run() (training state stays on the GPU; output_aliases update it in
+  // place). set_resident uploads a value (dtype and dims checked against the graph input and a
+  // previous value); get_resident downloads the current one. On the CPU device they hold a copy.
+  void set_resident(const std::string& name, const graph::Tensor& value);
+  graph::Tensor get_resident(const std::string& name) const;
+  bool has_resident(const std::string& name) const { return resident_.count(name) != 0; }
   // KernelContext::random_seed() of the following runs (0: none).
   void set_random_seed(uint64_t seed) { random_seed_ = seed; }
   const PlanStats& last_plan_stats() const;
@@ -69,6 +85,7 @@ class InferenceSession {
   std::unique_ptr<graph::Model> model_;
   SessionOptions opts_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;  // by input-shape signature
+  std::map<std::string, DeviceTensor> resident_;
   Plan* last_plan_ = nullptr;
   struct TraceEvent {
     std::string name, op;

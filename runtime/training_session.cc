@@ -62,6 +62,15 @@ TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOpt
     has_loss_scale_ |= in->name() == "loss_scale";
   }
   session_ = std::make_unique<InferenceSession>(std::move(model), std::move(opts));
+  on_device_ = !session_->device().host_memory();
+  if (on_device_)
+    for (const auto& [name, t] : state_) session_->set_resident(name, t);
+}
+
+void TrainingSession::sync_host() const {
+  if (!host_stale_) return;
+  for (auto& [name, t] : state_) t = session_->get_resident(name);
+  host_stale_ = false;
 }
 
 StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
@@ -69,6 +78,7 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
   session_->set_random_seed(seed);
   std::map<std::string, graph::Tensor> feeds = batch;
   for (auto& [name, t] : state_) {
+    if (on_device_) break;  // resident in device memory, updated there
     // The step updates the buffer in place: detach it first from copies handed out earlier
     // (all_state(), a checkpoint being written), which keep the old value.
     t.mutable_data();
@@ -77,6 +87,7 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
   if (has_lr_) feeds["lr"] = float_scalar(lr);
   if (has_loss_scale_) feeds["loss_scale"] = float_scalar(loss_scale);
   std::vector<graph::Tensor> outs = session_->run(feeds);
+  host_stale_ = on_device_;
   StepResult r;
   for (size_t i = 0; i < outs.size(); ++i) {
     const std::string& name = output_names_[i];
@@ -91,6 +102,7 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
 }
 
 const graph::Tensor& TrainingSession::state(const std::string& name) const {
+  sync_host();
   auto it = state_.find(name);
   OT_CHECK(it != state_.end(), "training session: '", name, "' is not graph state");
   return it->second;
@@ -104,10 +116,15 @@ void TrainingSession::set_state(const std::string& name, graph::Tensor value) {
            graph::dtype_short_name(value.dtype()), graph::format_shape(graph::make_shape(value.dims())),
            ", expected ", graph::dtype_short_name(it->second.dtype()),
            graph::format_shape(graph::make_shape(it->second.dims())));
+  if (on_device_) {
+    sync_host();  // the other tensors' host copies stay current
+    session_->set_resident(name, value);
+  }
   it->second = std::move(value);
 }
 
 std::unique_ptr<graph::Model> TrainingSession::trained_model(const graph::Model& original) const {
+  sync_host();
   std::unique_ptr<graph::Model> m = original.clone();
   for (graph::Value* v : m->graph->initializers()) {
     auto it = state_.find(v->name());

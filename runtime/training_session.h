@@ -34,11 +34,16 @@ class TrainingSession {
 
   const std::vector<std::string>& state_names() const { return state_names_; }
   bool has_state(const std::string& name) const { return state_.count(name) != 0; }
+  // On a device the state lives in device memory (InferenceSession::set_resident) and these
+  // download it when a step ran since the last read.
   const graph::Tensor& state(const std::string& name) const;
   // Replaces a state tensor (same dtype and dims, checked).
   void set_state(const std::string& name, graph::Tensor value);
   // Every state tensor by name (for checkpoints).
-  const std::map<std::string, graph::Tensor>& all_state() const { return state_; }
+  const std::map<std::string, graph::Tensor>& all_state() const {
+    sync_host();
+    return state_;
+  }
 
   // `original` (the inference model the training graph came from) with every initializer that
   // is also state here (weights, BN running statistics) replaced by its current value.
@@ -48,9 +53,13 @@ class TrainingSession {
   InferenceSession& session() { return *session_; }
 
  private:
+  void sync_host() const;
   std::unique_ptr<InferenceSession> session_;
   std::vector<std::string> state_names_;
-  std::map<std::string, graph::Tensor> state_;
+  // The state; on a device a host copy, refreshed by sync_host() when host_stale_.
+  mutable std::map<std::string, graph::Tensor> state_;
+  bool on_device_ = false;
+  mutable bool host_stale_ = false;
   std::vector<std::string> output_names_;
   bool has_lr_ = false, has_loss_scale_ = false;
 };

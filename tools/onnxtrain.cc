@@ -31,9 +31,9 @@ constexpr int kUsageExit = 2;
 
 constexpr const char* kUsage = R"(usage: onnxtrain MODEL.onnx [options]
 
-Trains MODEL (an inference ONNX model) on the CPU: builds the training graph (loss, gradients,
-optimizer), runs it on R replicas that split each global batch and sum their gradients, and
-writes the trained inference model. Prints the plan, then one line per epoch (a live progress
+Trains MODEL (an inference ONNX model) on CPUs or NVIDIA GPUs: builds the training graph (loss,
+gradients, optimizer), runs it on R replicas that split each global batch and sum their
+gradients, and writes the trained inference model. Prints the plan, then one line per epoch (a live progress
 line when stdout is a terminal).
 
 data:
@@ -66,7 +66,10 @@ model and optimizer:
   --clip-norm F           clip the gradients' global L2 norm to F
 
 replicas and threads:
-  --replicas N            data-parallel replicas cpu:0..N-1 (default 1)
+  --replicas N            data-parallel replicas (default 1): cpu:0..N-1, or GPUs 0..N-1
+  --device D              cpu | cuda (replica k on GPU k) | cuda:N (one replica on GPU N)
+                          (default: cuda when an NVIDIA GPU is present, else cpu)
+  --no-tf32               full float32 matmul/conv on GPUs (default: TF32 where supported)
   --threads N             total intra-op threads, split across replicas (default: all cores)
   --bucket-mb F           gradient bucket size for AllReduce (default 25)
   --sync-batchnorm        training BatchNormalization uses the global batch's statistics
@@ -188,6 +191,11 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--version") {
       no_value();
       a.version = true;
+    } else if (arg == "--device") {
+      c.device = value();
+    } else if (arg == "--no-tf32") {
+      no_value();
+      c.tf32 = false;
     } else if (arg == "--replicas") {
       c.replicas = static_cast<int>(parse_int(arg, value(), 1));
       if (c.replicas > 1024) usage_fail("--replicas: at most 1024, got ", c.replicas);
@@ -342,6 +350,7 @@ int run(int argc, char** argv) {
         static_cast<int64_t>(a.collective_timeout * 1000)));
     a.config.world = world.get();
     a.config.local_processes = runtime::mpi_local_size();
+    a.config.local_rank = runtime::mpi_local_rank();
     // mpirun hands ranks a terminal even when its own output goes to a file: epoch lines only.
     a.config.live = false;
   }

@@ -24,6 +24,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/data_parallel.h"
+#include "runtime/device/device.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/session.h"
 #include "tools/train_report.h"
@@ -42,6 +43,45 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+// The device of each of this process's replicas (--device). "cuda": replica k of local process
+// l drives GPU l*R+k, so R replicas x L processes need R*L GPUs on the machine.
+std::vector<std::shared_ptr<runtime::Device>> replica_devices(const TrainConfig& c) {
+  const std::string spec = c.device.empty() ? runtime::default_device_spec() : c.device;
+  std::vector<std::shared_ptr<runtime::Device>> out;
+  if (spec == "cuda") {
+    const int gpus = runtime::cuda_device_count();
+    OT_CHECK(runtime::cuda_built(), "--device cuda: this onnxtrain was built without the CUDA "
+             "backend (use --device cpu)");
+    const int first = c.local_rank * c.replicas;
+    OT_CHECK(gpus >= first + c.replicas, "--device cuda: ", c.replicas, " replica",
+             c.replicas == 1 ? "" : "s",
+             c.local_rank > 0 ? cat(" of local process ", c.local_rank) : std::string(), " need GPU",
+             c.replicas == 1 ? cat(" ", first) : cat("s ", first, "..", first + c.replicas - 1),
+             ", this machine has ", gpus);
+    for (int k = 0; k < c.replicas; ++k) out.push_back(runtime::make_device(cat("cuda:", first + k)));
+  } else if (spec.rfind("cuda:", 0) == 0) {
+    OT_CHECK(c.replicas == 1, "--device ", spec, " names one GPU; with --replicas ", c.replicas,
+             " use --device cuda (replica k on GPU k)");
+    out.push_back(runtime::make_device(spec));
+  } else if (spec == "cpu" || spec == "sim") {
+    // One device object per replica: "sim" (tests) keeps per-replica memory like GPUs do.
+    for (int k = 0; k < c.replicas; ++k) out.push_back(runtime::make_device(spec));
+  } else {
+    fail("--device '", spec, "': expected cpu, cuda or cuda:N");
+  }
+  runtime::set_cuda_tf32(c.tf32);
+  return out;
+}
+
+std::string devices_text(const std::vector<std::shared_ptr<runtime::Device>>& devices) {
+  std::string out;
+  for (const auto& d : devices) {
+    if (d->name() == "cpu") return "cpu";
+    out += (out.empty() ? "" : ", ") + d->name();
+  }
+  return out;
+}
 
 // --threads 0: the CPUs this process may run on; when a launcher started several processes on
 // this machine without binding them, an equal share each (two unbound ranks on a 2-core machine
@@ -440,7 +480,11 @@ TrainResult run_training(const TrainConfig& config) {
   auto training_graph = original->clone();
   passes::TrainingOptions topts = c.graph;
   topts.replicas = c.replicas;
-  for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(cat("cpu:", k));
+  const std::vector<std::shared_ptr<runtime::Device>> devices = replica_devices(c);
+  for (int k = 0; k < c.replicas; ++k)
+    topts.devices.push_back(devices[static_cast<size_t>(k)]->name() == "cpu"
+                                ? cat("cpu:", k)
+                                : devices[static_cast<size_t>(k)]->name());
   topts.bucket_mb = c.bucket_mb;
   topts.sync_batchnorm = c.sync_batchnorm;  // replicate's; with 1 replica there is nothing to sync
   topts.collectives = world != nullptr;      // R == 1 too: the AllReduce spans the processes
@@ -534,12 +578,14 @@ TrainResult run_training(const TrainConfig& config) {
   runtime::SessionOptions so;
   so.threads = c.threads > 0 ? c.threads : default_threads(world ? c.local_processes : 1);
   so.profile_path = c.profile;
+  so.replica_devices = devices;
   runtime::DataParallelSession session(training_graph->clone(), c.replicas, so, world);
   std::vector<std::string> fed_state;
   std::unique_ptr<runtime::InferenceSession> val_session;
   if (data.val && lead) {
     runtime::SessionOptions vo;
     vo.threads = so.threads;
+    vo.device = devices.front();  // replica 0's GPU (idle while validation runs)
     val_session = std::make_unique<runtime::InferenceSession>(
         validation_graph(*original, c, info.loss.kind, session.state(), fed_state), vo);
   }
@@ -567,6 +613,7 @@ TrainResult run_training(const TrainConfig& config) {
                        .result = res,
                        .epochs = epochs,
                        .threads_per_replica = std::max(1, so.threads / c.replicas),
+                       .devices = devices_text(devices),
                        .processes = procs,
                        .allreduce_bytes = allreduce_bytes};
   print_plan(c, plan);

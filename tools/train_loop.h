@@ -44,6 +44,11 @@ struct TrainConfig {
   float lr = 1e-4f;
   std::string lr_schedule = "constant";  // runtime/lr_schedule.h spec
   int threads = 0;                       // total budget; 0 = all cores
+  // --device: cpu | cuda (replica k of local process l on GPU l*R+k) | cuda:N (one replica);
+  // "" = cuda when a GPU is present, else cpu. tf32: TF32 math for float32 matmul/conv on GPUs.
+  std::string device;
+  bool tf32 = true;
+  int local_rank = 0;  // this process's index on its machine (mpirun), for its GPUs
   uint64_t seed = 0;
   bool sync_batchnorm = false;
   double bucket_mb = 25;

@@ -85,6 +85,7 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                static_cast<double>(c.lr), c.lr_schedule.c_str());
   std::fprintf(f, "loss        %s on '%s'\n", loss_name(p.info.loss.kind).c_str(),
                p.output_name.c_str());
+  std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (all > 1) {
     int64_t bytes = 0;

@@ -28,6 +28,7 @@ struct PlanFacts {
   const TrainResult& result;
   int64_t epochs = 0;
   int threads_per_replica = 1;
+  std::string devices;  // "cpu" or "cuda:0, cuda:1" (this process's replicas)
   int processes = 1;             // MPI world size; replicas in all = processes x c.replicas
   int64_t allreduce_bytes = 0;   // gradient bytes one replica contributes to AllReduce per step
 };

@@ -13,6 +13,12 @@
 
 #include "runtime/comm/communicator.h"
 
+int mpi_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (int n = env_int(var); n > 0) return n;
+  return 0;
+}
+
 #ifdef ONNXTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif

@@ -20,6 +20,9 @@ int mpi_launch_size();
 // Processes of this launch on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
 // SLURM_NTASKS_PER_NODE), or 1.
 int mpi_local_size();
+// This process's index among them (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID),
+// or 0: which of the machine's GPUs it drives.
+int mpi_local_rank();
 
 class MpiWorld final : public ProcessWorld {
  public:

@@ -20,6 +20,7 @@
 #include "graph/error.h"
 #include "graph/onnx_io.h"
 #include "runtime/npy.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
 
 namespace onnxtrain::backend_test {
@@ -43,6 +44,9 @@ const char* const kUsage =
     "  --exclusions FILE     known failures, 'test_name  reason' per line (default: the\n"
     "                        source tree's tests/backend/exclusions.txt)\n"
     "  --threads N           intra-op threads per session (default: all cores)\n"
+    "  --device D            cpu (default) | sim | cuda[:N]: where tensors live and kernels\n"
+    "                        run; nodes without a kernel there run on the CPU through host\n"
+    "                        copies. cuda without a GPU: exit 77 (skipped)\n"
     "  --list-unsupported    list the ops that keep tests from running, with the tests\n"
     "  --verbose             one line per test\n"
     "  --help\n";
@@ -57,6 +61,10 @@ struct Options {
 #endif
   std::vector<std::string> filters;
   int threads = 0;
+  std::string device = "cpu";
+  std::shared_ptr<runtime::Device> dev;
+  // Nodes the device ran with its own kernels / through host copies, over every plan.
+  int64_t device_nodes = 0, staged_nodes = 0;
   bool verbose = false;
   bool list_unsupported = false;
 };
@@ -261,7 +269,7 @@ const char* non_tensor_kind(const graph::ValueType& t) {
   }
 }
 
-Result run_data_sets(const TestCase& tc, std::unique_ptr<graph::Model> model, int threads) {
+Result run_data_sets(const TestCase& tc, std::unique_ptr<graph::Model> model, Options& opts) {
   Result r;
   // ONNX convention: input_i.pb feeds the i-th graph input that has no initializer;
   // output_i.pb is the i-th graph output.
@@ -278,7 +286,8 @@ Result run_data_sets(const TestCase& tc, std::unique_ptr<graph::Model> model, in
   }
 
   runtime::SessionOptions so;
-  so.threads = threads;
+  so.threads = opts.threads;
+  so.device = opts.dev;
   runtime::InferenceSession session(std::move(model), so);
   auto data_sets = sorted_entries(tc.dir, "test_data_set_", true);
   OT_CHECK(!data_sets.empty(), "no test_data_set_* folder");
@@ -299,13 +308,15 @@ Result run_data_sets(const TestCase& tc, std::unique_ptr<graph::Model> model, in
       if (auto diff = compare(got[i], want))
         fail(set, ": output ", i, " '", outputs[i], "': ", *diff);
     }
+    opts.device_nodes += session.last_plan_stats().device_nodes;
+    opts.staged_nodes += session.last_plan_stats().staged_nodes;
   }
   r.outcome = Outcome::kPass;
   return r;
 }
 
 // Never throws: every problem of one test becomes its Result.
-Result run_test(const TestCase& tc, const Options& opts, bool list_only) {
+Result run_test(const TestCase& tc, Options& opts, bool list_only) {
   Result r;
   auto start = std::chrono::steady_clock::now();
   try {
@@ -325,7 +336,7 @@ Result run_test(const TestCase& tc, const Options& opts, bool list_only) {
           return r;
         }
     if (list_only) return r;
-    r = run_data_sets(tc, std::move(model), opts.threads);
+    r = run_data_sets(tc, std::move(model), opts);
   } catch (const Error& e) {
     r.outcome = Outcome::kFail;
     r.message = e.what();
@@ -397,6 +408,8 @@ Options parse_args(int argc, char** argv) {
       long n = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end || n < 0 || n > 4096) usage_error("--threads needs a count >= 0");
       o.threads = static_cast<int>(n);
+    } else if (a == "--device") {
+      o.device = value(i);
     } else if (a == "--verbose" || a == "-v") {
       o.verbose = true;
     } else if (a == "--list-unsupported") {
@@ -442,6 +455,11 @@ int run(int argc, char** argv) {
                 o.data_dir.c_str());
     return kSkipExitCode;
   }
+  if (o.device.rfind("cuda", 0) == 0 && runtime::cuda_device_count() == 0) {
+    std::printf("backend_suite: --device %s: no CUDA GPU found; skipped\n", o.device.c_str());
+    return kSkipExitCode;
+  }
+  o.dev = runtime::make_device(o.device);
   auto exclusions = load_exclusions(o.exclusions_path);
   std::vector<TestCase> tests = discover(o);
   int passed = 0, failed = 0, skipped = 0;
@@ -492,6 +510,10 @@ int run(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - suite_start).count();
   std::printf("backend_suite: %zu tests in %.1f s\n", tests.size(), secs);
   std::printf("backend: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  if (o.dev && !o.dev->host_memory())
+    std::printf("device %s: %lld nodes ran on its own kernels, %lld through host copies\n",
+                o.dev->name().c_str(), static_cast<long long>(o.device_nodes),
+                static_cast<long long>(o.staged_nodes));
   std::string line;
   for (const auto& [op, n] : by_count(unsupported_counts))
     line += cat(line.empty() ? "" : ", ", op, " (", n, ")");

@@ -143,12 +143,21 @@ Tensor int64_tensor(std::vector<int64_t> dims, std::vector<int64_t> values) {
   return Tensor::from_vector(DataType::kInt64, std::move(dims), values);
 }
 
+std::shared_ptr<runtime::Device> test_device() {
+  static const std::shared_ptr<runtime::Device> device = [] {
+    const char* spec = std::getenv("ONNXTRAIN_TEST_DEVICE");
+    return runtime::make_device(spec && *spec ? spec : "cpu");
+  }();
+  return device;
+}
+
 GradReport check_gradient(const GradCase& c) {
   GradReport report;
   Harness h = build(c);
   OT_CHECK(!h.checked.empty(), c.label, ": no float input to check");
   runtime::SessionOptions so;
   so.threads = 1;
+  so.device = test_device();
   runtime::InferenceSession forward(h.model->clone(), so);
 
   std::unique_ptr<graph::Model> train = h.model->clone();

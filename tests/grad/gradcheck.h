@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -20,6 +21,7 @@
 
 #include "graph/ir.h"
 #include "graph/tensor.h"
+#include "runtime/device/device.h"
 
 namespace onnxtrain::testing {
 
@@ -49,6 +51,9 @@ struct GradReport {
 
 // Runs the check; ADD_FAILURE()s (gtest) with the worst element on a mismatch and returns
 // the report. Throws onnxtrain::Error when the graph cannot be built or run.
+// The device the checks run on: ONNXTRAIN_TEST_DEVICE (cpu | sim | cuda[:N]; default cpu).
+std::shared_ptr<runtime::Device> test_device();
+
 GradReport check_gradient(const GradCase& c);
 
 // "Op" for ai.onnx, "domain.Op" otherwise: how checked rules are keyed.

@@ -3,15 +3,25 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "ops/op_api.h"
+#include "runtime/device/device.h"
 #include "tests/grad/gradcheck.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  // The gpu-labelled run (ONNXTRAIN_TEST_DEVICE=cuda) skips on a machine without a GPU.
+  const char* device = std::getenv("ONNXTRAIN_TEST_DEVICE");
+  if (device && std::string(device).rfind("cuda", 0) == 0 &&
+      onnxtrain::runtime::cuda_device_count() == 0) {
+    std::printf("gradcheck: SKIPPED, no CUDA GPU found (ONNXTRAIN_TEST_DEVICE=%s)\n", device);
+    return 77;
+  }
+  std::printf("gradcheck: device %s\n", onnxtrain::testing::test_device()->name().c_str());
   const int rc = RUN_ALL_TESTS();
   const bool filtered = ::testing::GTEST_FLAG(filter) != "*";
   std::vector<std::string> unchecked;
