@@ -1,6 +1,6 @@
 // Shared pieces of the cuDNN/cuBLAS kernels (matmul.cu, conv.cu, batch_norm.cu, pool.cu): dtype
-// and size guards that turn unhandled cases into DeviceFallback, cuBLAS compute type, and a
-// grid-stride loop helper.
+// and size guards that turn unhandled cases into DeviceFallback, the cuBLAS compute type, a
+// block-wide double sum for the block-per-row reductions, and a grid-stride loop helper.
 #pragma once
 
 #include <climits>
@@ -39,6 +39,23 @@ inline int64_t product(const std::vector<int64_t>& v) {
 // float32 GEMM compute type: TF32 tensor cores unless --no-tf32.
 inline cublasComputeType_t gemm_compute_type() {
   return tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// Threads of the block-per-row reductions (a power of two: block_sum halves it).
+constexpr int kReduceThreads = 256;
+
+// Sum of v over the block (blockDim.x == kReduceThreads), returned to every thread; every thread
+// of the block must call it. `shared` holds kReduceThreads doubles.
+__device__ inline double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kReduceThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();  // shared is reused by the next call
+  return total;
 }
 
 // for (int64_t i : grid-stride range over [0, n)) inside a 1-D launch.
