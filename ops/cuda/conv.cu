@@ -1,8 +1,9 @@
 // Conv and ai.onnxtrain.ConvGrad on cuDNN (legacy API), float32, 1-D/2-D/3-D NCHW (1-D runs as
 // 2-D with a unit axis): groups, strides, dilations, explicit and auto pads. cuDNN pads both ends
-// of an axis alike, so unequal begin/end pads run here only when the end pad is never reached
-// (the output size with begin pads on both ends is the planned one); otherwise the CPU kernel
-// runs the node. Algorithms are chosen once per plan in prepare() by cuDNN's heuristics.
+// of an axis alike; unequal begin/end pads (SAME_UPPER with an odd total, say) use cuDNN's pads
+// when the end pad is never reached, else x is copied into a zero-padded scratch buffer that
+// cuDNN convolves unpadded (dX is then computed padded and cropped). Algorithms are chosen once
+// per plan in prepare() by cuDNN's heuristics.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -48,6 +49,46 @@ class ConvDesc {
   cudnnConvolutionDescriptor_t desc_ = nullptr;
 };
 
+// Scratch pieces start 256-byte aligned.
+size_t align256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+// A tensor `small` placed at `offset` inside a larger `big` one, both row-major, rank <= 5.
+struct PadMap {
+  int rank = 0;
+  int64_t small[5] = {}, big[5] = {}, offset[5] = {};
+};
+
+// small: (dims small) -> big: (dims big) = small at offset, zeros around it
+__global__ void pad_kernel(PadMap g, const float* small, float* big, int64_t total) {
+  OT_GRID_STRIDE_LOOP(i, total) {
+    int64_t rest = i, at = 0, scale = 1;
+    bool inside = true;
+    for (int a = g.rank - 1; a >= 0; --a) {
+      const int64_t c = rest % g.big[a] - g.offset[a];
+      rest /= g.big[a];
+      inside = inside && c >= 0 && c < g.small[a];
+      at += c * scale;
+      scale *= g.small[a];
+    }
+    big[i] = inside ? small[at] : 0.0f;
+  }
+}
+
+// big: (dims big) -> small: (dims small) = the window of big at offset
+__global__ void crop_kernel(PadMap g, const float* big, float* small, int64_t total) {
+  OT_GRID_STRIDE_LOOP(i, total) {
+    int64_t rest = i, at = 0, scale = 1;
+    for (int a = g.rank - 1; a >= 0; --a) {
+      at += (rest % g.small[a] + g.offset[a]) * scale;
+      rest /= g.small[a];
+      scale *= g.big[a];
+    }
+    small[i] = big[at];
+  }
+}
+
 // Float math: FMA only when TF32 is off (cuDNN 9 would otherwise use TF32 for float).
 cudnnMathType_t conv_math_type() {
   return tf32_enabled() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
@@ -57,8 +98,12 @@ cudnnMathType_t conv_math_type() {
 // w (M,C/g,K...), y (N,M,O...), the convolution, and a bias (1,M,1...) descriptor.
 struct ConvProblem {
   std::string where;
-  std::vector<int64_t> x_dims, w_dims, y_dims;  // as cuDNN sees them (1-D promoted to 2-D)
+  std::vector<int64_t> x_dims, w_dims, y_dims;  // 1-D promoted to 2-D
   int64_t m = 0;
+  // Pads cuDNN cannot express: cuDNN's x (descriptor `x`) is a zero-padded copy (padded_dims)
+  // holding the user's x at pad_offsets.
+  bool explicit_pad = false;
+  std::vector<int64_t> padded_dims, pad_offsets;
   TensorDesc x, y, bias;
   FilterDesc w;
   ConvDesc conv;
@@ -76,29 +121,38 @@ struct ConvProblem {
     x_dims = xv.dims;
     w_dims = wv.dims;
     y_dims = p.y_dims;
-    std::vector<int> pads, strides, dilations;
+    // cuDNN pads both ends by pad_begin; that is exact when it yields the planned output size
+    // (the end pad is then never reached).
+    explicit_pad = false;
     for (size_t a = 0; a < p.in.size(); ++a) {
       const int64_t extent = (p.kernel[a] - 1) * p.dilations[a] + 1;
       const int64_t symmetric_out = (p.in[a] + 2 * p.pad_begin[a] - extent) / p.strides[a] + 1;
-      if (p.pad_begin[a] != p.pad_end[a] && symmetric_out != p.out[a])
-        throw DeviceFallback{where + ": unequal begin/end pads that cuDNN cannot express"};
+      explicit_pad |= p.pad_begin[a] != p.pad_end[a] && symmetric_out != p.out[a];
+    }
+    std::vector<int> pads, strides, dilations;
+    padded_dims = x_dims;
+    pad_offsets.assign(x_dims.size(), 0);
+    for (size_t a = 0; a < p.in.size(); ++a) {
       for (int64_t v : {p.pad_begin[a], p.strides[a], p.dilations[a]})
         dnn::require_int(where, v, "window attribute");
-      pads.push_back(static_cast<int>(p.pad_begin[a]));
+      pads.push_back(explicit_pad ? 0 : static_cast<int>(p.pad_begin[a]));
       strides.push_back(static_cast<int>(p.strides[a]));
       dilations.push_back(static_cast<int>(p.dilations[a]));
+      padded_dims[a + 2] += p.pad_begin[a] + p.pad_end[a];
+      pad_offsets[a + 2] = p.pad_begin[a];
     }
     if (pads.size() == 1) {  // 1-D: a trailing unit axis
-      for (auto* v : {&x_dims, &w_dims, &y_dims}) v->push_back(1);
+      for (auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims}) v->push_back(1);
+      pad_offsets.push_back(0);
       pads.push_back(0);
       strides.push_back(1);
       dilations.push_back(1);
     }
-    for (const auto* v : {&x_dims, &w_dims, &y_dims})
+    for (const auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims})
       for (int64_t d : *v) dnn::require_int(where, d, "dim");
     if (dnn::product(x_dims) == 0 || dnn::product(w_dims) == 0 || dnn::product(y_dims) == 0)
       throw DeviceFallback{where + ": empty tensor"};
-    x.set(CUDNN_DATA_FLOAT, x_dims);
+    x.set(CUDNN_DATA_FLOAT, explicit_pad ? padded_dims : x_dims);
     y.set(CUDNN_DATA_FLOAT, y_dims);
     std::vector<int64_t> b_dims(y_dims.size(), 1);
     b_dims[1] = m;
@@ -123,6 +177,38 @@ struct ConvProblem {
     for (int i = 0; i < count; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceCap) return perf[i];
     throw DeviceFallback{where + ": cuDNN has no " + direction + " algorithm for this convolution"};
+  }
+
+  // Bytes of the zero-padded x copy (0 when cuDNN pads).
+  size_t padded_bytes() const {
+    return explicit_pad ? static_cast<size_t>(dnn::product(padded_dims)) * sizeof(float) : 0;
+  }
+
+  PadMap pad_map() const {
+    PadMap g;
+    g.rank = static_cast<int>(x_dims.size());
+    for (int a = 0; a < g.rank; ++a) {
+      g.small[a] = x_dims[a];
+      g.big[a] = padded_dims[a];
+      g.offset[a] = pad_offsets[a];
+    }
+    return g;
+  }
+
+  // x -> padded: (padded_dims)
+  void pad(cudaStream_t s, const void* xv, void* padded) const {
+    const int64_t total = dnn::product(padded_dims);
+    pad_kernel<<<blocks_for(total), 256, 0, s>>>(pad_map(), static_cast<const float*>(xv),
+                                                 static_cast<float*>(padded), total);
+    OT_CUDA_CHECK_LAUNCH();
+  }
+
+  // padded: (padded_dims) -> its x-shaped window
+  void crop(cudaStream_t s, const void* padded, void* xv) const {
+    const int64_t total = dnn::product(x_dims);
+    crop_kernel<<<blocks_for(total), 256, 0, s>>>(pad_map(), static_cast<const float*>(padded),
+                                                  static_cast<float*>(xv), total);
+    OT_CUDA_CHECK_LAUNCH();
   }
 
   // The math type an algorithm was ranked with (TF32 on), else FMA only; the heuristics query
@@ -162,13 +248,22 @@ class ConvKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    cudnnHandle_t h = cudnn_handle(stream_of(ctx));
+    cudaStream_t s = stream_of(ctx);
+    cudnnHandle_t h = cudnn_handle(s);
     TensorView& y = ctx.output(0);
-    void* ws = workspace_ ? ctx.scratch(workspace_) : nullptr;
+    // Scratch: [workspace | padded x]
+    const size_t ws_bytes = align256(workspace_), total = ws_bytes + p_.padded_bytes();
+    char* scratch = total ? static_cast<char*>(ctx.scratch(total)) : nullptr;
+    void* ws = workspace_ ? scratch : nullptr;
+    const void* x = ctx.input(0)->data;
+    if (p_.explicit_pad) {
+      p_.pad(s, x, scratch + ws_bytes);
+      x = scratch + ws_bytes;
+    }
     const float one = 1.0f, zero = 0.0f;
-    OT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p_.x.get(), ctx.input(0)->data, p_.w.get(),
-                                           ctx.input(1)->data, p_.conv.get(), algo_, ws, workspace_,
-                                           &zero, p_.y.get(), y.data));
+    OT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p_.x.get(), x, p_.w.get(), ctx.input(1)->data,
+                                           p_.conv.get(), algo_, ws, workspace_, &zero, p_.y.get(),
+                                           y.data));
     if (has_bias_)
       OT_CUDNN_CHECK(
           cudnnAddTensor(h, &one, p_.bias.get(), ctx.input(2)->data, &one, p_.y.get(), y.data));
@@ -233,21 +328,37 @@ class ConvGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    cudnnHandle_t h = cudnn_handle(stream_of(ctx));
+    cudaStream_t s = stream_of(ctx);
+    cudnnHandle_t h = cudnn_handle(s);
     const void* dy = ctx.input(0)->data;
-    void* ws = workspace_ ? ctx.scratch(workspace_) : nullptr;
+    // Scratch: [workspace | padded x (for dW) | padded dX]; the padded pieces only when cuDNN
+    // cannot pad.
+    const size_t ws_bytes = align256(workspace_);
+    const size_t x_bytes = want_dw_ ? align256(p_.padded_bytes()) : 0;
+    const size_t dx_bytes = want_dx_ ? p_.padded_bytes() : 0;
+    const size_t total = ws_bytes + x_bytes + dx_bytes;
+    char* scratch = total ? static_cast<char*>(ctx.scratch(total)) : nullptr;
+    void* ws = workspace_ ? scratch : nullptr;
     const float one = 1.0f, zero = 0.0f;
     if (want_dx_) {
       p_.use_math(data_math_);
-      OT_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          h, &one, p_.w.get(), ctx.input(2)->data, p_.y.get(), dy, p_.conv.get(), data_algo_, ws,
-          workspace_, &zero, p_.x.get(), ctx.output(0).data));
+      void* dx = ctx.output(0).data;
+      void* target = p_.explicit_pad ? scratch + ws_bytes + x_bytes : dx;
+      OT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p_.w.get(), ctx.input(2)->data,
+                                                  p_.y.get(), dy, p_.conv.get(), data_algo_, ws,
+                                                  workspace_, &zero, p_.x.get(), target));
+      if (p_.explicit_pad) p_.crop(s, target, dx);
     }
     if (want_dw_) {
       p_.use_math(filter_math_);
-      OT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-          h, &one, p_.x.get(), ctx.input(1)->data, p_.y.get(), dy, p_.conv.get(), filter_algo_, ws,
-          workspace_, &zero, p_.w.get(), ctx.output(1).data));
+      const void* x = ctx.input(1)->data;
+      if (p_.explicit_pad) {
+        p_.pad(s, x, scratch + ws_bytes);
+        x = scratch + ws_bytes;
+      }
+      OT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p_.x.get(), x, p_.y.get(), dy,
+                                                    p_.conv.get(), filter_algo_, ws, workspace_,
+                                                    &zero, p_.w.get(), ctx.output(1).data));
     }
     if (want_db_)
       OT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, p_.y.get(), dy, &zero, p_.bias.get(),
