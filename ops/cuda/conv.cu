@@ -308,6 +308,7 @@ class ConvGradKernel final : public Kernel {
       const auto chosen = p_.pick(perf, count, "backward-data");
       data_algo_ = chosen.algo;
       data_math_ = chosen.mathType;
+      p_.use_math(data_math_);
       OT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
           h, p_.w.get(), p_.y.get(), p_.conv.get(), p_.x.get(), data_algo_, &data_ws));
     }
@@ -321,6 +322,7 @@ class ConvGradKernel final : public Kernel {
       const auto chosen = p_.pick(perf, count, "backward-filter");
       filter_algo_ = chosen.algo;
       filter_math_ = chosen.mathType;
+      p_.use_math(filter_math_);
       OT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
           h, p_.x.get(), p_.y.get(), p_.conv.get(), p_.w.get(), filter_algo_, &filter_ws));
     }

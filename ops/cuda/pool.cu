@@ -3,7 +3,8 @@
 // cuDNN pooling, which has no dilations, no unequal begin/end pads and no ceil_mode: these follow
 // the CPU reference (ops/nn/pool.cc) exactly: windows read only taps inside the input,
 // count_include_pad counts the explicit pads but not ceil_mode's extra, MaxPool's gradient goes
-// to the window's first maximum. Gradients gather per input element (no atomics: deterministic).
+// to the window's first maximum, Indices (storage_order too) as the CPU computes them. Gradients
+// gather per input element (no atomics: deterministic).
 #include <cfloat>
 #include <string>
 #include <vector>
@@ -101,18 +102,34 @@ __device__ int64_t window_argmax(const Geom3& g, const float* xp, int64_t o) {
   return arg;
 }
 
-// x: (planes, D...) -> y: (planes, O...)
-__global__ void pool_forward_kernel(Geom3 g, const float* x, float* y, bool is_max,
-                                    bool include_pad) {
+// Row-major flat spatial index -> column-major (MaxPool's storage_order=1).
+__device__ int64_t column_major(const Geom3& g, int64_t flat) {
+  const int64_t p0 = flat / (g.in[1] * g.in[2]), p1 = (flat / g.in[2]) % g.in[1];
+  const int64_t p2 = flat % g.in[2];
+  return p0 + p1 * g.in[0] + p2 * g.in[0] * g.in[1];
+}
+
+// x: (planes, D...) -> y: (planes, O...) [, indices: (planes, O...) flat into x of each maximum]
+__global__ void pool_forward_kernel(Geom3 g, const float* x, float* y, int64_t* indices,
+                                    bool column, bool is_max, bool include_pad) {
   OT_GRID_STRIDE_LOOP(i, g.planes * g.out_size) {
-    const int64_t o = i % g.out_size;
-    const float* xp = x + (i / g.out_size) * g.in_size;
+    const int64_t o = i % g.out_size, plane = i / g.out_size;
+    const float* xp = x + plane * g.in_size;
     if (is_max) {
       float best = -FLT_MAX;  // the CPU's numeric_limits<float>::lowest()
+      int64_t arg = -1;       // the CPU's: the first tap, then each strictly larger one
       for_each_tap(g, o, [&](int64_t t) {
-        if (xp[t] > best) best = xp[t];
+        if (arg < 0) arg = t;
+        if (xp[t] > best) {
+          best = xp[t];
+          arg = t;
+        }
       });
       y[i] = best;
+      if (indices) {
+        if (arg < 0) arg = 0;
+        indices[i] = plane * g.in_size + (column ? column_major(g, arg) : arg);
+      }
     } else {
       double sum = 0;
       for_each_tap(g, o, [&](int64_t t) { sum += xp[t]; });
@@ -167,30 +184,33 @@ Geom3 pool_geom(const KernelContext& ctx, const TensorView* x, const std::string
   return make_geom(p, x->dims[0] * x->dims[1]);
 }
 
-// x: (N,C,D...) -> y: (N,C,O...); MaxPool's Indices output runs on the CPU.
+// x: (N,C,D...) -> y: (N,C,O...) [, indices: (N,C,O...) int64 (MaxPool)]
 class PoolKernel final : public Kernel {
  public:
   PoolKernel(const graph::Node& node, bool is_max)
       : where_(node.describe()),
         is_max_(is_max),
-        include_pad_(node.attr_int("count_include_pad", 0) != 0) {}
+        include_pad_(node.attr_int("count_include_pad", 0) != 0),
+        column_major_(node.attr_int("storage_order", 0) == 1) {}
 
   void prepare(KernelContext& ctx) override {
-    if (is_max_ && ctx.num_outputs() > 1 && ctx.has_output(1))
-      throw DeviceFallback{where_ + ": MaxPool's Indices output"};
     g_ = pool_geom(ctx, ctx.input(0), where_);
+    indices_ = is_max_ && ctx.num_outputs() > 1 && ctx.has_output(1);
   }
 
   void run(KernelContext& ctx) override {
     TensorView& y = ctx.output(0);
+    int64_t* indices = indices_ ? ctx.output(1).as<int64_t>() : nullptr;
     pool_forward_kernel<<<blocks_for(g_.planes * g_.out_size), 256, 0, stream_of(ctx)>>>(
-        g_, ctx.input(0)->as<float>(), y.as<float>(), is_max_, include_pad_);
+        g_, ctx.input(0)->as<float>(), y.as<float>(), indices, column_major_, is_max_,
+        include_pad_);
     OT_CUDA_CHECK_LAUNCH();
   }
 
  private:
   std::string where_;
-  bool is_max_, include_pad_;
+  bool is_max_, include_pad_, column_major_;
+  bool indices_ = false;
   Geom3 g_{};
 };
 
