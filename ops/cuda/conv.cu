@@ -171,11 +171,18 @@ struct ConvProblem {
       throw DeviceFallback{where + ": cuDNN output size differs from the planned one"};
   }
 
-  // First heuristic result that succeeded and fits the cap (heuristics rank fastest first).
+  // First heuristic result (fastest first) that succeeded, fits the cap and is deterministic,
+  // so that a rerun (a resumed training) repeats its gradients bit for bit; else the first that
+  // fits.
   template <typename Perf>
   Perf pick(const Perf* perf, int count, const char* direction) const {
+    auto fits = [&](int i) {
+      return perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceCap;
+    };
     for (int i = 0; i < count; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceCap) return perf[i];
+      if (fits(i) && perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
+    for (int i = 0; i < count; ++i)
+      if (fits(i)) return perf[i];
     throw DeviceFallback{where + ": cuDNN has no " + direction + " algorithm for this convolution"};
   }
 
