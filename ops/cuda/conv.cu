@@ -1,0 +1,399 @@
+// Conv and ai.onnxtrain.ConvGrad on cuDNN (legacy API), float32, 1-D/2-D/3-D NCHW (1-D runs as
+// 2-D with a unit axis): groups, strides, dilations, explicit and auto pads. cuDNN pads both ends
+// of an axis alike; unequal begin/end pads (SAME_UPPER with an odd total, say) use cuDNN's pads
+// when the end pad is never reached, else x is copied into a zero-padded scratch buffer that
+// cuDNN convolves unpadded (dX is then computed padded and cropped). Algorithms are chosen once
+// per plan in prepare() by cuDNN's heuristics.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/dnn_geometry.h"
+#include "ops/cuda/dnn_util.cuh"
+
+namespace onnxtrain::ops::cuda {
+namespace {
+
+// Largest workspace an algorithm may ask for; heuristics' later (slower) choices need less.
+constexpr size_t kWorkspaceCap = size_t{1} << 30;
+
+class FilterDesc {
+ public:
+  FilterDesc() { OT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(desc_); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  void set(const std::vector<int64_t>& dims) {
+    std::vector<int> d(dims.begin(), dims.end());
+    OT_CUDNN_CHECK(cudnnSetFilterNdDescriptor(desc_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                              static_cast<int>(d.size()), d.data()));
+  }
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+class ConvDesc {
+ public:
+  ConvDesc() { OT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(desc_); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+// Scratch pieces start 256-byte aligned.
+size_t align256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+// A tensor `small` placed at `offset` inside a larger `big` one, both row-major, rank <= 5.
+struct PadMap {
+  int rank = 0;
+  int64_t small[5] = {}, big[5] = {}, offset[5] = {};
+};
+
+// small: (dims small) -> big: (dims big) = small at offset, zeros around it
+__global__ void pad_kernel(PadMap g, const float* small, float* big, int64_t total) {
+  OT_GRID_STRIDE_LOOP(i, total) {
+    int64_t rest = i, at = 0, scale = 1;
+    bool inside = true;
+    for (int a = g.rank - 1; a >= 0; --a) {
+      const int64_t c = rest % g.big[a] - g.offset[a];
+      rest /= g.big[a];
+      inside = inside && c >= 0 && c < g.small[a];
+      at += c * scale;
+      scale *= g.small[a];
+    }
+    big[i] = inside ? small[at] : 0.0f;
+  }
+}
+
+// big: (dims big) -> small: (dims small) = the window of big at offset
+__global__ void crop_kernel(PadMap g, const float* big, float* small, int64_t total) {
+  OT_GRID_STRIDE_LOOP(i, total) {
+    int64_t rest = i, at = 0, scale = 1;
+    for (int a = g.rank - 1; a >= 0; --a) {
+      at += (rest % g.small[a] + g.offset[a]) * scale;
+      rest /= g.small[a];
+      scale *= g.big[a];
+    }
+    small[i] = big[at];
+  }
+}
+
+// Float math: FMA only when TF32 is off (cuDNN 9 would otherwise use TF32 for float).
+cudnnMathType_t conv_math_type() {
+  return tf32_enabled() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
+// Everything the three cuDNN convolution directions share: descriptors of x (N,C,D...),
+// w (M,C/g,K...), y (N,M,O...), the convolution, and a bias (1,M,1...) descriptor.
+struct ConvProblem {
+  std::string where;
+  std::vector<int64_t> x_dims, w_dims, y_dims;  // 1-D promoted to 2-D
+  int64_t m = 0;
+  // Pads cuDNN cannot express: cuDNN's x (descriptor `x`) is a zero-padded copy (padded_dims)
+  // holding the user's x at pad_offsets.
+  bool explicit_pad = false;
+  std::vector<int64_t> padded_dims, pad_offsets;
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+
+  // Throws DeviceFallback for what cuDNN (or this file) does not handle.
+  void init(const graph::Node& node, const TensorView& xv, const TensorView& wv) {
+    if (xv.rank() < 3 || xv.rank() > 5 || wv.rank() != xv.rank())
+      throw DeviceFallback{where + ": CUDA Conv handles 1-D to 3-D convolutions"};
+    const int64_t group = node.attr_int("group", 1);
+    m = wv.dims[0];
+    if (group < 1 || xv.dims[1] != wv.dims[1] * group || m % group != 0)
+      throw DeviceFallback{where + ": channels do not match the group (the CPU kernel reports it)"};
+    std::vector<int64_t> kernel(wv.dims.begin() + 2, wv.dims.end());
+    WindowPlan p = plan_window(node, xv.dims, kernel, m, where);
+    x_dims = xv.dims;
+    w_dims = wv.dims;
+    y_dims = p.y_dims;
+    // cuDNN pads both ends by pad_begin; that is exact when it yields the planned output size
+    // (the end pad is then never reached).
+    explicit_pad = false;
+    for (size_t a = 0; a < p.in.size(); ++a) {
+      const int64_t extent = (p.kernel[a] - 1) * p.dilations[a] + 1;
+      const int64_t symmetric_out = (p.in[a] + 2 * p.pad_begin[a] - extent) / p.strides[a] + 1;
+      explicit_pad |= p.pad_begin[a] != p.pad_end[a] && symmetric_out != p.out[a];
+    }
+    std::vector<int> pads, strides, dilations;
+    padded_dims = x_dims;
+    pad_offsets.assign(x_dims.size(), 0);
+    for (size_t a = 0; a < p.in.size(); ++a) {
+      for (int64_t v : {p.pad_begin[a], p.strides[a], p.dilations[a]})
+        dnn::require_int(where, v, "window attribute");
+      pads.push_back(explicit_pad ? 0 : static_cast<int>(p.pad_begin[a]));
+      strides.push_back(static_cast<int>(p.strides[a]));
+      dilations.push_back(static_cast<int>(p.dilations[a]));
+      padded_dims[a + 2] += p.pad_begin[a] + p.pad_end[a];
+      pad_offsets[a + 2] = p.pad_begin[a];
+    }
+    if (pads.size() == 1) {  // 1-D: a trailing unit axis
+      for (auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims}) v->push_back(1);
+      pad_offsets.push_back(0);
+      pads.push_back(0);
+      strides.push_back(1);
+      dilations.push_back(1);
+    }
+    for (const auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims})
+      for (int64_t d : *v) dnn::require_int(where, d, "dim");
+    if (dnn::product(x_dims) == 0 || dnn::product(w_dims) == 0 || dnn::product(y_dims) == 0)
+      throw DeviceFallback{where + ": empty tensor"};
+    x.set(CUDNN_DATA_FLOAT, explicit_pad ? padded_dims : x_dims);
+    y.set(CUDNN_DATA_FLOAT, y_dims);
+    std::vector<int64_t> b_dims(y_dims.size(), 1);
+    b_dims[1] = m;
+    bias.set(CUDNN_DATA_FLOAT, b_dims);
+    w.set(w_dims);
+    OT_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(conv.get(), static_cast<int>(pads.size()),
+                                                   pads.data(), strides.data(), dilations.data(),
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    OT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.get(), static_cast<int>(group)));
+    OT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), conv_math_type()));
+    // cuDNN's own output size must be the plan's (guards the pad reasoning above).
+    std::vector<int> out(y_dims.size());
+    OT_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(conv.get(), x.get(), w.get(),
+                                                         static_cast<int>(out.size()), out.data()));
+    if (std::vector<int64_t>(out.begin(), out.end()) != y_dims)
+      throw DeviceFallback{where + ": cuDNN output size differs from the planned one"};
+  }
+
+  // First heuristic result (fastest first) that succeeded, fits the cap and is deterministic,
+  // so that a rerun (a resumed training) repeats its gradients bit for bit; else the first that
+  // fits.
+  template <typename Perf>
+  Perf pick(const Perf* perf, int count, const char* direction) const {
+    auto fits = [&](int i) {
+      return perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceCap;
+    };
+    for (int i = 0; i < count; ++i)
+      if (fits(i) && perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
+    for (int i = 0; i < count; ++i)
+      if (fits(i)) return perf[i];
+    throw DeviceFallback{where + ": cuDNN has no " + direction + " algorithm for this convolution"};
+  }
+
+  // Bytes of the zero-padded x copy (0 when cuDNN pads).
+  size_t padded_bytes() const {
+    return explicit_pad ? static_cast<size_t>(dnn::product(padded_dims)) * sizeof(float) : 0;
+  }
+
+  PadMap pad_map() const {
+    PadMap g;
+    g.rank = static_cast<int>(x_dims.size());
+    for (int a = 0; a < g.rank; ++a) {
+      g.small[a] = x_dims[a];
+      g.big[a] = padded_dims[a];
+      g.offset[a] = pad_offsets[a];
+    }
+    return g;
+  }
+
+  // x -> padded: (padded_dims)
+  void pad(cudaStream_t s, const void* xv, void* padded) const {
+    const int64_t total = dnn::product(padded_dims);
+    pad_kernel<<<blocks_for(total), 256, 0, s>>>(pad_map(), static_cast<const float*>(xv),
+                                                 static_cast<float*>(padded), total);
+    OT_CUDA_CHECK_LAUNCH();
+  }
+
+  // padded: (padded_dims) -> its x-shaped window
+  void crop(cudaStream_t s, const void* padded, void* xv) const {
+    const int64_t total = dnn::product(x_dims);
+    crop_kernel<<<blocks_for(total), 256, 0, s>>>(pad_map(), static_cast<const float*>(padded),
+                                                  static_cast<float*>(xv), total);
+    OT_CUDA_CHECK_LAUNCH();
+  }
+
+  // The math type an algorithm was ranked with (TF32 on), else FMA only; the heuristics query
+  // runs with conv_math_type().
+  void use_math(cudnnMathType_t ranked) {
+    OT_CUDNN_CHECK(
+        cudnnSetConvolutionMathType(conv.get(), tf32_enabled() ? ranked : CUDNN_FMA_MATH));
+  }
+};
+
+// x: (N,C,D...), w: (M,C/g,K...), b: (M) -> y: (N,M,O...)
+class ConvKernel final : public Kernel {
+ public:
+  explicit ConvKernel(const graph::Node& node) { p_.where = node.describe(); }
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* x = ctx.input(0);
+    const TensorView* w = ctx.input(1);
+    const TensorView* b = ctx.input(2);
+    if (!x || !w) throw DeviceFallback{p_.where + ": inputs X and W are required"};
+    dnn::require_f32(p_.where, {x, w, b});
+    if (b && (b->rank() != 1 || b->dims[0] != w->dims[0]))
+      throw DeviceFallback{p_.where + ": bias shape (the CPU kernel reports it)"};
+    p_.init(ctx.node(), *x, *w);
+    has_bias_ = b != nullptr;
+    cudnnHandle_t h = cudnn_handle(stream_of(ctx));
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int count = 0;
+    OT_CUDNN_CHECK(
+        cudnnGetConvolutionForwardAlgorithm_v7(h, p_.x.get(), p_.w.get(), p_.conv.get(), p_.y.get(),
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
+    const auto chosen = p_.pick(perf, count, "forward");
+    algo_ = chosen.algo;
+    p_.use_math(chosen.mathType);
+    OT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p_.x.get(), p_.w.get(), p_.conv.get(),
+                                                           p_.y.get(), algo_, &workspace_));
+  }
+
+  void run(KernelContext& ctx) override {
+    cudaStream_t s = stream_of(ctx);
+    cudnnHandle_t h = cudnn_handle(s);
+    TensorView& y = ctx.output(0);
+    // Scratch: [workspace | padded x]
+    const size_t ws_bytes = align256(workspace_), total = ws_bytes + p_.padded_bytes();
+    char* scratch = total ? static_cast<char*>(ctx.scratch(total)) : nullptr;
+    void* ws = workspace_ ? scratch : nullptr;
+    const void* x = ctx.input(0)->data;
+    if (p_.explicit_pad) {
+      p_.pad(s, x, scratch + ws_bytes);
+      x = scratch + ws_bytes;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    OT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p_.x.get(), x, p_.w.get(), ctx.input(1)->data,
+                                           p_.conv.get(), algo_, ws, workspace_, &zero, p_.y.get(),
+                                           y.data));
+    if (has_bias_)
+      OT_CUDNN_CHECK(
+          cudnnAddTensor(h, &one, p_.bias.get(), ctx.input(2)->data, &one, p_.y.get(), y.data));
+  }
+
+ private:
+  ConvProblem p_;
+  bool has_bias_ = false;
+  cudnnConvolutionFwdAlgo_t algo_{};
+  size_t workspace_ = 0;
+};
+
+// dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M),
+// each computed only when requested (the node's outputs are a prefix of dX, dW, dB; an emptied
+// slot is not requested).
+class ConvGradKernel final : public Kernel {
+ public:
+  explicit ConvGradKernel(const graph::Node& node) { p_.where = node.describe(); }
+
+  void prepare(KernelContext& ctx) override {
+    const TensorView* dy = ctx.input(0);
+    const TensorView* x = ctx.input(1);
+    const TensorView* w = ctx.input(2);
+    if (!dy || !x || !w) throw DeviceFallback{p_.where + ": inputs dY, X and W are required"};
+    dnn::require_f32(p_.where, {dy, x, w});
+    p_.init(ctx.node(), *x, *w);
+    std::vector<int64_t> dy_dims = dy->dims;
+    if (dy_dims.size() == 3) dy_dims.push_back(1);
+    if (dy_dims != p_.y_dims) throw DeviceFallback{p_.where + ": dY shape (the CPU reports it)"};
+    want_dx_ = requested(ctx, 0);
+    want_dw_ = requested(ctx, 1);
+    want_db_ = requested(ctx, 2);
+    cudnnHandle_t h = cudnn_handle(stream_of(ctx));
+    size_t data_ws = 0, filter_ws = 0;
+    if (want_dx_) {
+      p_.use_math(conv_math_type());
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      int count = 0;
+      OT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, p_.w.get(), p_.y.get(), p_.conv.get(), p_.x.get(),
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf));
+      const auto chosen = p_.pick(perf, count, "backward-data");
+      data_algo_ = chosen.algo;
+      data_math_ = chosen.mathType;
+      p_.use_math(data_math_);
+      OT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          h, p_.w.get(), p_.y.get(), p_.conv.get(), p_.x.get(), data_algo_, &data_ws));
+    }
+    if (want_dw_) {
+      p_.use_math(conv_math_type());
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      int count = 0;
+      OT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, p_.x.get(), p_.y.get(), p_.conv.get(), p_.w.get(),
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+      const auto chosen = p_.pick(perf, count, "backward-filter");
+      filter_algo_ = chosen.algo;
+      filter_math_ = chosen.mathType;
+      p_.use_math(filter_math_);
+      OT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          h, p_.x.get(), p_.y.get(), p_.conv.get(), p_.w.get(), filter_algo_, &filter_ws));
+    }
+    workspace_ = std::max(data_ws, filter_ws);  // the two run one after the other
+  }
+
+  void run(KernelContext& ctx) override {
+    cudaStream_t s = stream_of(ctx);
+    cudnnHandle_t h = cudnn_handle(s);
+    const void* dy = ctx.input(0)->data;
+    // Scratch: [workspace | padded x (for dW) | padded dX]; the padded pieces only when cuDNN
+    // cannot pad.
+    const size_t ws_bytes = align256(workspace_);
+    const size_t x_bytes = want_dw_ ? align256(p_.padded_bytes()) : 0;
+    const size_t dx_bytes = want_dx_ ? p_.padded_bytes() : 0;
+    const size_t total = ws_bytes + x_bytes + dx_bytes;
+    char* scratch = total ? static_cast<char*>(ctx.scratch(total)) : nullptr;
+    void* ws = workspace_ ? scratch : nullptr;
+    const float one = 1.0f, zero = 0.0f;
+    if (want_dx_) {
+      p_.use_math(data_math_);
+      void* dx = ctx.output(0).data;
+      void* target = p_.explicit_pad ? scratch + ws_bytes + x_bytes : dx;
+      OT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p_.w.get(), ctx.input(2)->data,
+                                                  p_.y.get(), dy, p_.conv.get(), data_algo_, ws,
+                                                  workspace_, &zero, p_.x.get(), target));
+      if (p_.explicit_pad) p_.crop(s, target, dx);
+    }
+    if (want_dw_) {
+      p_.use_math(filter_math_);
+      const void* x = ctx.input(1)->data;
+      if (p_.explicit_pad) {
+        p_.pad(s, x, scratch + ws_bytes);
+        x = scratch + ws_bytes;
+      }
+      OT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p_.x.get(), x, p_.y.get(), dy,
+                                                    p_.conv.get(), filter_algo_, ws, workspace_,
+                                                    &zero, p_.w.get(), ctx.output(1).data));
+    }
+    if (want_db_)
+      OT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, p_.y.get(), dy, &zero, p_.bias.get(),
+                                                  ctx.output(2).data));
+  }
+
+ private:
+  static bool requested(const KernelContext& ctx, int i) {
+    return ctx.num_outputs() > i && ctx.has_output(i);
+  }
+
+  ConvProblem p_;
+  bool want_dx_ = false, want_dw_ = false, want_db_ = false;
+  cudnnConvolutionBwdDataAlgo_t data_algo_{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo_{};
+  cudnnMathType_t data_math_ = CUDNN_DEFAULT_MATH, filter_math_ = CUDNN_DEFAULT_MATH;
+  size_t workspace_ = 0;
+};
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_KERNEL(conv_cuda, "", "Conv", kCuda) {
+  return std::make_unique<ConvKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(conv_grad_cuda, "ai.onnxtrain", "ConvGrad", kCuda) {
+  return std::make_unique<ConvGradKernel>(n);
+}
+
+}  // namespace onnxtrain::ops::cuda
