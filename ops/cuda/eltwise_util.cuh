@@ -55,8 +55,8 @@ inline std::vector<int64_t> broadcast_strides(std::span<const int64_t> in, size_
   return s;
 }
 
-// numpy broadcast of several dims lists; nullopt-like empty + ok=false when they do not broadcast.
-inline bool broadcast_dims_of(std::span<const std::vector<int64_t>> operands,
+// numpy broadcast of several dims lists into `out`; false when they do not broadcast.
+inline bool broadcast_dims_of(const std::vector<std::vector<int64_t>>& operands,
                               std::vector<int64_t>& out) {
   size_t rank = 0;
   for (const auto& d : operands) rank = std::max(rank, d.size());
@@ -264,5 +264,38 @@ inline void launch_strided_gather(const StridedMap& m, size_t bytes, const void*
     OT_CUDA_CHECK_LAUNCH();
   });
 }
+
+}  // namespace onnxtrain::ops::cuda
+
+namespace onnxtrain::ops::cuda {
+
+// Tree reduction of one value per thread over a block of exactly kThreads threads; every thread
+// gets the result. The order is fixed, so results do not vary between runs. T must be trivially
+// constructible (it lives in static shared memory).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T buf[kThreads];
+  const unsigned t = threadIdx.x;
+  buf[t] = v;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (t < half) buf[t] = op(buf[t], buf[t + half]);
+    __syncthreads();
+  }
+  const T out = buf[0];
+  __syncthreads();  // the buffer may be reused by the next call
+  return out;
+}
+
+// Grid size for one block per item (grid-stride beyond 2^31 - 1 items).
+inline unsigned blocks_per_item(int64_t items) {
+  return static_cast<unsigned>(std::clamp<int64_t>(items, 1, 0x7fffffff));
+}
+
+// x, y: lanes [outer, n, inner]; softmax (log-softmax when `log`) along n with the CPU's
+// numerics (max subtracted, sum in double); y may alias x. Defined in reduce.cu (float, double).
+template <typename T>
+void launch_softmax(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, bool log,
+                    cudaStream_t s);
 
 }  // namespace onnxtrain::ops::cuda
