@@ -12,18 +12,42 @@ namespace {
 
 // ---------------------------------------------------------------- device math
 // float stays float (the CPU's std:: overloads on float call the float functions).
-__device__ __forceinline__ float d_exp(float x) { return expf(x); }
-__device__ __forceinline__ double d_exp(double x) { return exp(x); }
-__device__ __forceinline__ float d_log(float x) { return logf(x); }
-__device__ __forceinline__ double d_log(double x) { return log(x); }
-__device__ __forceinline__ float d_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double d_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float d_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double d_tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float d_pow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double d_pow(double x, double y) { return pow(x, y); }
-__device__ __forceinline__ float d_abs(float x) { return fabsf(x); }
-__device__ __forceinline__ double d_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float d_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double d_exp(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float d_log(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double d_log(double x) {
+  return log(x);
+}
+__device__ __forceinline__ float d_sqrt(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double d_sqrt(double x) {
+  return sqrt(x);
+}
+__device__ __forceinline__ float d_tanh(float x) {
+  return tanhf(x);
+}
+__device__ __forceinline__ double d_tanh(double x) {
+  return tanh(x);
+}
+__device__ __forceinline__ float d_pow(float x, float y) {
+  return powf(x, y);
+}
+__device__ __forceinline__ double d_pow(double x, double y) {
+  return pow(x, y);
+}
+__device__ __forceinline__ float d_abs(float x) {
+  return fabsf(x);
+}
+__device__ __forceinline__ double d_abs(double x) {
+  return fabs(x);
+}
 
 // Integer +, -, * wrap (two's complement) like the CPU's Wrapping<> instead of overflowing.
 template <typename T>
@@ -257,7 +281,8 @@ __global__ void map_kernel(StridedMap m, F f, Out* y, const In*... in) {
 template <typename Out, typename F, typename... In>
 void launch_map(const StridedMap& m, const F& f, cudaStream_t s, Out* y, const In*... in) {
   if (m.total == 0) return;
-  map_kernel<Out, F, In...><<<blocks_for(m.total, kThreads), kThreads, 0, s>>>(m, f, y, in...);
+  const unsigned blocks = blocks_for(m.total, kThreads);
+  map_kernel<Out, F, In...><<<blocks, kThreads, 0, s>>>(m, f, y, in...);
   OT_CUDA_CHECK_LAUNCH();
 }
 
@@ -279,7 +304,8 @@ class UnaryKernel final : public Kernel {
   void prepare(KernelContext& ctx) override {
     const TensorView& x = need_input(ctx, 0);
     if (!has_dtype(typename Op::types{}, x.dtype))
-      throw DeviceFallback{cat("dtype ", graph::dtype_short_name(x.dtype), " is not handled on CUDA")};
+      throw DeviceFallback{
+          cat("dtype ", graph::dtype_short_name(x.dtype), " is not handled on CUDA")};
     dtype_ = x.dtype;
     n_ = x.numel();
   }
@@ -404,8 +430,8 @@ class SumKernel final : public Kernel {
       }
       launch_map(maps_[0], AddOp{}, s, out, ctx.input(0)->as<T>(), ctx.input(1)->as<T>());
       for (int i = 2; i < ctx.num_inputs(); ++i)
-        launch_map(maps_[static_cast<size_t>(i - 1)], AddOp{}, s, out,
-                   static_cast<const T*>(out), ctx.input(i)->as<T>());
+        launch_map(maps_[static_cast<size_t>(i - 1)], AddOp{}, s, out, static_cast<const T*>(out),
+                   ctx.input(i)->as<T>());
     });
   }
 
@@ -570,16 +596,32 @@ ONNXTRAIN_REGISTER_KERNEL(abs_grad_cuda, "ai.onnxtrain", "AbsGrad", kCuda) {
   return grad<AbsGradOp>(n);
 }
 
-ONNXTRAIN_REGISTER_KERNEL(add_cuda, "", "Add", kCuda) { return binary<AddOp>(n); }
-ONNXTRAIN_REGISTER_KERNEL(sub_cuda, "", "Sub", kCuda) { return binary<SubOp>(n); }
-ONNXTRAIN_REGISTER_KERNEL(mul_cuda, "", "Mul", kCuda) { return binary<MulOp>(n); }
-ONNXTRAIN_REGISTER_KERNEL(div_cuda, "", "Div", kCuda) { return binary<DivOp>(n); }
-ONNXTRAIN_REGISTER_KERNEL(equal_cuda, "", "Equal", kCuda) { return binary<EqualOp>(n); }
-ONNXTRAIN_REGISTER_KERNEL(pow_cuda, "", "Pow", kCuda) { return std::make_unique<PowKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(sum_cuda, "", "Sum", kCuda) { return std::make_unique<SumKernel>(n); }
+ONNXTRAIN_REGISTER_KERNEL(add_cuda, "", "Add", kCuda) {
+  return binary<AddOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sub_cuda, "", "Sub", kCuda) {
+  return binary<SubOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(mul_cuda, "", "Mul", kCuda) {
+  return binary<MulOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(div_cuda, "", "Div", kCuda) {
+  return binary<DivOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(equal_cuda, "", "Equal", kCuda) {
+  return binary<EqualOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(pow_cuda, "", "Pow", kCuda) {
+  return std::make_unique<PowKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sum_cuda, "", "Sum", kCuda) {
+  return std::make_unique<SumKernel>(n);
+}
 ONNXTRAIN_REGISTER_KERNEL(where_cuda, "", "Where", kCuda) {
   return std::make_unique<WhereKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(cast_cuda, "", "Cast", kCuda) { return std::make_unique<CastKernel>(n); }
+ONNXTRAIN_REGISTER_KERNEL(cast_cuda, "", "Cast", kCuda) {
+  return std::make_unique<CastKernel>(n);
+}
 
 }  // namespace onnxtrain::ops::cuda

@@ -27,8 +27,8 @@ struct StridedMap {
   int64_t total = 0;
 };
 
-// Offset of operand k for output element i.
-__device__ __forceinline__ int64_t map_offset(const StridedMap& m, int k, int64_t i) {
+// Offset of operand k for output element i (host-callable too, for checks).
+__host__ __device__ __forceinline__ int64_t map_offset(const StridedMap& m, int k, int64_t i) {
   if (m.rank == 1) return i * m.strides[k][0];
   int64_t off = 0;
   for (int d = m.rank - 1; d >= 0; --d) {
@@ -89,8 +89,7 @@ inline StridedMap make_map(std::span<const int64_t> out,
   for (size_t d = 0; d < out.size(); ++d) {
     if (out[d] == 1) continue;
     bool merge = !dims.empty();
-    for (size_t k = 0; merge && k < nops; ++k)
-      merge = st[k].back() == strides[k][d] * out[d];
+    for (size_t k = 0; merge && k < nops; ++k) merge = st[k].back() == strides[k][d] * out[d];
     if (merge) {
       dims.back() *= out[d];
       for (size_t k = 0; k < nops; ++k) st[k].back() = strides[k][d];
@@ -131,8 +130,8 @@ inline StridedMap broadcast_map(const std::vector<std::vector<int64_t>>& operand
 // Same dims helper for run()-time checks against the plan.
 inline void check_dims(const TensorView& v, std::span<const int64_t> expect,
                        const graph::Node& node, const char* what) {
-  OT_CHECK(std::equal(v.dims.begin(), v.dims.end(), expect.begin(), expect.end()),
-           node.describe(), ": planned ", what, " dims differ from the dims prepare() computed");
+  OT_CHECK(std::equal(v.dims.begin(), v.dims.end(), expect.begin(), expect.end()), node.describe(),
+           ": planned ", what, " dims differ from the dims prepare() computed");
 }
 
 // Input i or DeviceFallback when omitted.
@@ -149,7 +148,8 @@ inline bool is_one_of(DataType t, std::initializer_list<DataType> list) {
 // DeviceFallback unless `t` is in `list`.
 inline void need_dtype(DataType t, std::initializer_list<DataType> list, const char* what) {
   if (!is_one_of(t, list))
-    throw DeviceFallback{cat(what, " dtype ", graph::dtype_short_name(t), " is not handled on CUDA")};
+    throw DeviceFallback{
+        cat(what, " dtype ", graph::dtype_short_name(t), " is not handled on CUDA")};
 }
 
 // Integer values of a host-constant int32/int64 tensor.
@@ -253,6 +253,25 @@ __global__ void strided_gather_kernel(StridedMap m, const U* __restrict__ in, U*
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m.total;
        i += int64_t{gridDim.x} * blockDim.x)
     out[i] = in[map_offset(m, 0, i)];
+}
+
+// out[map(i)] = in[i]: writes a contiguous tensor into a strided window (SliceGrad).
+template <typename U>
+__global__ void strided_scatter_kernel(StridedMap m, const U* __restrict__ in,
+                                       U* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m.total;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[map_offset(m, 0, i)] = in[i];
+}
+
+inline void launch_strided_scatter(const StridedMap& m, size_t bytes, const void* in, void* out,
+                                   cudaStream_t s) {
+  if (m.total == 0) return;
+  dispatch_width(bytes, [&]<typename U>() {
+    strided_scatter_kernel<U><<<blocks_for(m.total, kThreads), kThreads, 0, s>>>(
+        m, static_cast<const U*>(in), static_cast<U*>(out));
+    OT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 inline void launch_strided_gather(const StridedMap& m, size_t bytes, const void* in, void* out,

@@ -86,8 +86,8 @@ __global__ void nll_reduce_kernel(const T* log_prob, const L* target, const T* w
 
 // Sum of the weights of the positions that count (NaN if a label is out of range).
 template <typename T, typename L>
-__global__ void weight_sum_kernel(const L* target, const T* weight, LossAttrs a,
-                                  int64_t positions, int64_t c, double* out) {
+__global__ void weight_sum_kernel(const L* target, const T* weight, LossAttrs a, int64_t positions,
+                                  int64_t c, double* out) {
   double wsum = 0;
   for (int64_t k = threadIdx.x; k < positions; k += blockDim.x) {
     const auto label = static_cast<long long>(target[k]);
@@ -218,8 +218,7 @@ class LossGradKernel final : public Kernel {
     s_ = check_loss_shape(ctx, 1, 2, 3);
     const TensorView& dloss = need_input(ctx, 0);
     const int64_t positions = s_.outer * s_.inner;
-    if (dloss.dtype != s_.dtype ||
-        dloss.numel() != (a_.red == Reduction::kNone ? positions : 1))
+    if (dloss.dtype != s_.dtype || dloss.numel() != (a_.red == Reduction::kNone ? positions : 1))
       throw DeviceFallback{"dloss does not match the loss"};
   }
   void run(KernelContext& ctx) override {
@@ -233,8 +232,8 @@ class LossGradKernel final : public Kernel {
       if (softmax_) launch_softmax(x.as<T>(), dx.as<T>(), s_.outer, s_.c, s_.inner, false, st);
       const L* target = ctx.input(2)->as<L>();
       const T* w = s_.has_weight ? ctx.input(3)->as<T>() : nullptr;
-      weight_sum_kernel<T, L><<<1, kThreads, 0, st>>>(target, w, a_, s_.outer * s_.inner, s_.c,
-                                                      wsum);
+      weight_sum_kernel<T, L>
+          <<<1, kThreads, 0, st>>>(target, w, a_, s_.outer * s_.inner, s_.c, wsum);
       OT_CUDA_CHECK_LAUNCH();
       if (total == 0) return;
       nll_grad_kernel<T, L><<<blocks_for(total, kThreads), kThreads, 0, st>>>(

@@ -10,8 +10,12 @@
 namespace onnxtrain::ops::cuda {
 namespace {
 
-__device__ __forceinline__ float o_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double o_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float o_sqrt(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double o_sqrt(double x) {
+  return sqrt(x);
+}
 
 // A device scalar of dtype float / double / int64, read as double (the CPU's scalar_of).
 struct ScalarRef {
@@ -45,16 +49,17 @@ struct AdamRule {
   static constexpr int kStates = 2;
   double alpha, beta, eps, norm, norm_post;
   explicit AdamRule(const graph::Node& n)
-      : alpha(n.attr_float("alpha", 0.9f)), beta(n.attr_float("beta", 0.999f)),
-        eps(n.attr_float("epsilon", 1e-6f)), norm(n.attr_float("norm_coefficient", 0.0f)),
+      : alpha(n.attr_float("alpha", 0.9f)),
+        beta(n.attr_float("beta", 0.999f)),
+        eps(n.attr_float("epsilon", 1e-6f)),
+        norm(n.attr_float("norm_coefficient", 0.0f)),
         norm_post(n.attr_float("norm_coefficient_post", 0.0f)) {}
   template <typename C>
   __device__ void apply(double r, long long t, C x, C g, C v, C h, C& x_new, C& v_new,
                         C& h_new) const {
-    const double r_adj =
-        t > 0 ? r * sqrt(1 - pow(beta, static_cast<double>(t))) /
-                    (1 - pow(alpha, static_cast<double>(t)))
-              : r;
+    const double r_adj = t > 0 ? r * sqrt(1 - pow(beta, static_cast<double>(t))) /
+                                     (1 - pow(alpha, static_cast<double>(t)))
+                               : r;
     const C gr = C(norm) * x + g;
     v_new = C(alpha) * v + C(1 - alpha) * gr;
     h_new = C(beta) * h + C(1 - beta) * gr * gr;
@@ -67,7 +72,8 @@ struct MomentumRule {
   double alpha, beta, norm;
   bool nesterov;
   explicit MomentumRule(const graph::Node& n)
-      : alpha(required_float(n, "alpha")), beta(required_float(n, "beta")),
+      : alpha(required_float(n, "alpha")),
+        beta(required_float(n, "beta")),
         norm(required_float(n, "norm_coefficient")) {
     const std::string m = n.attr_string("mode", "");
     if (m != "standard" && m != "nesterov") throw DeviceFallback{"unknown mode"};
@@ -87,7 +93,8 @@ struct AdagradRule {
   double eps, norm;
   float decay;
   explicit AdagradRule(const graph::Node& n)
-      : eps(n.attr_float("epsilon", 1e-6f)), norm(n.attr_float("norm_coefficient", 0.0f)),
+      : eps(n.attr_float("epsilon", 1e-6f)),
+        norm(n.attr_float("norm_coefficient", 0.0f)),
         decay(n.attr_float("decay_factor", 0.0f)) {}
   template <typename C>
   __device__ void apply(double r, long long t, C x, C g, C h, C& x_new, C& h_new) const {
@@ -102,15 +109,16 @@ struct AdamWRule {
   static constexpr int kStates = 2;
   double beta1, beta2, eps, decay;
   explicit AdamWRule(const graph::Node& n)
-      : beta1(n.attr_float("beta1", 0.9f)), beta2(n.attr_float("beta2", 0.999f)),
-        eps(n.attr_float("epsilon", 1e-7f)), decay(n.attr_float("weight_decay", 0.0f)) {}
+      : beta1(n.attr_float("beta1", 0.9f)),
+        beta2(n.attr_float("beta2", 0.999f)),
+        eps(n.attr_float("epsilon", 1e-7f)),
+        decay(n.attr_float("weight_decay", 0.0f)) {}
   template <typename C>
   __device__ void apply(double r, long long t, C x, C g, C m, C v, C& x_new, C& m_new,
                         C& v_new) const {
-    const double r_adj =
-        t > 0 ? r * sqrt(1 - pow(beta2, static_cast<double>(t))) /
-                    (1 - pow(beta1, static_cast<double>(t)))
-              : r;
+    const double r_adj = t > 0 ? r * sqrt(1 - pow(beta2, static_cast<double>(t))) /
+                                     (1 - pow(beta1, static_cast<double>(t)))
+                               : r;
     m_new = C(beta1) * m + C(1 - beta1) * g;
     v_new = C(beta2) * v + C(1 - beta2) * g * g;
     x_new = x - C(r * decay) * x - C(r_adj) * (m_new / (o_sqrt(v_new) + C(eps)));
@@ -186,11 +194,11 @@ class OptimizerKernel final : public Kernel {
         for (int b = 0; b < 2 + kS; ++b) g.in[b] = ctx.input(2 + b * n_ + i)->as<T>();
         for (int b = 0; b < 1 + kS; ++b) {
           const int slot = b * n_ + i;
-          g.out[b] = slot < ctx.num_outputs() && ctx.has_output(slot) ? ctx.output(slot).as<T>()
-                                                                       : nullptr;
+          g.out[b] =
+              slot < ctx.num_outputs() && ctx.has_output(slot) ? ctx.output(slot).as<T>() : nullptr;
         }
-        optimizer_kernel<Rule, T><<<blocks_for(count, kThreads), kThreads, 0, s>>>(rule_, r, t, g,
-                                                                                   count);
+        optimizer_kernel<Rule, T>
+            <<<blocks_for(count, kThreads), kThreads, 0, s>>>(rule_, r, t, g, count);
         OT_CUDA_CHECK_LAUNCH();
       });
     }

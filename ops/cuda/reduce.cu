@@ -24,8 +24,8 @@ struct ReduceMap {
   int64_t count = 1;
 };
 
-__device__ __forceinline__ int64_t decompose(int64_t i, int rank, const int64_t* dims,
-                                             const int64_t* strides) {
+__host__ __device__ __forceinline__ int64_t decompose(int64_t i, int rank, const int64_t* dims,
+                                                      const int64_t* strides) {
   int64_t off = 0;
   for (int d = rank - 1; d >= 0; --d) {
     const int64_t q = i / dims[d];
@@ -131,8 +131,7 @@ template <typename T>
 void launch_reduce_sum(const ReduceMap& m, const T* x, T* y, bool mean, cudaStream_t s) {
   if (m.outputs == 0) return;
   if (m.count <= 32) {
-    reduce_sum_thread_kernel<T><<<blocks_for(m.outputs, kThreads), kThreads, 0, s>>>(m, x, y,
-                                                                                     mean);
+    reduce_sum_thread_kernel<T><<<blocks_for(m.outputs, kThreads), kThreads, 0, s>>>(m, x, y, mean);
   } else {
     reduce_sum_block_kernel<T><<<blocks_per_item(m.outputs), kThreads, 0, s>>>(m, x, y, mean);
   }
@@ -143,15 +142,16 @@ void launch_reduce_sum(const ReduceMap& m, const T* x, T* y, bool mean, cudaStre
 class ReduceSumKernel final : public Kernel {
  public:
   ReduceSumKernel(const graph::Node& n, bool mean)
-      : mean_(mean), axes_attr_(n.attr_ints("axes")),
+      : mean_(mean),
+        axes_attr_(n.attr_ints("axes")),
         noop_(n.attr_int("noop_with_empty_axes", 0) != 0) {}
   void prepare(KernelContext& ctx) override {
     const TensorView& x = need_input(ctx, 0);
     if (mean_)
       need_dtype(x.dtype, {DataType::kFloat, DataType::kDouble}, "ReduceMean input");
     else
-      need_dtype(x.dtype, {DataType::kFloat, DataType::kDouble, DataType::kInt32,
-                           DataType::kInt64}, "ReduceSum input");
+      need_dtype(x.dtype, {DataType::kFloat, DataType::kDouble, DataType::kInt32, DataType::kInt64},
+                 "ReduceSum input");
     dtype_ = x.dtype;
     std::vector<int64_t> axes = axes_attr_;
     if (ctx.input(1)) {
@@ -172,8 +172,8 @@ class ReduceSumKernel final : public Kernel {
   }
   void run(KernelContext& ctx) override {
     TensorView& y = ctx.output(0);
-    OT_CHECK(y.numel() == map_.outputs, ctx.node().describe(), ": planned output has ",
-             y.numel(), " elements, the reduction ", map_.outputs);
+    OT_CHECK(y.numel() == map_.outputs, ctx.node().describe(), ": planned output has ", y.numel(),
+             " elements, the reduction ", map_.outputs);
     dispatch_types(ArithT{}, dtype_, [&]<typename T>() {
       launch_reduce_sum(map_, ctx.input(0)->as<T>(), y.as<T>(), mean_, stream_of(ctx));
     });
@@ -313,8 +313,12 @@ class ArgKernel final : public Kernel {
 
 // ---------------------------------------------------------------- Softmax / LogSoftmax
 
-__device__ __forceinline__ float s_exp(float x) { return expf(x); }
-__device__ __forceinline__ double s_exp(double x) { return exp(x); }
+__device__ __forceinline__ float s_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double s_exp(double x) {
+  return exp(x);
+}
 
 // The CPU's std::max(m, v): a NaN v never replaces m.
 template <typename T>
@@ -340,8 +344,9 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t outer, int64_t n, int64
     const double k = log ? ::log(s) : 1.0 / s;
     for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
       const T v = x[base + r * inner];
-      y[base + r * inner] = log ? static_cast<T>(static_cast<double>(v - m) - k)
-                                : static_cast<T>(static_cast<double>(s_exp(static_cast<T>(v - m))) * k);
+      y[base + r * inner] =
+          log ? static_cast<T>(static_cast<double>(v - m) - k)
+              : static_cast<T>(static_cast<double>(s_exp(static_cast<T>(v - m))) * k);
     }
   }
 }
@@ -452,8 +457,7 @@ class SoftmaxGradKernel final : public Kernel {
     const cudaStream_t s = stream_of(ctx);
     dispatch_types(FloatT{}, dtype_, [&]<typename T>() {
       softmax_grad_kernel<T><<<blocks_per_item(l_.outer * l_.inner), kThreads, 0, s>>>(
-          ctx.input(0)->as<T>(), ctx.input(1)->as<T>(), dx.as<T>(), l_.outer, l_.n, l_.inner,
-          log_);
+          ctx.input(0)->as<T>(), ctx.input(1)->as<T>(), dx.as<T>(), l_.outer, l_.n, l_.inner, log_);
       OT_CUDA_CHECK_LAUNCH();
     });
   }

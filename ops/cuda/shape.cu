@@ -1,7 +1,7 @@
 // CUDA kernels of the shape family: the pure relabelings (Identity, Flatten, Reshape, Squeeze,
 // Unsqueeze: a device copy into the planned output), Expand and Transpose (one strided gather),
-// Concat, Gather, inference-mode Dropout and ai.onnxtrain.ShardBatch. Element moves dispatch
-// on element width, so every fixed-size dtype works; strings fall back to the CPU.
+// Concat, Gather, inference-mode Dropout, DropoutGrad and ai.onnxtrain.ShardBatch. Element
+// moves dispatch on element width, so every fixed-size dtype works; strings fall back.
 #include <numeric>
 
 #include "ops/cuda/eltwise_util.cuh"
@@ -18,8 +18,8 @@ class CopyKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const TensorView& x = *ctx.input(0);
     TensorView& y = ctx.output(0);
-    OT_CHECK(y.nbytes() == x.nbytes(), ctx.node().describe(), ": planned output holds ",
-             y.nbytes(), " bytes, input ", x.nbytes());
+    OT_CHECK(y.nbytes() == x.nbytes(), ctx.node().describe(), ": planned output holds ", y.nbytes(),
+             " bytes, input ", x.nbytes());
     copy_async(y.data, x.data, x.nbytes(), stream_of(ctx));
   }
 };
@@ -55,8 +55,8 @@ class ExpandKernel final : public Kernel {
 // x: (d0..dn) -> y: (d[perm[0]]..d[perm[n]])
 class TransposeKernel final : public Kernel {
  public:
-  explicit TransposeKernel(const graph::Node& n) : has_perm_(n.find_attr("perm") != nullptr),
-                                                   perm_(n.attr_ints("perm")) {}
+  explicit TransposeKernel(const graph::Node& n)
+      : has_perm_(n.find_attr("perm") != nullptr), perm_(n.attr_ints("perm")) {}
   void prepare(KernelContext& ctx) override {
     const TensorView& x = need_input(ctx, 0);
     bytes_ = elem_bytes(x.dtype);
@@ -123,8 +123,8 @@ void launch_copy_rows(size_t bytes, const void* src, void* dst, int64_t outer, i
 // x_i: (.., a_i, ..) -> y: (.., sum a_i, ..) along `axis`
 class ConcatKernel final : public Kernel {
  public:
-  explicit ConcatKernel(const graph::Node& n) : node_axis_(n.find_attr("axis") != nullptr),
-                                                axis_attr_(n.attr_int("axis", 1)) {}
+  explicit ConcatKernel(const graph::Node& n)
+      : node_axis_(n.find_attr("axis") != nullptr), axis_attr_(n.attr_int("axis", 1)) {}
   void prepare(KernelContext& ctx) override {
     const TensorView& x0 = need_input(ctx, 0);
     bytes_ = elem_bytes(x0.dtype);
@@ -293,9 +293,75 @@ class DropoutKernel final : public Kernel {
   bool want_mask_ = false;
 };
 
+// dy: (n), keep: (n) bool -> dx = keep ? dy * scale : 0, in T (the CPU's DropoutGrad)
+template <typename T>
+__global__ void dropout_grad_kernel(const T* __restrict__ dy, const bool* __restrict__ keep,
+                                    T* __restrict__ dx, int64_t n, T scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dx[i] = keep[i] ? dy[i] * scale : T(0);
+}
+
+// dY: (any), mask: (dY dims, bool) [, ratio, training_mode] -> dX = dY * mask / (1 - ratio) in
+// training mode (0 for ratio 1), dY otherwise; ratio / training_mode must be plan-time constants.
+class DropoutGradKernel final : public Kernel {
+ public:
+  explicit DropoutGradKernel(const graph::Node&) {}
+  void prepare(KernelContext& ctx) override {
+    const TensorView& dy = need_input(ctx, 0);
+    const TensorView& mask = need_input(ctx, 1);
+    if (mask.dtype != DataType::kBool || mask.dims != dy.dims)
+      throw DeviceFallback{"mask is not a bool tensor of dY's dims"};
+    double ratio = 0.5;
+    training_ = false;
+    if (const TensorView* t = ctx.input(3); t && t->numel() > 0) {
+      const TensorView* c = ctx.host_constant(3);
+      if (!c || c->dtype != DataType::kBool)
+        throw DeviceFallback{"training_mode is not a plan-time bool constant"};
+      training_ = *static_cast<const uint8_t*>(c->data) != 0;
+    }
+    if (const TensorView* r = ctx.input(2); training_ && r && r->numel() > 0) {
+      const TensorView* c = ctx.host_constant(2);
+      if (!c) throw DeviceFallback{"ratio is not a plan-time constant"};
+      ratio = host_float(*c);
+    }
+    if (training_)
+      need_dtype(dy.dtype, {DataType::kFloat, DataType::kDouble}, "DropoutGrad dY");
+    else
+      elem_bytes(dy.dtype);
+    scale_ = ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0;
+    dtype_ = dy.dtype;
+  }
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = *ctx.input(0);
+    TensorView& dx = ctx.output(0);
+    const cudaStream_t s = stream_of(ctx);
+    if (!training_) {
+      copy_async(dx.data, dy.data, dy.nbytes(), s);
+      return;
+    }
+    const int64_t n = dy.numel();
+    if (n == 0) return;
+    dispatch_types(FloatT{}, dtype_, [&]<typename T>() {
+      dropout_grad_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+          dy.as<T>(), ctx.input(1)->as<bool>(), dx.as<T>(), n, static_cast<T>(scale_));
+      OT_CUDA_CHECK_LAUNCH();
+    });
+  }
+
+ private:
+  bool training_ = false;
+  double scale_ = 1.0;
+  DataType dtype_ = DataType::kUndefined;
+};
+
 // Rows of replica k when n rows are split over r replicas, the first n % r getting one more.
-int64_t shard_size(int64_t n, int64_t r, int64_t k) { return n / r + (k < n % r ? 1 : 0); }
-int64_t shard_start(int64_t n, int64_t r, int64_t k) { return k * (n / r) + std::min(k, n % r); }
+int64_t shard_size(int64_t n, int64_t r, int64_t k) {
+  return n / r + (k < n % r ? 1 : 0);
+}
+int64_t shard_start(int64_t n, int64_t r, int64_t k) {
+  return k * (n / r) + std::min(k, n % r);
+}
 
 // x: (N, ...) -> out_k: (size_k, ...), rows [start_k, start_k + size_k) of x
 class ShardBatchKernel final : public Kernel {
@@ -336,18 +402,39 @@ std::unique_ptr<Kernel> make(const graph::Node& n) {
 
 }  // namespace
 
-ONNXTRAIN_REGISTER_KERNEL(identity_cuda, "", "Identity", kCuda) { return make<CopyKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(flatten_cuda, "", "Flatten", kCuda) { return make<CopyKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(reshape_cuda, "", "Reshape", kCuda) { return make<CopyKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(squeeze_cuda, "", "Squeeze", kCuda) { return make<CopyKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(unsqueeze_cuda, "", "Unsqueeze", kCuda) { return make<CopyKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(expand_cuda, "", "Expand", kCuda) { return make<ExpandKernel>(n); }
+ONNXTRAIN_REGISTER_KERNEL(identity_cuda, "", "Identity", kCuda) {
+  return make<CopyKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(flatten_cuda, "", "Flatten", kCuda) {
+  return make<CopyKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(reshape_cuda, "", "Reshape", kCuda) {
+  return make<CopyKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(squeeze_cuda, "", "Squeeze", kCuda) {
+  return make<CopyKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(unsqueeze_cuda, "", "Unsqueeze", kCuda) {
+  return make<CopyKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(expand_cuda, "", "Expand", kCuda) {
+  return make<ExpandKernel>(n);
+}
 ONNXTRAIN_REGISTER_KERNEL(transpose_cuda, "", "Transpose", kCuda) {
   return make<TransposeKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(concat_cuda, "", "Concat", kCuda) { return make<ConcatKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(gather_cuda, "", "Gather", kCuda) { return make<GatherKernel>(n); }
-ONNXTRAIN_REGISTER_KERNEL(dropout_cuda, "", "Dropout", kCuda) { return make<DropoutKernel>(n); }
+ONNXTRAIN_REGISTER_KERNEL(concat_cuda, "", "Concat", kCuda) {
+  return make<ConcatKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(gather_cuda, "", "Gather", kCuda) {
+  return make<GatherKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(dropout_cuda, "", "Dropout", kCuda) {
+  return make<DropoutKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(dropout_grad_cuda, "ai.onnxtrain", "DropoutGrad", kCuda) {
+  return make<DropoutGradKernel>(n);
+}
 ONNXTRAIN_REGISTER_KERNEL(shard_batch_cuda, "ai.onnxtrain", "ShardBatch", kCuda) {
   return make<ShardBatchKernel>(n);
 }
