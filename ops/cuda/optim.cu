@@ -1,5 +1,5 @@
 // CUDA kernels of the optimizers: ai.onnx.preview.training Adam / Momentum / Adagrad,
-// ai.onnxtrain AdamW and SGD (ops/optim/optimizers.cc, sgd.cc). The learning rate R and step T
+// ai.onnxtrain AdamW, SGD and ClipByGlobalNorm (ops/optim/*.cc). The learning rate R and step T
 // are device scalars read inside the kernel. Outputs may share the buffers of X and the states
 // (OpSchema::inplace): each thread reads element i of every input before writing element i.
 #include <cmath>
@@ -280,6 +280,98 @@ class SgdKernel final : public Kernel {
   DataType dtype_ = DataType::kUndefined;
 };
 
+// ---------------------------------------------------------------- ClipByGlobalNorm
+
+constexpr int64_t kClipChunk = int64_t{1} << 16;  // elements per partial sum of squares
+constexpr double kNormEpsilon = 1e-6;
+
+struct PlusD {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+// g: (count) -> partial[c] = sum of g^2 over chunk c (one block per chunk, in double)
+template <typename T>
+__global__ void sum_squares_kernel(const T* __restrict__ g, int64_t count, double* partial) {
+  const int64_t begin = blockIdx.x * kClipChunk;
+  const int64_t end = begin + kClipChunk < count ? begin + kClipChunk : count;
+  double s = 0;
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    const auto v = static_cast<double>(g[k]);
+    s += v * v;
+  }
+  s = block_reduce(s, PlusD{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// partial: (n) -> *scale = min(1, max_norm / (sqrt(sum) + 1e-6)) (one block)
+__global__ void clip_scale_kernel(const double* partial, int64_t n, double max_norm,
+                                  double* scale) {
+  double s = 0;
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += partial[k];
+  s = block_reduce(s, PlusD{});
+  if (threadIdx.x == 0) *scale = fmin(1.0, max_norm / (sqrt(s) + kNormEpsilon));
+}
+
+template <typename T>
+__global__ void scale_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t count,
+                             const double* scale) {
+  const double k = *scale;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = static_cast<T>(static_cast<double>(in[i]) * k);
+}
+
+// g_i: any dims -> g_i * min(1, max_norm / (||(g_1..g_n)||_2 + 1e-6)), the norm over all of them
+class ClipByGlobalNormKernel final : public Kernel {
+ public:
+  explicit ClipByGlobalNormKernel(const graph::Node& n) : max_norm_(required_float(n, "max_norm")) {
+    if (!(max_norm_ > 0)) throw DeviceFallback{"max_norm must be > 0"};
+  }
+  void prepare(KernelContext& ctx) override {
+    const int n = ctx.num_inputs();
+    if (n < 1 || n != ctx.num_outputs()) throw DeviceFallback{"input / output count"};
+    dtype_ = need_input(ctx, 0).dtype;
+    need_dtype(dtype_, {DataType::kFloat, DataType::kDouble}, "gradient");
+    chunks_ = 0;
+    for (int i = 0; i < n; ++i) {
+      const TensorView& g = need_input(ctx, i);
+      if (g.dtype != dtype_) throw DeviceFallback{"inputs differ in dtype"};
+      chunks_ += (g.numel() + kClipChunk - 1) / kClipChunk;
+    }
+  }
+  void run(KernelContext& ctx) override {
+    const cudaStream_t s = stream_of(ctx);
+    auto* partial = static_cast<double*>(ctx.scratch(sizeof(double) * (chunks_ + 1)));
+    double* scale = partial + chunks_;
+    dispatch_types(FloatT{}, dtype_, [&]<typename T>() {
+      int64_t at = 0;
+      for (int i = 0; i < ctx.num_inputs(); ++i) {
+        const int64_t count = ctx.input(i)->numel();
+        const int64_t c = (count + kClipChunk - 1) / kClipChunk;
+        if (c == 0) continue;
+        sum_squares_kernel<T><<<static_cast<unsigned>(c), kThreads, 0, s>>>(ctx.input(i)->as<T>(),
+                                                                            count, partial + at);
+        OT_CUDA_CHECK_LAUNCH();
+        at += c;
+      }
+      clip_scale_kernel<<<1, kThreads, 0, s>>>(partial, chunks_, max_norm_, scale);
+      OT_CUDA_CHECK_LAUNCH();
+      for (int i = 0; i < ctx.num_inputs(); ++i) {
+        const int64_t count = ctx.input(i)->numel();
+        if (!ctx.has_output(i) || count == 0) continue;
+        scale_kernel<T><<<blocks_for(count, kThreads), kThreads, 0, s>>>(
+            ctx.input(i)->as<T>(), ctx.output(i).as<T>(), count, scale);
+        OT_CUDA_CHECK_LAUNCH();
+      }
+    });
+  }
+
+ private:
+  double max_norm_;
+  DataType dtype_ = DataType::kUndefined;
+  int64_t chunks_ = 0;
+};
+
 constexpr const char* kTraining = "ai.onnx.preview.training";
 
 }  // namespace
@@ -298,6 +390,9 @@ ONNXTRAIN_REGISTER_KERNEL(adamw_cuda, "ai.onnxtrain", "AdamW", kCuda) {
 }
 ONNXTRAIN_REGISTER_KERNEL(sgd_cuda, "ai.onnxtrain", "SGD", kCuda) {
   return std::make_unique<SgdKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(clip_by_global_norm_cuda, "ai.onnxtrain", "ClipByGlobalNorm", kCuda) {
+  return std::make_unique<ClipByGlobalNormKernel>(n);
 }
 
 }  // namespace onnxtrain::ops::cuda
