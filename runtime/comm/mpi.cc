@@ -13,12 +13,6 @@
 
 #include "runtime/comm/communicator.h"
 
-int mpi_local_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (int n = env_int(var); n > 0) return n;
-  return 0;
-}
-
 #ifdef ONNXTRAIN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -66,6 +60,12 @@ int mpi_launch_size() {
     if (int n = env_int("SLURM_STEP_NUM_TASKS")) return n;
     if (int n = env_int("SLURM_NTASKS")) return n;
   }
+  return 0;
+}
+
+int mpi_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (int n = env_int(var); n > 0) return n;
   return 0;
 }
 

@@ -1,0 +1,627 @@
+// CUDA kernels of the elementwise family: activations and their ai.onnxtrain grads, unary math,
+// broadcasting binary arithmetic, Pow, Equal, Where, Sum and Cast. Scalar rules copy the CPU
+// functors in ops/elementwise/*.cc (same types, same expression order, float math in float).
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "ops/cuda/eltwise_util.cuh"
+
+namespace onnxtrain::ops::cuda {
+namespace {
+
+// ---------------------------------------------------------------- device math
+// float stays float (the CPU's std:: overloads on float call the float functions).
+__device__ __forceinline__ float d_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double d_exp(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float d_log(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double d_log(double x) {
+  return log(x);
+}
+__device__ __forceinline__ float d_sqrt(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double d_sqrt(double x) {
+  return sqrt(x);
+}
+__device__ __forceinline__ float d_tanh(float x) {
+  return tanhf(x);
+}
+__device__ __forceinline__ double d_tanh(double x) {
+  return tanh(x);
+}
+__device__ __forceinline__ float d_pow(float x, float y) {
+  return powf(x, y);
+}
+__device__ __forceinline__ double d_pow(double x, double y) {
+  return pow(x, y);
+}
+__device__ __forceinline__ float d_abs(float x) {
+  return fabsf(x);
+}
+__device__ __forceinline__ double d_abs(double x) {
+  return fabs(x);
+}
+
+// Integer +, -, * wrap (two's complement) like the CPU's Wrapping<> instead of overflowing.
+template <typename T>
+__device__ __forceinline__ T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) +
+                          static_cast<std::make_unsigned_t<T>>(b));
+  else
+    return a + b;
+}
+template <typename T>
+__device__ __forceinline__ T wrap_sub(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) -
+                          static_cast<std::make_unsigned_t<T>>(b));
+  else
+    return a - b;
+}
+template <typename T>
+__device__ __forceinline__ T wrap_mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) *
+                          static_cast<std::make_unsigned_t<T>>(b));
+  else
+    return a * b;
+}
+
+// ---------------------------------------------------------------- scalar rules
+
+struct ReluOp {
+  using types = Types<float, double, int32_t, int64_t>;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x < T(0) ? T(0) : x;  // NaN stays NaN
+  }
+};
+struct LeakyReluOp {
+  using types = FloatT;
+  float alpha;
+  explicit LeakyReluOp(const graph::Node& n) : alpha(n.attr_float("alpha", 0.01f)) {}
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x < T(0) ? static_cast<T>(static_cast<T>(alpha) * x) : x;
+  }
+};
+// Both branches stay finite: exp only ever sees -|x|.
+struct SigmoidOp {
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    const T e = d_exp(-d_abs(x));
+    return x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+  }
+};
+struct TanhOp {
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return d_tanh(x);
+  }
+};
+struct ExpOp {
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return d_exp(x);
+  }
+};
+struct LogOp {
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return d_log(x);
+  }
+};
+struct SqrtOp {
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return d_sqrt(x);
+  }
+};
+struct NegOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return wrap_sub(T(0), x);
+  }
+};
+struct AbsOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x < T(0) ? wrap_sub(T(0), x) : x;
+  }
+};
+
+// Grad rules take (dy, z), z the forward input x or output y as the CPU's functors do.
+struct ReluGradOp {  // (dy, y)
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T dy, T y) const {
+    return y > T(0) ? dy : T(0);
+  }
+};
+struct LeakyReluGradOp {  // (dy, x)
+  using types = FloatT;
+  float alpha;
+  explicit LeakyReluGradOp(const graph::Node& n) : alpha(n.attr_float("alpha", 0.01f)) {}
+  template <typename T>
+  __device__ T operator()(T dy, T x) const {
+    return x < T(0) ? static_cast<T>(alpha) * dy : dy;
+  }
+};
+struct SigmoidGradOp {  // (dy, y)
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T dy, T y) const {
+    return dy * y * (T(1) - y);
+  }
+};
+struct TanhGradOp {  // (dy, y)
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T dy, T y) const {
+    return dy * (T(1) - y * y);
+  }
+};
+struct SqrtGradOp {  // (dy, y)
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T dy, T y) const {
+    return dy / (T(2) * y);
+  }
+};
+struct AbsGradOp {  // (dy, x)
+  using types = FloatT;
+  template <typename T>
+  __device__ T operator()(T dy, T x) const {
+    return x < T(0) ? -dy : (x > T(0) ? dy : T(0));
+  }
+};
+
+struct AddOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return wrap_add(a, b);
+  }
+};
+struct SubOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return wrap_sub(a, b);
+  }
+};
+struct MulOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return wrap_mul(a, b);
+  }
+};
+// Integer division truncates; x / 0 gives 0 and INT_MIN / -1 wraps (CPU's DivFn).
+struct DivOp {
+  using types = ArithT;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>) {
+      if (b == 0) return T(0);
+      if (b == T(-1)) return wrap_sub(T(0), a);
+    }
+    return static_cast<T>(a / b);
+  }
+};
+struct EqualOp {
+  using types = Types<float, double, int32_t, int64_t, bool>;
+  template <typename T>
+  __device__ bool operator()(T a, T b) const {
+    return a == b;
+  }
+};
+// x ** y in x's type; x * x for y == 2 (what the CPU's powf gives exactly too).
+struct PowOp {
+  template <typename T, typename U>
+  __device__ T operator()(T x, U y) const {
+    const T e = static_cast<T>(y);
+    if (e == T(2)) return x * x;
+    return d_pow(x, e);
+  }
+};
+struct WhereOp {
+  template <typename U>
+  __device__ U operator()(bool c, U a, U b) const {
+    return c ? a : b;
+  }
+};
+struct CopyOp {
+  template <typename T>
+  __device__ T operator()(T a) const {
+    return a;
+  }
+};
+
+template <typename Op>
+Op make_op(const graph::Node& n) {
+  if constexpr (std::is_constructible_v<Op, const graph::Node&>)
+    return Op(n);
+  else
+    return Op{};
+}
+
+// ---------------------------------------------------------------- the one map kernel
+
+template <typename F, typename... In, size_t... K>
+__device__ __forceinline__ auto call_at(const StridedMap& m, const F& f, int64_t i,
+                                        std::index_sequence<K...>, const In*... in) {
+  return f(in[map_offset(m, static_cast<int>(K), i)]...);
+}
+
+// y[i] = f(in_0[map_0(i)], ..) over m.total elements. y may alias an operand whose map is the
+// identity (each thread reads index i before writing it).
+template <typename Out, typename F, typename... In>
+__global__ void map_kernel(StridedMap m, F f, Out* y, const In*... in) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m.total;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<Out>(call_at(m, f, i, std::index_sequence_for<In...>{}, in...));
+}
+
+template <typename Out, typename F, typename... In>
+void launch_map(const StridedMap& m, const F& f, cudaStream_t s, Out* y, const In*... in) {
+  if (m.total == 0) return;
+  const unsigned blocks = blocks_for(m.total, kThreads);
+  map_kernel<Out, F, In...><<<blocks, kThreads, 0, s>>>(m, f, y, in...);
+  OT_CUDA_CHECK_LAUNCH();
+}
+
+StridedMap contiguous_map(int64_t n, int operands) {
+  StridedMap m;
+  m.dims[0] = n;
+  for (int k = 0; k < operands; ++k) m.strides[k][0] = 1;
+  m.total = n;
+  return m;
+}
+
+// ---------------------------------------------------------------- kernels
+
+// x: any -> y: x's dims and dtype
+template <typename Op>
+class UnaryKernel final : public Kernel {
+ public:
+  explicit UnaryKernel(const graph::Node& n) : op_(make_op<Op>(n)) {}
+  void prepare(KernelContext& ctx) override {
+    const TensorView& x = need_input(ctx, 0);
+    if (!has_dtype(typename Op::types{}, x.dtype))
+      throw DeviceFallback{
+          cat("dtype ", graph::dtype_short_name(x.dtype), " is not handled on CUDA")};
+    dtype_ = x.dtype;
+    n_ = x.numel();
+  }
+  void run(KernelContext& ctx) override {
+    const TensorView& x = *ctx.input(0);
+    TensorView& y = ctx.output(0);
+    dispatch_types(typename Op::types{}, dtype_, [&]<typename T>() {
+      launch_map(contiguous_map(n_, 1), op_, stream_of(ctx), y.as<T>(), x.as<T>());
+    });
+  }
+
+ private:
+  Op op_;
+  DataType dtype_ = DataType::kUndefined;
+  int64_t n_ = 0;
+};
+
+// a: A, b: B (numpy-broadcast, one dtype) -> y: broadcast(A, B); dtype T, or bool for Equal.
+template <typename Op>
+class BinaryKernel final : public Kernel {
+ public:
+  BinaryKernel(const graph::Node& n, bool onnx_op) : op_(make_op<Op>(n)), onnx_op_(onnx_op) {}
+  void prepare(KernelContext& ctx) override {
+    // Before opset 7 ai.onnx binary ops may broadcast the legacy way (axis attribute).
+    if (onnx_op_ && ctx.opset() < 7) throw DeviceFallback{"legacy (opset < 7) broadcasting"};
+    const TensorView& a = need_input(ctx, 0);
+    const TensorView& b = need_input(ctx, 1);
+    if (!has_dtype(typename Op::types{}, a.dtype) || b.dtype != a.dtype)
+      throw DeviceFallback{cat("dtypes ", graph::dtype_short_name(a.dtype), "/",
+                               graph::dtype_short_name(b.dtype), " are not handled on CUDA")};
+    dtype_ = a.dtype;
+    map_ = broadcast_map({a.dims, b.dims}, out_dims_);
+  }
+  void run(KernelContext& ctx) override {
+    TensorView& y = ctx.output(0);
+    check_dims(y, out_dims_, ctx.node(), "output");
+    dispatch_types(typename Op::types{}, dtype_, [&]<typename T>() {
+      using Out = std::conditional_t<std::is_same_v<Op, EqualOp>, bool, T>;
+      launch_map(map_, op_, stream_of(ctx), y.as<Out>(), ctx.input(0)->as<T>(),
+                 ctx.input(1)->as<T>());
+    });
+  }
+
+ private:
+  Op op_;
+  bool onnx_op_;
+  DataType dtype_ = DataType::kUndefined;
+  std::vector<int64_t> out_dims_;
+  StridedMap map_;
+};
+
+// x: X (f32/f64), y: Y (f32/f64/i32/i64) -> z: broadcast(X, Y) in x's dtype
+class PowKernel final : public Kernel {
+ public:
+  explicit PowKernel(const graph::Node&) {}
+  void prepare(KernelContext& ctx) override {
+    if (ctx.opset() < 7) throw DeviceFallback{"legacy (opset < 7) broadcasting"};
+    const TensorView& x = need_input(ctx, 0);
+    const TensorView& y = need_input(ctx, 1);
+    need_dtype(x.dtype, {DataType::kFloat, DataType::kDouble}, "Pow base");
+    need_dtype(y.dtype, {DataType::kFloat, DataType::kDouble, DataType::kInt32, DataType::kInt64},
+               "Pow exponent");
+    map_ = broadcast_map({x.dims, y.dims}, out_dims_);
+    x_dtype_ = x.dtype;
+    y_dtype_ = y.dtype;
+  }
+  void run(KernelContext& ctx) override {
+    TensorView& z = ctx.output(0);
+    check_dims(z, out_dims_, ctx.node(), "output");
+    dispatch_types(FloatT{}, x_dtype_, [&]<typename T>() {
+      dispatch_types(ArithT{}, y_dtype_, [&]<typename U>() {
+        launch_map(map_, PowOp{}, stream_of(ctx), z.as<T>(), ctx.input(0)->as<T>(),
+                   ctx.input(1)->as<U>());
+      });
+    });
+  }
+
+ private:
+  std::vector<int64_t> out_dims_;
+  StridedMap map_;
+  DataType x_dtype_ = DataType::kUndefined, y_dtype_ = DataType::kUndefined;
+};
+
+// x_0..x_{n-1}: numpy-broadcast, one dtype -> y: broadcast of all, folded left to right in y
+// (the CPU's order, so float sums round the same way).
+class SumKernel final : public Kernel {
+ public:
+  explicit SumKernel(const graph::Node&) {}
+  void prepare(KernelContext& ctx) override {
+    const int n = ctx.num_inputs();
+    if (n < 1) throw DeviceFallback{"no inputs"};
+    std::vector<std::vector<int64_t>> dims;
+    dtype_ = need_input(ctx, 0).dtype;
+    if (!has_dtype(ArithT{}, dtype_)) throw DeviceFallback{"dtype not handled on CUDA"};
+    for (int i = 0; i < n; ++i) {
+      const TensorView& x = need_input(ctx, i);
+      if (x.dtype != dtype_) throw DeviceFallback{"inputs differ in dtype"};
+      dims.push_back(x.dims);
+    }
+    if (!broadcast_dims_of(dims, out_dims_)) throw DeviceFallback{"inputs do not broadcast"};
+    maps_.clear();
+    const size_t r = out_dims_.size();
+    std::vector<int64_t> self = row_major_strides(out_dims_);
+    if (n == 1) {
+      maps_.push_back(make_map(out_dims_, {broadcast_strides(dims[0], r)}));
+      return;
+    }
+    maps_.push_back(
+        make_map(out_dims_, {broadcast_strides(dims[0], r), broadcast_strides(dims[1], r)}));
+    for (int i = 2; i < n; ++i)
+      maps_.push_back(make_map(out_dims_, {self, broadcast_strides(dims[i], r)}));
+  }
+  void run(KernelContext& ctx) override {
+    TensorView& y = ctx.output(0);
+    check_dims(y, out_dims_, ctx.node(), "output");
+    const cudaStream_t s = stream_of(ctx);
+    dispatch_types(ArithT{}, dtype_, [&]<typename T>() {
+      T* out = y.as<T>();
+      if (ctx.num_inputs() == 1) {
+        launch_map(maps_[0], CopyOp{}, s, out, ctx.input(0)->as<T>());
+        return;
+      }
+      launch_map(maps_[0], AddOp{}, s, out, ctx.input(0)->as<T>(), ctx.input(1)->as<T>());
+      for (int i = 2; i < ctx.num_inputs(); ++i)
+        launch_map(maps_[static_cast<size_t>(i - 1)], AddOp{}, s, out, static_cast<const T*>(out),
+                   ctx.input(i)->as<T>());
+    });
+  }
+
+ private:
+  DataType dtype_ = DataType::kUndefined;
+  std::vector<int64_t> out_dims_;
+  std::vector<StridedMap> maps_;
+};
+
+// cond: C (bool), x: X, y: Y (same dtype) -> out: broadcast(C, X, Y), x's dtype. Moves
+// elements only, so it dispatches on element width.
+class WhereKernel final : public Kernel {
+ public:
+  explicit WhereKernel(const graph::Node&) {}
+  void prepare(KernelContext& ctx) override {
+    const TensorView& c = need_input(ctx, 0);
+    const TensorView& x = need_input(ctx, 1);
+    const TensorView& y = need_input(ctx, 2);
+    if (c.dtype != DataType::kBool || x.dtype != y.dtype)
+      throw DeviceFallback{"condition not bool or x/y dtypes differ"};
+    bytes_ = elem_bytes(x.dtype);
+    map_ = broadcast_map({c.dims, x.dims, y.dims}, out_dims_);
+  }
+  void run(KernelContext& ctx) override {
+    TensorView& out = ctx.output(0);
+    check_dims(out, out_dims_, ctx.node(), "output");
+    dispatch_width(bytes_, [&]<typename U>() {
+      launch_map(map_, WhereOp{}, stream_of(ctx), static_cast<U*>(out.data),
+                 ctx.input(0)->as<bool>(), static_cast<const U*>(ctx.input(1)->data),
+                 static_cast<const U*>(ctx.input(2)->data));
+    });
+  }
+
+ private:
+  size_t bytes_ = 0;
+  std::vector<int64_t> out_dims_;
+  StridedMap map_;
+};
+
+// ---------------------------------------------------------------- Cast
+
+// The CPU's convert<To>(From): NaN -> 0 and saturation for float -> integer, != 0 for -> bool.
+template <typename To, typename From>
+__device__ __forceinline__ To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    const double d = static_cast<double>(v);
+    if (d != d) return To(0);
+    if (d <= static_cast<double>(std::numeric_limits<To>::lowest()))
+      return std::numeric_limits<To>::lowest();
+    if (d >= static_cast<double>(std::numeric_limits<To>::max()))
+      return std::numeric_limits<To>::max();
+    return static_cast<To>(d);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+template <typename To>
+struct ConvertOp {
+  template <typename From>
+  __device__ To operator()(From v) const {
+    return convert<To>(v);
+  }
+};
+
+using CastT = Types<float, double, int8_t, int16_t, int32_t, int64_t, uint8_t, bool>;
+
+// x: any dims -> y: same dims, dtype `to`
+class CastKernel final : public Kernel {
+ public:
+  explicit CastKernel(const graph::Node& n) {
+    const graph::Attribute* a = n.find_attr("to");
+    if (!a || a->type != graph::AttrType::kInt) throw DeviceFallback{"attribute 'to' missing"};
+    to_ = static_cast<DataType>(a->i());
+    if (!has_dtype(CastT{}, to_)) throw DeviceFallback{"target dtype not handled on CUDA"};
+  }
+  void prepare(KernelContext& ctx) override {
+    const TensorView& x = need_input(ctx, 0);
+    if (!has_dtype(CastT{}, x.dtype)) throw DeviceFallback{"source dtype not handled on CUDA"};
+    from_ = x.dtype;
+    n_ = x.numel();
+  }
+  void run(KernelContext& ctx) override {
+    const TensorView& x = *ctx.input(0);
+    TensorView& y = ctx.output(0);
+    if (from_ == to_) {
+      copy_async(y.data, x.data, x.nbytes(), stream_of(ctx));
+      return;
+    }
+    dispatch_types(CastT{}, from_, [&]<typename From>() {
+      dispatch_types(CastT{}, to_, [&]<typename To>() {
+        launch_map(contiguous_map(n_, 1), ConvertOp<To>{}, stream_of(ctx), y.as<To>(),
+                   x.as<From>());
+      });
+    });
+  }
+
+ private:
+  DataType to_ = DataType::kUndefined, from_ = DataType::kUndefined;
+  int64_t n_ = 0;
+};
+
+template <typename Op>
+std::unique_ptr<Kernel> binary(const graph::Node& n, bool onnx_op = true) {
+  return std::make_unique<BinaryKernel<Op>>(n, onnx_op);
+}
+template <typename Op>
+std::unique_ptr<Kernel> grad(const graph::Node& n) {
+  return std::make_unique<BinaryKernel<Op>>(n, false);
+}
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_KERNEL(relu_cuda, "", "Relu", kCuda) {
+  return std::make_unique<UnaryKernel<ReluOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(leaky_relu_cuda, "", "LeakyRelu", kCuda) {
+  return std::make_unique<UnaryKernel<LeakyReluOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sigmoid_cuda, "", "Sigmoid", kCuda) {
+  return std::make_unique<UnaryKernel<SigmoidOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(tanh_cuda, "", "Tanh", kCuda) {
+  return std::make_unique<UnaryKernel<TanhOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(exp_cuda, "", "Exp", kCuda) {
+  return std::make_unique<UnaryKernel<ExpOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(log_cuda, "", "Log", kCuda) {
+  return std::make_unique<UnaryKernel<LogOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sqrt_cuda, "", "Sqrt", kCuda) {
+  return std::make_unique<UnaryKernel<SqrtOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(neg_cuda, "", "Neg", kCuda) {
+  return std::make_unique<UnaryKernel<NegOp>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(abs_cuda, "", "Abs", kCuda) {
+  return std::make_unique<UnaryKernel<AbsOp>>(n);
+}
+
+ONNXTRAIN_REGISTER_KERNEL(relu_grad_cuda, "ai.onnxtrain", "ReluGrad", kCuda) {
+  return grad<ReluGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(leaky_relu_grad_cuda, "ai.onnxtrain", "LeakyReluGrad", kCuda) {
+  return grad<LeakyReluGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sigmoid_grad_cuda, "ai.onnxtrain", "SigmoidGrad", kCuda) {
+  return grad<SigmoidGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(tanh_grad_cuda, "ai.onnxtrain", "TanhGrad", kCuda) {
+  return grad<TanhGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sqrt_grad_cuda, "ai.onnxtrain", "SqrtGrad", kCuda) {
+  return grad<SqrtGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(abs_grad_cuda, "ai.onnxtrain", "AbsGrad", kCuda) {
+  return grad<AbsGradOp>(n);
+}
+
+ONNXTRAIN_REGISTER_KERNEL(add_cuda, "", "Add", kCuda) {
+  return binary<AddOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sub_cuda, "", "Sub", kCuda) {
+  return binary<SubOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(mul_cuda, "", "Mul", kCuda) {
+  return binary<MulOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(div_cuda, "", "Div", kCuda) {
+  return binary<DivOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(equal_cuda, "", "Equal", kCuda) {
+  return binary<EqualOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(pow_cuda, "", "Pow", kCuda) {
+  return std::make_unique<PowKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sum_cuda, "", "Sum", kCuda) {
+  return std::make_unique<SumKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(where_cuda, "", "Where", kCuda) {
+  return std::make_unique<WhereKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(cast_cuda, "", "Cast", kCuda) {
+  return std::make_unique<CastKernel>(n);
+}
+
+}  // namespace onnxtrain::ops::cuda
