@@ -122,7 +122,10 @@ NcclCommunicator::~NcclCommunicator() {
     else
       ncclCommAbort(comm_);
   }
-  if (staging_) cudaFree(staging_);
+  if (staging_ && stream_) {
+    cudaFreeAsync(staging_, stream_);
+    cudaStreamSynchronize(stream_);
+  }
   if (stream_) cudaStreamDestroy(stream_);
   cudaSetDevice(previous);
 }
@@ -229,13 +232,13 @@ bool NcclCommunicator::is_device_memory(const void* p, std::string_view what) co
 
 std::byte* NcclCommunicator::staging(size_t bytes) {
   if (bytes > staging_bytes_) {
-    // Only synchronous calls stage, and they synchronize before returning: nothing still
-    // reads the old buffer.
-    if (staging_) check(cudaFree(staging_), "cudaFree (staging)");
+    // Stream-ordered on the comm stream: cudaFree/cudaMalloc would synchronize the device,
+    // which can deadlock against a collective still waiting for its peers.
+    if (staging_) check(cudaFreeAsync(staging_, stream_), "cudaFreeAsync (staging)");
     staging_ = nullptr;
     staging_bytes_ = 0;
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes), cat("cudaMalloc of ", bytes, " staging bytes"));
+    check(cudaMallocAsync(&p, bytes, stream_), cat("cudaMallocAsync of ", bytes, " staging bytes"));
     staging_ = static_cast<std::byte*>(p);
     staging_bytes_ = bytes;
   }
