@@ -255,6 +255,9 @@ void register_collective_kernels() {
     install<AllReduceKernel>("AllReduce");
     install<SyncBatchNormKernel>("SyncBatchNormalization");
     install<SyncBatchNormGradKernel>("SyncBatchNormalizationGrad");
+#if ONNXTRAIN_WITH_CUDA
+    install_collective_cuda_kernels();
+#endif
   });
 }
 

@@ -9,4 +9,11 @@ namespace onnxtrain::runtime {
 // Installs the kernels into the op registry (once; later calls do nothing).
 void register_collective_kernels();
 
+#if ONNXTRAIN_WITH_CUDA
+// Installs AllReduce's CUDA kernel (runtime/collective_kernels_cuda.cc: NCCL on the
+// communicator's stream; other communicators fall back to the CPU kernel). Called by
+// register_collective_kernels.
+void install_collective_cuda_kernels();
+#endif
+
 }  // namespace onnxtrain::runtime

@@ -13,14 +13,15 @@ scripts/setup.sh
 launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 
 echo "== Release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
 grep "onnxtrain:" build-configure.log || true
 cmake --build build -j"$jobs"
-echo "== ctest (Release)"
+echo "== ctest (Release; gpu-labelled tests skip without an NVIDIA GPU)"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
