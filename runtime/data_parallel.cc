@@ -17,6 +17,7 @@
 #include "ops/op_api.h"
 #include "runtime/collective_kernels.h"
 #include "runtime/comm/hierarchical.h"
+#include "runtime/comm/nccl_factory.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/data/random.h"
 
@@ -181,6 +182,8 @@ struct Replica {
 };
 
 struct DataParallelSession::Impl {
+  // Declared first, destroyed last: the sessions' AllReduce kernels use them to the end.
+  std::vector<std::unique_ptr<Communicator>> nccl;
   std::unique_ptr<InProcessGroup> group;
   std::vector<std::unique_ptr<HierarchicalCommunicator>> hierarchical;  // with a world
   std::vector<std::unique_ptr<Replica>> replicas;
@@ -224,12 +227,27 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   std::chrono::milliseconds local_timeout = std::chrono::seconds(300);
   if (world_) local_timeout = std::max(local_timeout, 2 * world_->timeout() + std::chrono::seconds(60));
   impl_->group = std::make_unique<InProcessGroup>(replicas, local_timeout);
+  // Replicas on distinct GPUs reduce with NCCL, one communicator over every process of a world
+  // (each process must decide alike: they run the same command); otherwise (CPUs, two replicas
+  // on one GPU, ONNXTRAIN_NO_NCCL=1) through the in-process group, staged through host memory.
+  std::vector<int> gpus;
+  for (int k = 0; k < replicas; ++k) {
+    const std::shared_ptr<Device>& d = device_of(k);
+    if (d && d->kind() == ops::DeviceKind::kCuda) gpus.push_back(d->index());
+  }
+  const char* no_nccl = std::getenv("ONNXTRAIN_NO_NCCL");
+  if (static_cast<int>(gpus.size()) == replicas &&
+      std::set<int>(gpus.begin(), gpus.end()).size() == gpus.size() &&
+      !(no_nccl && *no_nccl && std::string(no_nccl) != "0"))
+    impl_->nccl = make_nccl_communicators(gpus, world_);
   for (int k = 0; k < replicas; ++k) {
     auto r = std::make_unique<Replica>();
     SessionOptions o = each;
     o.device = device_of(k);
     o.communicator = &impl_->group->communicator(k);
-    if (world_) {
+    if (!impl_->nccl.empty()) {
+      o.communicator = impl_->nccl[static_cast<size_t>(k)].get();
+    } else if (world_) {
       impl_->hierarchical.push_back(std::make_unique<HierarchicalCommunicator>(*o.communicator, *world_));
       o.communicator = impl_->hierarchical.back().get();
     }

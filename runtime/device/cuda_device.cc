@@ -31,6 +31,7 @@ class CudaDevice final : public Device {
     if (stream_) cudaStreamDestroy(stream_);
   }
   std::string name() const override { return name_; }
+  int index() const override { return index_; }
   ops::DeviceKind kind() const override { return ops::DeviceKind::kCuda; }
   bool host_memory() const override { return false; }
   void activate() override { check(cudaSetDevice(index_), name_, "cudaSetDevice"); }

@@ -23,6 +23,8 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual ~Device() = default;
   // "cpu", "cuda:0", "sim".
   virtual std::string name() const = 0;
+  // The GPU's index (cuda:N); 0 elsewhere.
+  virtual int index() const { return 0; }
   // Which kernels it runs natively.
   virtual ops::DeviceKind kind() const = 0;
   // True when buffers are host memory a CPU kernel reads directly (no staging).
