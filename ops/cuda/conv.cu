@@ -122,12 +122,15 @@ struct ConvProblem {
     w_dims = wv.dims;
     y_dims = p.y_dims;
     // cuDNN pads both ends by pad_begin; that is exact when it yields the planned output size
-    // (the end pad is then never reached).
+    // (the end pad is then never reached). A window wider than cuDNN's padded input (SAME_UPPER
+    // 3x3 s2 on a 2x2 map: in 2, pads 0/1) is not: C++ division truncates the negative span to
+    // 0, which would look like a match, and cuDNN rejects it.
     explicit_pad = false;
     for (size_t a = 0; a < p.in.size(); ++a) {
       const int64_t extent = (p.kernel[a] - 1) * p.dilations[a] + 1;
-      const int64_t symmetric_out = (p.in[a] + 2 * p.pad_begin[a] - extent) / p.strides[a] + 1;
-      explicit_pad |= p.pad_begin[a] != p.pad_end[a] && symmetric_out != p.out[a];
+      const int64_t span = p.in[a] + 2 * p.pad_begin[a] - extent;
+      const bool symmetric_ok = span >= 0 && span / p.strides[a] + 1 == p.out[a];
+      explicit_pad |= p.pad_begin[a] != p.pad_end[a] && !symmetric_ok;
     }
     std::vector<int> pads, strides, dilations;
     padded_dims = x_dims;
