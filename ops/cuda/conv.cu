@@ -151,8 +151,11 @@ struct ConvProblem {
       strides.push_back(1);
       dilations.push_back(1);
     }
-    for (const auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims})
+    // TensorDesc's strides are int: a tensor of more than INT_MAX elements would wrap them.
+    for (const auto* v : {&x_dims, &w_dims, &y_dims, &padded_dims}) {
       for (int64_t d : *v) dnn::require_int(where, d, "dim");
+      dnn::require_int(where, dnn::product(*v), "element count");
+    }
     if (dnn::product(x_dims) == 0 || dnn::product(w_dims) == 0 || dnn::product(y_dims) == 0)
       throw DeviceFallback{where + ": empty tensor"};
     x.set(CUDNN_DATA_FLOAT, explicit_pad ? padded_dims : x_dims);
