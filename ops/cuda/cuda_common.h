@@ -5,9 +5,9 @@
 // Contract with the runtime (runtime/plan.cc): a CUDA kernel runs on the replica's compute stream
 // (KernelContext::stream()); every input/output/scratch pointer it sees is device memory of the
 // current device (the runtime calls cudaSetDevice before a run); kernels enqueue work on that
-// stream and never synchronize it. Host data of constant inputs is not available: a kernel that
-// needs values (a Reshape target, axes) reads them from attributes or from the planned output
-// dims. prepare() runs once per plan with dims known and data pointers not yet valid.
+// stream and never synchronize it. Values a kernel needs on the host (a Reshape target, axes) come
+// from KernelContext::host_constant(i) (constant inputs only). prepare() runs once per plan with
+// dims known and data pointers not yet valid.
 #pragma once
 
 #include <cublas_v2.h>

@@ -27,6 +27,7 @@
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
 #include "runtime/checkpoint.h"
+#include "runtime/device/device.h"
 #include "runtime/npy.h"
 #include "tests/cli/cli_support.h"
 #include "tests/cli/cli_words.h"
@@ -755,6 +756,41 @@ TEST_F(OnnxtrainTest, RuntimeErrorsExitWith1BeforeTraining) {
       train({model, "--data", "synthetic:10", "--output", (dir_ / "." / "mlp.onnx").string()}), 1,
       "is the input model");
   EXPECT_EQ(cli_test::read_file(model), before);
+}
+
+// --device: the simulated device ("sim", tests only) keeps every value and the training state in
+// "device memory" the way a GPU does (uploads, staged CPU kernels, resident state, downloads for
+// checkpoints, validation and export): 2 replicas on it write the same model file as on the CPU,
+// also after a resume. Bad device specs are errors before training.
+TEST_F(OnnxtrainTest, DeviceFlagSimMatchesCpuAndBadDevicesAreErrors) {
+  const std::string model = small_mlp();
+  auto run = [&](const std::string& extra, const std::string& out) {
+    std::vector<std::string> a = words(
+        "--data synthetic:600 --val-data synthetic:100 --replicas 2 --batch-size 32 --threads 2 "
+        "--optimizer adam --lr 1e-2 " + extra);
+    a.insert(a.begin(), model);
+    a.insert(a.end(), {"--output", path(out)});
+    RunResult r = train(a);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return r;
+  };
+  RunResult cpu = run("--epochs 2 --device cpu", "cpu.onnx");
+  RunResult sim = run("--epochs 2 --device sim", "sim.onnx");
+  EXPECT_TRUE(has_line_matching(sim.out, "device +sim, sim")) << sim.out;
+  EXPECT_TRUE(has_line_matching(cpu.out, "device +cpu")) << cpu.out;
+  EXPECT_EQ(cli_test::read_file(path("cpu.onnx")), cli_test::read_file(path("sim.onnx")));
+  run("--epochs 1 --device sim --checkpoint-dir " + path("ck"), "half.onnx");
+  run("--epochs 2 --device sim --resume --checkpoint-dir " + path("ck"), "resumed.onnx");
+  EXPECT_EQ(cli_test::read_file(path("cpu.onnx")), cli_test::read_file(path("resumed.onnx")));
+
+  expect_error(train({model, "--data", "synthetic:10", "--device", "tpu"}), 1,
+               "--device 'tpu': expected cpu, cuda or cuda:N");
+  expect_error(train({model, "--data", "synthetic:10", "--device", "cuda:0", "--replicas", "2"}), 1,
+               "--device cuda:0 names one GPU; with --replicas 2 use --device cuda");
+  if (runtime::cuda_device_count() == 0) {
+    RunResult r = train({model, "--data", "synthetic:10", "--device", "cuda"});
+    expect_error(r, 1, runtime::cuda_built() ? "this machine has 0" : "built without the CUDA backend");
+  }
 }
 
 TEST_F(OnnxtrainTest, HelpAndVersion) {
