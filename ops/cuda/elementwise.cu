@@ -130,11 +130,15 @@ struct SqrtOp {
     return d_sqrt(x);
   }
 };
+// -x for floats (0 - x would turn -(+0.0) into +0.0 where the CPU's -x gives -0.0).
 struct NegOp {
   using types = ArithT;
   template <typename T>
   __device__ T operator()(T x) const {
-    return wrap_sub(T(0), x);
+    if constexpr (std::is_integral_v<T>)
+      return wrap_sub(T(0), x);
+    else
+      return -x;
   }
 };
 struct AbsOp {

@@ -152,8 +152,10 @@ inline void need_dtype(DataType t, std::initializer_list<DataType> list, const c
         cat(what, " dtype ", graph::dtype_short_name(t), " is not handled on CUDA")};
 }
 
-// Integer values of a host-constant int32/int64 tensor.
+// Integer values of a host-constant int32/int64 tensor; DeviceFallback for other dtypes (the
+// CPU kernel reports them) instead of reading their bytes as int32.
 inline std::vector<int64_t> host_ints(const TensorView& v) {
+  need_dtype(v.dtype, {DataType::kInt64, DataType::kInt32}, "shape-like input");
   std::vector<int64_t> out(static_cast<size_t>(v.numel()));
   for (size_t k = 0; k < out.size(); ++k)
     out[k] = v.dtype == DataType::kInt64 ? v.as<int64_t>()[k] : v.as<int32_t>()[k];

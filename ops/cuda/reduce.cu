@@ -442,7 +442,9 @@ class SoftmaxKernel final : public Kernel {
 class SoftmaxGradKernel final : public Kernel {
  public:
   SoftmaxGradKernel(const graph::Node& n, bool log)
-      : log_(log), axis_(n.attr_int("axis", -1)), coerce_(n.attr_int("coerce_2d", 0) != 0) {}
+      : log_(log),
+        coerce_(n.attr_int("coerce_2d", 0) != 0),
+        axis_(n.attr_int("axis", coerce_ ? 1 : -1)) {}  // the CPU's default (forward's rule)
   void prepare(KernelContext& ctx) override {
     const TensorView& dy = need_input(ctx, 0);
     const TensorView& y = need_input(ctx, 1);
@@ -464,8 +466,8 @@ class SoftmaxGradKernel final : public Kernel {
 
  private:
   bool log_;
+  bool coerce_;  // before axis_: its default depends on it
   int64_t axis_;
-  bool coerce_;
   DataType dtype_ = DataType::kUndefined;
   Lanes3 l_;
 };
