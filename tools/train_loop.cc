@@ -481,10 +481,11 @@ TrainResult run_training(const TrainConfig& config) {
   passes::TrainingOptions topts = c.graph;
   topts.replicas = c.replicas;
   const std::vector<std::shared_ptr<runtime::Device>> devices = replica_devices(c);
-  for (int k = 0; k < c.replicas; ++k)
-    topts.devices.push_back(devices[static_cast<size_t>(k)]->name() == "cpu"
-                                ? cat("cpu:", k)
-                                : devices[static_cast<size_t>(k)]->name());
+  // Placement names tell the replicas apart (the partition of replica k is its device's nodes).
+  for (int k = 0; k < c.replicas; ++k) {
+    const std::string name = devices[static_cast<size_t>(k)]->name();
+    topts.devices.push_back(name.find(':') == std::string::npos ? cat(name, ":", k) : name);
+  }
   topts.bucket_mb = c.bucket_mb;
   topts.sync_batchnorm = c.sync_batchnorm;  // replicate's; with 1 replica there is nothing to sync
   topts.collectives = world != nullptr;      // R == 1 too: the AllReduce spans the processes
