@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ops/cuda/eltwise_util.cuh"
+#include "ops/optim/sgd_math.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -213,11 +214,6 @@ class OptimizerKernel final : public Kernel {
 
 // ---------------------------------------------------------------- SGD
 
-struct SgdAttrs {
-  double momentum, weight_decay;
-  bool nesterov;
-};
-
 // R: (), X, G [, V]: same dims -> X_new [, V_new]; in double like the CPU:
 //   g' = g + weight_decay x; v = momentum v + g'; x -= r g' | r v | r (g' + momentum v)
 template <typename T>
@@ -225,17 +221,8 @@ __global__ void sgd_kernel(SgdAttrs a, ScalarRef r_ref, const T* x, const T* g, 
                            T* x_new, T* v_new, int64_t count) {
   const double lr = read_scalar(r_ref);
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < count;
-       k += int64_t{gridDim.x} * blockDim.x) {
-    const double xk = static_cast<double>(x[k]);
-    const double gr = static_cast<double>(g[k]) + a.weight_decay * xk;
-    double step = gr;
-    if (v) {
-      const double vk = a.momentum * static_cast<double>(v[k]) + gr;
-      if (v_new) v_new[k] = static_cast<T>(vk);
-      step = a.nesterov ? gr + a.momentum * vk : vk;
-    }
-    x_new[k] = static_cast<T>(xk - lr * step);
-  }
+       k += int64_t{gridDim.x} * blockDim.x)
+    sgd_update(a, lr, k, x, g, v, x_new, v_new);
 }
 
 class SgdKernel final : public Kernel {

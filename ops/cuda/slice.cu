@@ -4,32 +4,12 @@
 #include <algorithm>
 
 #include "ops/cuda/eltwise_util.cuh"
+#include "ops/shape/slice_window.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
 
-// One sliced axis of size dim: first index, step and element count after ONNX's clamping.
-struct Window {
-  int64_t start = 0, step = 1, count = 0;
-};
-
-Window clamp_window(int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (dim == 0) return Window{0, step, 0};
-  if (start < 0) start += dim;
-  if (end < 0) end += dim;
-  if (step > 0) {
-    start = std::clamp<int64_t>(start, 0, dim);
-    end = std::clamp<int64_t>(end, 0, dim);
-  } else {
-    start = std::clamp<int64_t>(start, 0, dim - 1);
-    end = std::clamp<int64_t>(end, -1, dim - 1);
-  }
-  const int64_t span = step > 0 ? end - start : start - end;
-  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
-  const int64_t count =
-      span <= 0 ? 0 : static_cast<int64_t>((static_cast<uint64_t>(span) - 1) / stride + 1);
-  return Window{start, step, count};
-}
+using Window = SliceWindow;
 
 // Input i's values when it is a plan-time constant; nullopt-like `ok = false` otherwise.
 bool constant_ints(const KernelContext& ctx, int i, std::vector<int64_t>& out) {
@@ -75,7 +55,7 @@ SlicePlan plan_slice(const KernelContext& ctx, const std::vector<int64_t>& x_dim
     const auto ax = static_cast<size_t>(a);
     if (seen[ax] || steps[k] == 0) throw DeviceFallback{"axis repeated or step 0"};
     seen[ax] = true;
-    w[ax] = clamp_window(x_dims[ax], starts[k], ends[k], steps[k]);
+    w[ax] = clamp_slice_window(x_dims[ax], starts[k], ends[k], steps[k]);
   }
   const std::vector<int64_t> st = row_major_strides(x_dims);
   SlicePlan p;

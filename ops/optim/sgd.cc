@@ -1,16 +1,12 @@
 // ai.onnxtrain.SGD: plain / momentum / Nesterov SGD with L2 weight decay, one parameter per node
 // (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed).
+#include "ops/optim/sgd_math.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::optim {
 
 namespace {
-
-struct SgdAttrs {
-  double momentum = 0, weight_decay = 0;
-  bool nesterov = false;
-};
 
 SgdAttrs sgd_attrs(const graph::Node& node) {
   SgdAttrs a;
@@ -89,17 +85,7 @@ class SgdKernel final : public Kernel {
               const KernelContext& ctx) const {
     const SgdAttrs a = a_;
     ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const double xk = static_cast<double>(x[k]);
-        const double gr = static_cast<double>(g[k]) + a.weight_decay * xk;
-        double step = gr;
-        if (v) {
-          const double vk = a.momentum * static_cast<double>(v[k]) + gr;
-          if (v_new) v_new[k] = static_cast<T>(vk);
-          step = a.nesterov ? gr + a.momentum * vk : vk;
-        }
-        x_new[k] = static_cast<T>(xk - lr * step);
-      }
+      for (int64_t k = begin; k < end; ++k) sgd_update(a, lr, k, x, g, v, x_new, v_new);
     });
   }
   const graph::Node& node_;

@@ -5,6 +5,7 @@
 #include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
+#include "ops/shape/slice_window.h"
 #include "ops/shape_util.h"
 #include "graph/printer.h"
 
@@ -49,29 +50,7 @@ std::optional<SliceArgs> slice_args(const ArgSource& args, size_t rank) {
   return s;
 }
 
-// One sliced axis of size dim: first index and element count after ONNX's clamping.
-struct Window {
-  int64_t start = 0, step = 1, count = 0;
-};
-
-Window clamp_window(int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (dim == 0) return Window{0, step, 0};
-  if (start < 0) start += dim;
-  if (end < 0) end += dim;
-  if (step > 0) {
-    start = std::clamp<int64_t>(start, 0, dim);
-    end = std::clamp<int64_t>(end, 0, dim);
-  } else {
-    start = std::clamp<int64_t>(start, 0, dim - 1);
-    end = std::clamp<int64_t>(end, -1, dim - 1);
-  }
-  // Both ends now lie in [-1, dim]; the step's magnitude may be anything up to 2^63.
-  const int64_t span = step > 0 ? end - start : start - end;
-  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
-  const int64_t count =
-      span <= 0 ? 0 : static_cast<int64_t>((static_cast<uint64_t>(span) - 1) / stride + 1);
-  return Window{start, step, count};
-}
+using Window = SliceWindow;
 
 // Per-axis windows; an unsliced axis is the whole dim.
 std::vector<Window> slice_windows(const SliceArgs& s, std::span<const int64_t> dims) {
@@ -79,7 +58,7 @@ std::vector<Window> slice_windows(const SliceArgs& s, std::span<const int64_t> d
   for (size_t k = 0; k < dims.size(); ++k) w[k] = Window{0, 1, dims[k]};
   for (size_t k = 0; k < s.axes.size(); ++k) {
     const auto a = static_cast<size_t>(s.axes[k]);
-    w[a] = clamp_window(dims[a], s.starts[k], s.ends[k], s.steps[k]);
+    w[a] = clamp_slice_window(dims[a], s.starts[k], s.ends[k], s.steps[k]);
   }
   return w;
 }
@@ -100,7 +79,7 @@ void infer_slice(InferenceContext& ctx) {
       Dim& d = (*out)[s->axes[k]];
       if (keeps_axis(*s, k)) continue;
       d = d.is_known()
-              ? Dim::known(clamp_window(d.value, s->starts[k], s->ends[k], s->steps[k]).count)
+              ? Dim::known(clamp_slice_window(d.value, s->starts[k], s->ends[k], s->steps[k]).count)
               : Dim{};
     }
   }
