@@ -17,6 +17,7 @@
 #include "ops/plugin.h"
 #include "passes/passes.h"
 #include "runtime/npy.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
 #include "tools/cli_main.h"
 
@@ -39,6 +40,8 @@ constexpr const char* kUsage =
     "                     (repeatable; may also override an initializer-backed input)\n"
     "  --output-dir DIR   where to write the outputs (created if missing)\n"
     "  --threads N        intra-op threads (default: all cores)\n"
+    "  --device D         cpu | cuda | cuda:N (default: cuda when an NVIDIA GPU is present);\n"
+    "                     nodes without a CUDA kernel run on the CPU through host copies\n"
     "  --bench N          after the first run, run N more times and print the median latency\n"
     "  --profile FILE     write a Chrome trace (chrome://tracing, Perfetto) of all runs\n"
     "  --custom-op-lib PATH\n"
@@ -67,6 +70,7 @@ struct Args {
   std::string output_dir;
   std::string profile;
   int threads = 0;
+  std::string device;  // "" = runtime::default_device_spec()
   int bench = 0;
   bool list_ops = false;
   bool help = false;
@@ -109,6 +113,8 @@ Args parse_args(int argc, char** argv) {
       a.threads = parse_count(arg, take_value(), 0);
     } else if (arg == "--bench") {
       a.bench = parse_count(arg, take_value(), 1);
+    } else if (arg == "--device") {
+      a.device = take_value();
     } else if (arg == "--no-optimize") {
       a.optimize = false;
     } else if (arg == "--profile") {
@@ -246,8 +252,10 @@ int run(int argc, char** argv) {
   runtime::require_supported_ops(*model, a.model);
   // onnxrun only runs models forward, so the inference rewrite applies; a BatchNormalization
   // in training mode (an exported training graph) is left alone by the pass itself.
-  if (a.optimize) passes::optimize_inference(*model);
   runtime::SessionOptions opts;
+  opts.device = runtime::make_device(a.device.empty() ? runtime::default_device_spec() : a.device);
+  // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written.
+  if (a.optimize && opts.device->host_memory()) passes::optimize_inference(*model);
   opts.threads = a.threads;
   opts.profile_path = a.profile;
   runtime::InferenceSession session(std::move(model), opts);

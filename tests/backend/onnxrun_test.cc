@@ -108,6 +108,26 @@ TEST_F(OnnxrunCli, RunsTheLinearZooModel) {
     }
 }
 
+// --device: on the simulated device (tests only; GPU memory paths on the CPU) a ResNet-18 gives
+// the CPU's logits bit for bit when both run the graph as written; a bad device is an error.
+TEST_F(OnnxrunCli, DeviceSimMatchesCpu) {
+  auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 24, 24}, .classes = 5,
+                                                    .width = 4, .seed = 3});
+  const std::string model_path = path("r18.onnx");
+  graph::export_onnx_file(*model, model_path);
+  Tensor x(DataType::kFloat, {2, 3, 24, 24});
+  for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = std::sin(0.37f * i);
+  runtime::write_npy(path("x.npy"), x);
+  for (const std::string dev : {"cpu", "sim"}) {
+    RunResult r = run({model_path, "--input", "input=" + path("x.npy"), "--device", dev,
+                       "--no-optimize", "--output-dir", path(dev)});
+    ASSERT_EQ(r.rc, 0) << dev << ": " << r.err;
+  }
+  EXPECT_TRUE(runtime::read_npy(path("cpu/logits.npy")).equals(runtime::read_npy(path("sim/logits.npy"))));
+  expect_error({model_path, "--input", "input=" + path("x.npy"), "--device", "gpu7"}, 1,
+               "device 'gpu7': expected cpu, cuda or cuda:N");
+}
+
 TEST_F(OnnxrunCli, SanitizesOutputNamesAndReadsPbInputs) {
   std::string model = write_add_model();
   runtime::write_npy(path("a.npy"), f32({2, 3}, {1, 2, 3, 4, 5, 6}));
