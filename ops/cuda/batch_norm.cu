@@ -165,10 +165,6 @@ void require_per_channel(const std::string& where, const TensorView* p, int64_t 
     throw DeviceFallback{where + ": a per-channel input is missing or has the wrong size"};
 }
 
-bool requested(const KernelContext& ctx, int i) {
-  return ctx.num_outputs() > i && ctx.has_output(i);
-}
-
 // x: (N,C,D...), scale/B/mean/var: (C) -> y: (N,C,D...)
 //   [training: running_mean, running_var: (C); before opset 14 also saved_mean, saved_var: (C)]
 class BatchNormKernel final : public Kernel {
@@ -218,10 +214,10 @@ class BatchNormKernel final : public Kernel {
       batch_stats_kernel<<<static_cast<unsigned>(channels_), kThreads, 0, s>>>(
           x, n_, channels_, inner_, batch_mean, batch_var);
       OT_CUDA_CHECK_LAUNCH();
-      if (requested(ctx, 1)) out.running_mean = ctx.output(1).as<float>();
-      if (requested(ctx, 2)) out.running_var = ctx.output(2).as<float>();
-      if (saved_outputs_ && requested(ctx, 3)) out.saved_mean = ctx.output(3).as<float>();
-      if (saved_outputs_ && requested(ctx, 4)) out.saved_var = ctx.output(4).as<float>();
+      if (ctx.has_output(1)) out.running_mean = ctx.output(1).as<float>();
+      if (ctx.has_output(2)) out.running_var = ctx.output(2).as<float>();
+      if (saved_outputs_ && ctx.has_output(3)) out.saved_mean = ctx.output(3).as<float>();
+      if (saved_outputs_ && ctx.has_output(4)) out.saved_var = ctx.output(4).as<float>();
     }
     coefficients_kernel<<<blocks_for(channels_), 256, 0, s>>>(
         channels_, ctx.input(1)->as<float>(), ctx.input(2)->as<float>(), ctx.input(3)->as<float>(),
@@ -269,9 +265,9 @@ class BatchNormGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    float* dx = requested(ctx, 0) ? ctx.output(0).as<float>() : nullptr;
-    float* dscale = requested(ctx, 1) ? ctx.output(1).as<float>() : nullptr;
-    float* dbias = requested(ctx, 2) ? ctx.output(2).as<float>() : nullptr;
+    float* dx = ctx.has_output(0) ? ctx.output(0).as<float>() : nullptr;
+    float* dscale = ctx.has_output(1) ? ctx.output(1).as<float>() : nullptr;
+    float* dbias = ctx.has_output(2) ? ctx.output(2).as<float>() : nullptr;
     const float* mean = training_ ? nullptr : ctx.input(3)->as<float>();
     const float* var = training_ ? nullptr : ctx.input(4)->as<float>();
     batch_norm_grad_kernel<<<static_cast<unsigned>(channels_), kThreads, 0, stream_of(ctx)>>>(

@@ -306,9 +306,9 @@ class ConvGradKernel final : public Kernel {
     std::vector<int64_t> dy_dims = dy->dims;
     if (dy_dims.size() == 3) dy_dims.push_back(1);
     if (dy_dims != p_.y_dims) throw DeviceFallback{p_.where + ": dY shape (the CPU reports it)"};
-    want_dx_ = requested(ctx, 0);
-    want_dw_ = requested(ctx, 1);
-    want_db_ = requested(ctx, 2);
+    want_dx_ = ctx.has_output(0);
+    want_dw_ = ctx.has_output(1);
+    want_db_ = ctx.has_output(2);
     cudnnHandle_t h = cudnn_handle(stream_of(ctx));
     size_t data_ws = 0, filter_ws = 0;
     if (want_dx_) {
@@ -381,10 +381,6 @@ class ConvGradKernel final : public Kernel {
   }
 
  private:
-  static bool requested(const KernelContext& ctx, int i) {
-    return ctx.num_outputs() > i && ctx.has_output(i);
-  }
-
   ConvProblem p_;
   bool want_dx_ = false, want_dw_ = false, want_db_ = false;
   cudnnConvolutionBwdDataAlgo_t data_algo_{};
