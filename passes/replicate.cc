@@ -379,8 +379,13 @@ void replicate(graph::Model& model, const ReplicateOptions& opts) {
   OT_CHECK(opts.devices.empty() || opts.devices.size() == static_cast<size_t>(opts.replicas),
            "replicate: ", opts.devices.size(), " devices given for ", opts.replicas,
            " replicas (one per replica, or none for cpu:0..)");
-  for (size_t k = 0; k < opts.devices.size(); ++k)
+  for (size_t k = 0; k < opts.devices.size(); ++k) {
     OT_CHECK(!opts.devices[k].empty(), "replicate: device of replica ", k, " is empty");
+    // The device names a replica's partition (DataParallelSession): two alike would merge.
+    for (size_t j = 0; j < k; ++j)
+      OT_CHECK(opts.devices[j] != opts.devices[k], "replicate: replicas ", j, " and ", k,
+               " are both placed on '", opts.devices[k], "' (placement names must differ)");
+  }
   // One replica is the graph as it is, unless other processes share its collectives.
   if (opts.replicas == 1 && !opts.force) return;
   Replicator(model, opts).run();

@@ -274,6 +274,8 @@ TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
   EXPECT_EQ(graph::to_text(*a->graph), before);
   expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {"cpu:0"}}); },
                "1 devices given for 2 replicas");
+  expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {"cuda:0", "cuda:0"}}); },
+               "replicas 0 and 1 are both placed on 'cuda:0'");
   expect_error([&] { passes::replicate(*a, {.replicas = 0, .devices = {}}); },
                "replicas must be >= 1");
   expect_error([&] { passes::bucket_allreduce(*a, {}); }, "no ShardBatch");
