@@ -45,17 +45,9 @@ constexpr size_t kHostAlign = 64;
 void* host_alloc(size_t n) { return ::operator new[](n, std::align_val_t{kHostAlign}, std::nothrow); }
 void host_free(void* p) { ::operator delete[](p, std::align_val_t{kHostAlign}); }
 
-class CpuDevice final : public Device {
+// Devices whose memory is host memory: every copy is a memmove.
+class HostMemoryDevice : public Device {
  public:
-  std::string name() const override { return "cpu"; }
-  ops::DeviceKind kind() const override { return ops::DeviceKind::kCpu; }
-  bool host_memory() const override { return true; }
-  void* allocate(size_t bytes) override {
-    void* p = host_alloc(std::max<size_t>(bytes, 1));
-    OT_CHECK(p, "cpu: out of memory allocating ", bytes, " bytes");
-    return p;
-  }
-  void deallocate(void* p) override { host_free(p); }
   void to_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void to_host(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void on_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
@@ -66,10 +58,23 @@ class CpuDevice final : public Device {
   }
 };
 
+class CpuDevice final : public HostMemoryDevice {
+ public:
+  std::string name() const override { return "cpu"; }
+  ops::DeviceKind kind() const override { return ops::DeviceKind::kCpu; }
+  bool host_memory() const override { return true; }
+  void* allocate(size_t bytes) override {
+    void* p = host_alloc(std::max<size_t>(bytes, 1));
+    OT_CHECK(p, "cpu: out of memory allocating ", bytes, " bytes");
+    return p;
+  }
+  void deallocate(void* p) override { host_free(p); }
+};
+
 // Host memory treated as device memory: the plan stages every CPU-kernel node through host
 // copies and keeps state "resident" exactly as on a GPU. Op types with an even hash run their
 // CPU kernel in place as the device's own kernel, so native, staged and mixed paths all run.
-class SimDevice final : public Device {
+class SimDevice final : public HostMemoryDevice {
  public:
   SimDevice() : alloc_(host_alloc, host_free, "sim") {}
   std::string name() const override { return "sim"; }
@@ -87,15 +92,9 @@ class SimDevice final : public Device {
     return p;
   }
   void deallocate(void* p) override { alloc_.deallocate(p); }
-  void to_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
-  void to_host(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
-  void on_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   AllocatorStats memory_stats() const override { return alloc_.stats(); }
 
  private:
-  static void copy(void* dst, const void* src, size_t n) {
-    if (n && dst != src) std::memmove(dst, src, n);
-  }
   CachingAllocator alloc_;
 };
 
