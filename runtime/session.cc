@@ -151,19 +151,20 @@ void InferenceSession::set_resident(const std::string& name, const graph::Tensor
   OT_CHECK(value.dtype() != graph::DataType::kString, file, ": resident '", name,
            "' cannot be a string tensor");
   check_input(*v, value, file);
-  DeviceTensor& t = resident_[name];
-  if (t.data && (t.dtype != value.dtype() || t.dims != value.dims()))
+  opts_.device->activate();
+  auto it = resident_.find(name);
+  if (it == resident_.end()) {
+    // Allocated before it is recorded: a failed allocation leaves no entry without a buffer.
+    DeviceTensor fresh{value.dtype(), value.dims(), value.nbytes(),
+                       opts_.device->make_buffer(value.nbytes())};
+    it = resident_.emplace(name, std::move(fresh)).first;
+  }
+  DeviceTensor& t = it->second;
+  if (t.dtype != value.dtype() || t.dims != value.dims())
     fail(file, ": resident '", name, "' is ", graph::dtype_short_name(t.dtype),
          graph::format_shape(graph::make_shape(t.dims)), ", new value ",
          graph::dtype_short_name(value.dtype()),
          graph::format_shape(graph::make_shape(value.dims())));
-  opts_.device->activate();
-  if (!t.data) {
-    t.dtype = value.dtype();
-    t.dims = value.dims();
-    t.nbytes = value.nbytes();
-    t.data = opts_.device->make_buffer(t.nbytes);
-  }
   opts_.device->to_device(t.data.get(), value.data(), t.nbytes);
   opts_.device->synchronize();
 }

@@ -77,13 +77,14 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
                                  float loss_scale, uint64_t seed) {
   session_->set_random_seed(seed);
   std::map<std::string, graph::Tensor> feeds = batch;
-  for (auto& [name, t] : state_) {
-    if (on_device_) break;  // resident in device memory, updated there
-    // The step updates the buffer in place: detach it first from copies handed out earlier
-    // (all_state(), a checkpoint being written), which keep the old value.
-    t.mutable_data();
-    feeds[name] = t;
-  }
+  // On a device the state is resident in device memory and updated there; on the CPU the step
+  // updates these buffers in place: detach them first from copies handed out earlier
+  // (all_state(), a checkpoint being written), which keep the old value.
+  if (!on_device_)
+    for (auto& [name, t] : state_) {
+      t.mutable_data();
+      feeds[name] = t;
+    }
   if (has_lr_) feeds["lr"] = float_scalar(lr);
   if (has_loss_scale_) feeds["loss_scale"] = float_scalar(loss_scale);
   std::vector<graph::Tensor> outs = session_->run(feeds);
