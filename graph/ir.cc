@@ -479,6 +479,7 @@ std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,
                        n->domain);
     c->doc_string = n->doc_string;
     c->device = n->device;
+    c->replica = n->replica;
     c->attributes = n->attributes;
     for (size_t i = 0; i < n->outputs_.size(); ++i) {
       if (!n->outputs_[i]) continue;
@@ -522,6 +523,7 @@ std::unique_ptr<Graph> Graph::clone(Graph* parent) const {
     Node* c = g->add_node(n->op_type, {}, out_names, n->name, n->domain);
     c->doc_string = n->doc_string;
     c->device = n->device;
+    c->replica = n->replica;
     for (size_t i = 0; i < n->outputs_.size(); ++i)
       if (n->outputs_[i]) {
         c->outputs_[i]->type = n->outputs_[i]->type;
@@ -594,6 +596,7 @@ std::unique_ptr<Model> Model::clone() const {
   m->doc_string = doc_string;
   m->metadata = metadata;
   m->source_path = source_path;
+  m->training = training;
   m->graph = graph->clone(nullptr);
   return m;
 }

@@ -16,6 +16,7 @@
 
 #include "graph/dtype.h"
 #include "graph/tensor.h"
+#include "graph/training_signature.h"
 
 namespace onnxtrain::graph {
 
@@ -177,6 +178,9 @@ class Node {
   std::string domain;  // "" is ai.onnx
   std::string doc_string;
   std::string device;  // placement annotation: "cpu:0", "cuda:1"; empty = unplaced
+  // The replica this node computes for (passes::replicate); -1 = not replicated or shared by
+  // all replicas (ShardBatch, AllReduce). Exported in the training signature's `node` lines.
+  int replica = -1;
   std::vector<Attribute> attributes;
 
   // Inputs/outputs; nullptr marks an omitted optional slot ("" in ONNX).
@@ -318,6 +322,9 @@ class Model {
   std::vector<std::pair<std::string, std::string>> metadata;
   std::unique_ptr<Graph> graph;
   std::string source_path;  // file it was imported from (for error messages), may be empty
+  // What the values of a training graph mean (graph/training_signature.h); empty for a model
+  // that is not a training graph. Exported as the metadata entry "onnxtrain.training".
+  TrainingSignature training;
 
   // Version of `domain` this model imports, or nullopt.
   std::optional<int64_t> opset_version(std::string_view domain) const;

@@ -172,9 +172,9 @@ onnx::ModelProto to_proto(const Model& m, ExternalWriter* ext) {
   if (!m.domain.empty()) mp.set_domain(m.domain);
   if (m.model_version) mp.set_model_version(m.model_version);
   if (!m.doc_string.empty()) mp.set_doc_string(m.doc_string);
-  // Node::device goes to the placement entry, written afresh from the graph.
+  // Node::device and Model::training go to their entries, written afresh from the model.
   for (const auto& [k, v] : m.metadata) {
-    if (k == kPlacementKey) continue;
+    if (k == kPlacementKey || k == kTrainingKey) continue;
     auto* kv = mp.add_metadata_props();
     kv->set_key(k);
     kv->set_value(v);
@@ -183,6 +183,11 @@ onnx::ModelProto to_proto(const Model& m, ExternalWriter* ext) {
     auto* kv = mp.add_metadata_props();
     kv->set_key(kPlacementKey);
     kv->set_value(std::move(placement));
+  }
+  if (std::string training = encode_training(m); !training.empty()) {
+    auto* kv = mp.add_metadata_props();
+    kv->set_key(kTrainingKey);
+    kv->set_value(std::move(training));
   }
   fill_graph(*m.graph, mp.mutable_graph(), ext);
   return mp;

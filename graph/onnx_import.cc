@@ -531,11 +531,14 @@ std::unique_ptr<Model> convert_model(const onnx::ModelProto& mp, Ctx& ctx) {
       fail(ctx.file, ": ", e.what());
     }
   }
-  // Placement lives in Node::device, not in the metadata (export writes the entry afresh).
+  // Placement lives in Node::device and the training signature in Model::training, not in the
+  // metadata (export writes both entries afresh).
   std::vector<std::pair<std::string, std::string>> metadata;
   for (auto& [k, v] : m->metadata) {
     if (k == kPlacementKey)
       decode_placement(v, *m->graph, ctx.file);
+    else if (k == kTrainingKey)
+      decode_training(v, *m, ctx.file);
     else
       metadata.emplace_back(std::move(k), std::move(v));
   }

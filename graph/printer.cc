@@ -198,6 +198,30 @@ void print_model(std::ostream& os, const Model& m, const PrintOptions& o) {
                                     m.producer_version));
   os << "\n";
   print_graph(os, *m.graph, o, 0);
+  print_training(os, m.training);
+}
+
+void print_training(std::ostream& os, const TrainingSignature& t) {
+  if (t.empty()) return;
+  auto rep = [](int r) { return r < 0 ? std::string() : cat(" r", r); };
+  os << "training signature: " << t.replicas << " replica" << (t.replicas == 1 ? "" : "s");
+  if (t.partition >= 0) os << ", partition of replica " << t.partition;
+  os << "\n";
+  for (const InputBinding& i : t.inputs)
+    os << "  input     " << printable_name(i.name) << " " << input_role_name(i.role) << "\n";
+  for (const ResultBinding& r : t.results)
+    os << "  result    " << printable_name(r.name) << " " << result_role_name(r.role) << rep(r.replica) << "\n";
+  for (const StateBinding& s : t.state)
+    os << "  state     " << printable_name(s.state) << " <- " << printable_name(s.updated) << " "
+       << state_kind_name(s.kind) << rep(s.replica)
+       << (s.original != s.state ? cat(" of ", printable_name(s.original)) : std::string()) << "\n";
+  for (const GradientBinding& g : t.gradients)
+    os << "  gradient  " << printable_name(g.param) << ": " << printable_name(g.grad)
+       << (g.reduced.empty() ? std::string() : cat(" -> ", printable_name(g.reduced)))
+       << (g.bucket < 0 ? std::string() : cat(" bucket ", g.bucket)) << rep(g.replica) << "\n";
+  for (size_t b = 0; b < t.buckets.size(); ++b)
+    os << "  bucket    " << b << " " << printable_name(t.buckets[b].node) << " " << t.buckets[b].bytes
+       << " bytes\n";
 }
 
 std::string to_text(const Graph& g, const PrintOptions& o) {

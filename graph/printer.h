@@ -21,6 +21,8 @@ std::string format_attribute(const Attribute& a, const PrintOptions& o = {});
 std::string format_node(const Node& n, const PrintOptions& o = {});
 void print_graph(std::ostream& os, const Graph& g, const PrintOptions& o = {}, int indent = 0);
 void print_model(std::ostream& os, const Model& m, const PrintOptions& o = {});
+// The training signature, one line per binding (print_model ends with it); nothing if empty.
+void print_training(std::ostream& os, const TrainingSignature& t);
 std::string to_text(const Graph& g, const PrintOptions& o = {});
 
 }  // namespace onnxtrain::graph

@@ -119,6 +119,7 @@ void verify_graph(const Graph& g, const std::string& context) {
 void verify_model(const Model& m) {
   OT_CHECK(m.graph, m.source_path, ": model has no graph");
   verify_graph(*m.graph, m.source_path.empty() ? "model" : m.source_path);
+  verify_training(m, m.source_path.empty() ? "model" : m.source_path);
 }
 
 }  // namespace onnxtrain::graph
