@@ -4,7 +4,7 @@
 // Text: one record per line, fields separated by tabs, each field `key=value` (split at the
 // first '=': keys have none, names may). Records:
 //   signature  version=1  replicas=R  [partition=k]
-//   input      role=batch|labels|targets|lr|loss_scale  name=N
+//   input      role=batch|labels|targets|lr|loss_scale|state  name=N
 //   result     role=loss|correct  name=N  [replica=k]
 //   state      kind=parameter|optimizer_state|running_statistic|step_counter  state=S
 //              updated=U  original=O  [replica=k]
@@ -34,7 +34,8 @@ std::string_view enum_name(E e, const std::string_view (&names)[N]) {
 
 constexpr std::string_view kStateKinds[] = {"parameter", "optimizer_state", "running_statistic",
                                             "step_counter"};
-constexpr std::string_view kInputRoles[] = {"batch", "labels", "targets", "lr", "loss_scale"};
+constexpr std::string_view kInputRoles[] = {"batch", "labels", "targets", "lr", "loss_scale",
+                                            "state"};
 constexpr std::string_view kResultRoles[] = {"loss", "correct"};
 
 template <typename E, size_t N>
@@ -373,9 +374,12 @@ void verify_training(const Model& m, const std::string& context) {
     }
   }
   for (const GradientBinding& gb : t.gradients) {
+    // Before attach_optimizer the parameter is not yet state; once it is, it is a parameter.
+    value("gradient", "param", gb.param);
     auto it = states.find(gb.param);
-    OT_CHECK(it != states.end() && it->second->kind == StateKind::kParameter, at, "gradient param '",
-             gb.param, "' is not parameter state");
+    OT_CHECK(it == states.end() || it->second->kind == StateKind::kParameter, at,
+             "gradient param '", gb.param, "' is state of kind ",
+             it == states.end() ? "" : state_kind_name(it->second->kind), ", not a parameter");
     value("gradient", "grad", gb.grad);
     if (!gb.reduced.empty()) value("gradient", "reduced", gb.reduced);
     replica_ok("gradient", gb.replica);

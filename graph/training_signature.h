@@ -33,6 +33,7 @@ enum class InputRole {
   kTargets,       // float regression targets, split along dim 0 (MSE)
   kLearningRate,  // float scalar, this step's learning rate
   kLossScale,     // float scalar, 1 / global batch
+  kState,         // (evaluation graphs) fed with the trained state value of the same name
 };
 // What a graph output reports.
 enum class ResultRole {
@@ -41,7 +42,7 @@ enum class ResultRole {
 };
 
 std::string_view state_kind_name(StateKind k);  // "parameter", "optimizer_state", ...
-std::string_view input_role_name(InputRole r);  // "batch", "labels", "targets", "lr", "loss_scale"
+std::string_view input_role_name(InputRole r);  // "batch", "labels", "targets", "lr", "loss_scale", "state"
 std::string_view result_role_name(ResultRole r);  // "loss", "correct"
 
 struct StateBinding {

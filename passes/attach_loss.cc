@@ -244,6 +244,9 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
     truth = g.add_input(kTargets, logits->type);
   }
   Value* scale = g.add_input(kLossScale, scalar(DataType::kFloat));
+  graph::TrainingSignature& sig = model.training;
+  sig.inputs.push_back({truth->name(), ce ? graph::InputRole::kLabels : graph::InputRole::kTargets});
+  sig.inputs.push_back({scale->name(), graph::InputRole::kLossScale});
   Value* sum = nullptr;
   if (ce && e.opset() >= 12) {
     sum = e.node("SoftmaxCrossEntropyLoss", {logits, truth}, "cross_entropy_sum",
@@ -257,9 +260,12 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
                        scalar(DataType::kFloat), {}, kLoss);
   g.add_output(loss);
   info.loss = kLoss;
+  sig.results.push_back({loss->name(), graph::ResultRole::kLoss});
   if (ce) {
-    g.add_output(correct_count(e, logits, truth));
+    Value* correct = correct_count(e, logits, truth);
+    g.add_output(correct);
     info.correct = kCorrect;
+    sig.results.push_back({correct->name(), graph::ResultRole::kCorrect});
   }
   return info;
 }

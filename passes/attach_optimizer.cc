@@ -45,7 +45,9 @@ struct Param {
 };
 
 // Everything the pass needs exists, checked before the graph changes.
-std::vector<Param> collect_params(const Graph& g, const std::vector<std::string>& params) {
+std::vector<Param> collect_params(const graph::Model& model,
+                                  const std::vector<std::string>& params) {
+  const Graph& g = *model.graph;
   std::vector<Param> out;
   for (const std::string& name : params) {
     Value* p = g.find_value(name);
@@ -54,9 +56,10 @@ std::vector<Param> collect_params(const Graph& g, const std::vector<std::string>
     const DataType dt = p->initializer().dtype();
     OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, "attach_optimizer: parameter '",
              name, "' is ", graph::dtype_short_name(dt), ", only float/double can be trained");
-    Value* grad = g.find_value(name + "_grad");
-    OT_CHECK(grad, "attach_optimizer: parameter '", name, "' has no gradient value '", name,
-             "_grad' (run autodiff with it in `wrt` first)");
+    const graph::GradientBinding* gb = model.training.gradient_of(name);
+    Value* grad = gb ? g.find_value(gb->grad) : nullptr;
+    OT_CHECK(grad, "attach_optimizer: parameter '", name,
+             "' has no gradient in the training signature (run autodiff with it in `wrt` first)");
     out.push_back({p, grad});
   }
   return out;
@@ -73,7 +76,7 @@ class Builder {
       : model_(model), g_(*model.graph), opts_(opts) {}
 
   OptimizerInfo run(const std::vector<std::string>& names) {
-    std::vector<Param> params = collect_params(g_, names);
+    std::vector<Param> params = collect_params(model_, names);
     for (const Param& p : params) {
       check_free(g_, p.value->name() + ".updated");
       for (const char* s : state_suffixes()) {
@@ -106,8 +109,17 @@ class Builder {
   }
 
   Value* learning_rate() {
-    if (Value* lr = g_.find_value("lr")) return lr;
-    return g_.add_input("lr", ValueType::tensor(DataType::kFloat, graph::Shape{}));
+    if (const graph::InputBinding* b = model_.training.find_input(graph::InputRole::kLearningRate))
+      return g_.find_value(b->name);
+    check_free(g_, "lr");
+    Value* lr = g_.add_input("lr", ValueType::tensor(DataType::kFloat, graph::Shape{}));
+    model_.training.inputs.push_back({lr->name(), graph::InputRole::kLearningRate});
+    return lr;
+  }
+
+  void bind_state(Value* s, Value* updated, graph::StateKind kind) {
+    model_.training.state.push_back(
+        {.state = s->name(), .updated = updated->name(), .kind = kind, .original = s->name()});
   }
 
   void clip(std::vector<Param>& params) {
@@ -142,6 +154,7 @@ class Builder {
     t_ = add->output(0);
     t_->type = step->type;
     g_.add_output(t_);
+    bind_state(step, t_, graph::StateKind::kStepCounter);
   }
 
   Value* zeros_like(const Value* p, const std::string& name) {
@@ -158,8 +171,10 @@ class Builder {
     inputs.push_back(p.value);
     inputs.push_back(p.grad);
     std::vector<std::string> outs = {name + ".updated"};
+    std::vector<Value*> state = {p.value};
     for (const char* s : state_suffixes()) {
-      inputs.push_back(zeros_like(p.value, name + s));
+      state.push_back(zeros_like(p.value, name + s));
+      inputs.push_back(state.back());
       outs.push_back(name + s + ".updated");
     }
     Node* n = nullptr;
@@ -202,9 +217,12 @@ class Builder {
         model_.set_opset(kTrainingDomain, 1);
         break;
     }
-    for (Value* out : n->outputs()) {
+    for (size_t i = 0; i < n->outputs().size(); ++i) {
+      Value* out = n->output(i);
       out->type = type_of(p.value->initializer());
       g_.add_output(out);
+      bind_state(state[i], out,
+                 i == 0 ? graph::StateKind::kParameter : graph::StateKind::kOptimizerState);
     }
     ++info_.update_nodes;
   }

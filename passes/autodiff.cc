@@ -273,7 +273,10 @@ GradientInfo autodiff(graph::Model& model, const std::string& loss,
   }
   d.run();
   GradientInfo info;
-  for (Value* p : params) info.grads[p->name()] = d.finish(p)->name();
+  for (Value* p : params) {
+    info.grads[p->name()] = d.finish(p)->name();
+    model.training.gradients.push_back({.param = p->name(), .grad = info.grads[p->name()]});
+  }
   info.backward_nodes = d.backward_nodes();
   return info;
 }

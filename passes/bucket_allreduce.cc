@@ -19,15 +19,6 @@ using graph::Value;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::string replica_suffix(int k) {
-  return cat("/r", k);
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // R from the ShardBatch nodes replicate put in (they all agree).
 int replica_count(const Graph& g) {
   int r = 0;
@@ -46,11 +37,12 @@ int replica_count(const Graph& g) {
 
 // One parameter's gradient on every replica.
 struct Gradient {
-  std::string param;         // `<p>` (without the replica suffix)
-  std::vector<Value*> grad;  // `<p>_grad/r<k>`, k = 0..R-1
+  std::string param;         // the parameter's single-replica name
+  std::vector<Value*> grad;  // its gradient on replica k = 0..R-1
   int64_t bytes = 0;         // one replica's gradient
   size_t position = 0;       // topological position of replica 0's producer
   int output_index = 0;
+  std::vector<graph::GradientBinding*> binding;  // the signature's record, per replica
 };
 
 // Nodes every gradient depends on (forward and backward): a node outside this set that reads a
@@ -77,7 +69,10 @@ std::unordered_set<const Node*> ancestors(const std::vector<Value*>& values) {
 class Bucketer {
  public:
   Bucketer(graph::Model& m, const BucketOptions& opts)
-      : model_(m), g_(*m.graph), opts_(opts), r_(replica_count(g_)) {}
+      : model_(m), g_(*m.graph), opts_(opts), r_(replica_count(g_)) {
+    OT_CHECK(m.training.replicas == r_, "bucket_allreduce: the training signature says ",
+             m.training.replicas, " replicas, the ShardBatch nodes ", r_);
+  }
 
   BucketInfo run() {
     std::vector<Gradient> grads = collect_gradients();
@@ -91,23 +86,39 @@ class Bucketer {
   }
 
  private:
-  // Parameters p with replicated state `<p>/r0` whose gradient `<p>_grad/r0` an optimizer node
-  // reads, ordered by when replica 0's backward produces it.
+  // Parameters whose gradient (training signature) an optimizer node reads, one per replica,
+  // ordered by when replica 0's backward produces it.
   std::vector<Gradient> collect_gradients() {
+    const graph::TrainingSignature& sig = model_.training;
     std::vector<Gradient> out;
     std::vector<Value*> all;
-    for (Value* s : g_.initializers()) {
-      const std::string suffix = replica_suffix(0);
-      if (!ends_with(s->name(), suffix)) continue;
-      const std::string p = s->name().substr(0, s->name().size() - suffix.size());
-      Value* g0 = g_.find_value(p + "_grad" + suffix);
-      if (!g0 || !g0->producer()) continue;
-      Gradient grad{p, {}, static_cast<int64_t>(s->initializer().nbytes()), 0, 0};
+    // Original parameter name -> its gradient binding on each replica.
+    std::unordered_map<std::string, std::vector<graph::GradientBinding*>> by_param;
+    std::vector<std::string> order;
+    for (graph::GradientBinding& gb : model_.training.gradients) {
+      const graph::StateBinding* p = sig.find_state(gb.param);
+      OT_CHECK(p && gb.replica >= 0 && gb.replica < r_, "bucket_allreduce: gradient '", gb.grad,
+               "' of the training signature belongs to no replicated parameter state");
+      auto& per = by_param[p->original];
+      if (per.empty()) {
+        per.resize(static_cast<size_t>(r_));
+        order.push_back(p->original);
+      }
+      per[static_cast<size_t>(gb.replica)] = &gb;
+    }
+    for (const std::string& p : order) {
+      const auto& per = by_param.at(p);
+      Value* g0 = per[0] ? g_.find_value(per[0]->grad) : nullptr;
+      if (!g0 || !g0->producer()) continue;  // a constant zero: the parameter misses the loss
+      const Value* param = g_.find_value(per[0]->param);
+      Gradient grad{p, {}, static_cast<int64_t>(param->initializer().nbytes()), 0, 0, {}};
       for (int k = 0; k < r_; ++k) {
-        Value* gk = g_.find_value(p + "_grad" + replica_suffix(k));
+        graph::GradientBinding* gb = per[static_cast<size_t>(k)];
+        Value* gk = gb ? g_.find_value(gb->grad) : nullptr;
         OT_CHECK(gk && gk->producer(), "bucket_allreduce: parameter '", p, "' has gradient '",
-                 g0->name(), "' but replica ", k, " has no '", p, "_grad", replica_suffix(k), "'");
+                 g0->name(), "' but replica ", k, " has none in the training signature");
         grad.grad.push_back(gk);
+        grad.binding.push_back(gb);
         all.push_back(gk);
       }
       out.push_back(std::move(grad));
@@ -156,31 +167,31 @@ class Bucketer {
   }
 
   struct BnStat {
-    std::string name;             // S (without the replica suffix)
-    std::vector<Value*> updated;  // `S/r<k>.updated`, produced by BatchNormalization
+    std::string name;             // S (its single-replica name)
+    std::vector<Value*> updated;  // its updated output on replica k, produced by BatchNormalization
   };
 
-  // Graph outputs `S/r0.updated` produced by a BatchNormalization (its running mean / var).
+  // Running statistics (training signature) updated by a BatchNormalization (not the Sync op,
+  // whose statistics are already the global batch's).
   std::vector<BnStat> collect_bn_stats() const {
     std::vector<BnStat> out;
-    const std::string tail = replica_suffix(0) + ".updated";
-    for (Value* v : g_.outputs()) {
-      const Node* p = v->producer();
-      if (!p || p->op_type != "BatchNormalization" ||
-          !(p->domain.empty() || p->domain == "ai.onnx") || !ends_with(v->name(), tail))
+    std::unordered_map<std::string, size_t> index;
+    for (const graph::StateBinding& b : model_.training.state) {
+      if (b.kind != graph::StateKind::kRunningStatistic) continue;
+      Value* v = g_.find_value(b.updated);
+      const Node* p = v ? v->producer() : nullptr;
+      if (!p || p->op_type != "BatchNormalization" || !(p->domain.empty() || p->domain == "ai.onnx"))
         continue;
-      BnStat s{v->name().substr(0, v->name().size() - tail.size()), {}};
-      for (int k = 0; k < r_; ++k) {
-        const std::string name = s.name + replica_suffix(k) + ".updated";
-        Value* vk = g_.find_value(name);
-        OT_CHECK(vk && vk->is_graph_output() && vk->producer() &&
-                     vk->producer()->op_type == "BatchNormalization",
-                 "bucket_allreduce: BN running statistic '", v->name(), "' has no replica ", k,
-                 " counterpart '", name, "' produced by a BatchNormalization graph output");
-        s.updated.push_back(vk);
-      }
-      out.push_back(std::move(s));
+      OT_CHECK(b.replica >= 0 && b.replica < r_, "bucket_allreduce: running statistic '", b.state,
+               "' of the training signature belongs to no replica");
+      auto [it, fresh] = index.emplace(b.original, out.size());
+      if (fresh) out.push_back({b.original, std::vector<Value*>(static_cast<size_t>(r_))});
+      out[it->second].updated[static_cast<size_t>(b.replica)] = v;
     }
+    for (const BnStat& s : out)
+      for (int k = 0; k < r_; ++k)
+        OT_CHECK(s.updated[static_cast<size_t>(k)], "bucket_allreduce: BN running statistic '",
+                 s.name, "' has no replica ", k, " counterpart produced by a BatchNormalization");
     return out;
   }
 
@@ -236,6 +247,15 @@ class Bucketer {
     }
     info_.params.push_back(std::move(params));
     info_.bytes.push_back(bytes);
+    // The signature: each gradient's reduced value and bucket, the bucket's node and size.
+    size_t i = 0;
+    for (int k = 0; k < r_; ++k)
+      for (const Gradient* gr : bucket) {
+        graph::GradientBinding* gb = gr->binding[static_cast<size_t>(k)];
+        gb->reduced = n->output(i++)->name();
+        gb->bucket = static_cast<int>(index);
+      }
+    model_.training.buckets.push_back({n->name, bytes});
   }
 
   // Per-replica batch statistics, averaged running statistics (MirroredStrategy's default):

@@ -2,22 +2,18 @@
 // file (passes/<name>.cc), one entry point each, declared here; passes/pipeline.cc is the only
 // place that fixes their order. Passes never call the runtime.
 //
-// Training-graph conventions (docs/ARCHITECTURE.md "Training graph"):
-//   inputs   the model's own inputs (the batch), then
-//            `labels`      int64 (N)           cross-entropy targets (attach_loss)
-//            `targets`     float, output shape MSE targets (attach_loss)
-//            `loss_scale`  float scalar        the runtime feeds 1/global_batch
-//            `lr`          float scalar        learning rate of this step (runtime schedule)
-//   outputs  `loss`        float scalar        sum over the batch x loss_scale
-//            `correct`     float scalar        examples whose ArgMax equals the label (CE only)
-//            `<state>.updated` for every piece of graph state S an update node rewrites
-//            (weights, BN running statistics, optimizer moments, step counters): the
-//            runtime writes it back into S after the step.
-//   values   dLoss/dW of a value W is `W_grad`; onnxtrain's own ops use domain ai.onnxtrain.
+// What the values of a training graph mean is the model's training signature
+// (graph/training_signature.h, Model::training): each pass records the inputs, results, state,
+// gradients, replicas and buckets it creates, and reads what earlier passes recorded. The names
+// the passes give are for people only: the batch's labels `labels` (cross-entropy) or
+// `targets` (MSE), the scalar feeds `loss_scale` and `lr`, the results `loss` and `correct`,
+// `<S>.updated` for the new value of state S, `<w>_grad` for dLoss/dw, `/r<k>` for replica k's
+// copy. Nothing downstream parses them. onnxtrain's own ops use domain ai.onnxtrain.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -168,6 +164,18 @@ struct BucketInfo {
 // refused.
 BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
 
+// ---- partition.cc
+// Replica `replica`'s share of a replicated training graph (replicate's output, after
+// bucket_allreduce): the nodes whose Node::replica is `replica`, unreplicated nodes, and that
+// replica's slots of the shared ShardBatch / AllReduce nodes (kept outputs keep their names);
+// graph outputs, state, gradients and results of other replicas go, and the signature records
+// partition = replica. Selected by the recorded replica index, never by device or name, so
+// replicas placed on one device are still separate partitions.
+void partition(graph::Model& model, int replica);
+// One partition per replica of a replicated graph (each a clone passed through partition); a
+// graph without ShardBatch/AllReduce nodes (one replica, one process) comes back as one clone.
+std::vector<std::unique_ptr<graph::Model>> partition_replicas(const graph::Model& model);
+
 // ---- dce.cc
 // Removes nodes whose outputs reach no graph output, then unused initializers, and empties the
 // outputs nothing reads of live ai.onnxtrain nodes (their kernels skip omitted outputs, so the
@@ -218,5 +226,17 @@ struct TrainingGraphInfo {
 // (-> replicate -> bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after
 // each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
+
+// ---- evaluation.cc
+// The evaluation (validation) graph of `original`: the inference model (BatchNormalization and
+// Dropout stay in inference mode) plus the loss and `correct` that build_training_graph would
+// attach with the same options, resolved to `loss` (never kAuto; pass the training graph's
+// LossInfo::kind). Every initializer named in `state` (the trained values, by single-replica
+// name) becomes a graph input with role InputRole::kState, fed from the training state at each
+// evaluation. The signature lists batch, labels/targets, loss_scale and the state inputs, and
+// the loss and correct results.
+std::unique_ptr<graph::Model> build_evaluation_graph(const graph::Model& original,
+                                                     const TrainingOptions& opts, LossKind loss,
+                                                     const std::vector<std::string>& state);
 
 }  // namespace onnxtrain::passes

@@ -8,7 +8,10 @@ namespace onnxtrain::passes {
 
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts) {
   TrainingGraphInfo info;
-  auto stage = [&](const char* name) { graph::verify_graph(*model.graph, onnxtrain::cat("after ", name)); };
+  auto stage = [&](const char* name) {
+    graph::verify_graph(*model.graph, onnxtrain::cat("after ", name));
+    graph::verify_training(model, onnxtrain::cat("after ", name));
+  };
   infer_shapes(model);
   info.prepared = prepare_training(model, opts.trainable, opts.output);
   stage("prepare_training");

@@ -300,6 +300,8 @@ void switch_dropout(Graph& g, Node* n, int64_t opset, Value*& true_flag) {
 PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts,
                                const std::string& output) {
   Graph& g = *model.graph;
+  OT_CHECK(model.training.empty(), where(model),
+           "the model already has a training signature (was it prepared twice?)");
   const int64_t opset = model.opset_version("").value_or(1);
   Value* out = trained_output(model, output);
   PreparedModel prepared;
@@ -328,6 +330,16 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
   for (const BnStats& s : bns) switch_batch_norm(g, s, opset);
   Value* true_flag = nullptr;
   for (Node* n : dropouts) switch_dropout(g, n, opset, true_flag);
+
+  graph::TrainingSignature& sig = model.training;
+  for (const Value* in : g.inputs())
+    if (!in->has_initializer()) sig.inputs.push_back({in->name(), graph::InputRole::kBatch});
+  for (const BnStats& s : bns)
+    for (const Value* v : {s.mean, s.var})
+      sig.state.push_back({.state = v->name(),
+                           .updated = v->name() + ".updated",
+                           .kind = graph::StateKind::kRunningStatistic,
+                           .original = v->name()});
   return prepared;
 }
 

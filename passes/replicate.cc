@@ -22,39 +22,55 @@ using ValueMap = std::unordered_map<const Value*, Value*>;
 
 constexpr const char* kUpdated = ".updated";
 
+// Names are for people (the training signature carries the meaning): replica k's copy of `x`
+// is `x/r<k>`, of `S.updated` `S/r<k>.updated`.
 std::string replica_suffix(int k) {
   return cat("/r", k);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// What the pass reads from the single-replica graph, collected before anything changes.
+// What the pass reads from the single-replica graph and its training signature, collected
+// before anything changes.
 struct Layout {
   std::vector<Value*> batch;                       // graph inputs split by ShardBatch
-  std::vector<Value*> state;                       // initializers S with an `S.updated` output
-  std::unordered_set<const Value*> state_updated;  // the `S.updated` outputs
+  std::vector<Value*> state;                       // state initializers, initializer order
+  std::unordered_set<const Value*> state_updated;  // their updated outputs
   std::set<std::string> batch_symbols;             // dim-0 symbols of the batch inputs
   bool known_batch = false;                        // some batch input has a known dim 0
   std::vector<Node*> nodes;                        // every node, topological order
 };
 
-Layout read_layout(const Graph& g) {
+Layout read_layout(const graph::Model& m) {
+  const Graph& g = *m.graph;
+  const graph::TrainingSignature& sig = m.training;
+  OT_CHECK(!sig.empty(), "replicate: the graph has no training signature (build it with "
+           "build_training_graph's passes first)");
+  OT_CHECK(sig.replicas == 1 && sig.partition < 0, "replicate: the graph is already replicated (",
+           sig.replicas, " replicas)");
   Layout l;
   std::unordered_set<const Value*> state;
-  for (Value* out : g.outputs()) {
-    if (!ends_with(out->name(), kUpdated)) continue;
-    Value* s =
-        g.find_value(out->name().substr(0, out->name().size() - std::string(kUpdated).size()));
-    if (!s || !s->has_initializer() || !state.insert(s).second) continue;
-    l.state_updated.insert(out);
+  for (const graph::StateBinding& b : sig.state) {
+    Value* s = g.find_value(b.state);
+    Value* u = g.find_value(b.updated);
+    OT_CHECK(s && s->has_initializer() && u && u->is_graph_output(), "replicate: state '",
+             b.state, "' of the training signature is not an initializer with the graph output '",
+             b.updated, "'");
+    state.insert(s);
+    l.state_updated.insert(u);
   }
   for (Value* v : g.initializers())
     if (state.count(v)) l.state.push_back(v);
   for (Value* in : g.inputs()) {
-    if (in->name() == "lr" || in->name() == "loss_scale" || in->has_initializer()) continue;
+    if (in->has_initializer()) continue;
+    bool split = false;
+    for (const graph::InputBinding& b : sig.inputs)
+      split = split || (b.name == in->name() && graph::TrainingSignature::is_split(b.role));
+    if (!split) {
+      bool known = false;
+      for (const graph::InputBinding& b : sig.inputs) known = known || b.name == in->name();
+      OT_CHECK(known, "replicate: graph input '", in->name(),
+               "' has no role in the training signature (batch, labels, targets, lr, loss_scale)");
+      continue;
+    }
     OT_CHECK(in->type.is_tensor(), "replicate: batch input '", in->name(),
              "' is not a tensor; only tensors can be split across replicas");
     OT_CHECK(!in->shape() || !in->shape()->empty(), "replicate: batch input '", in->name(),
@@ -90,7 +106,7 @@ class Replicator {
         r_(opts.replicas),
         devices_(opts.devices),
         sync_batchnorm_(opts.sync_batchnorm),
-        layout_(read_layout(g_)) {
+        layout_(read_layout(m)) {
     if (devices_.empty())
       for (int k = 0; k < r_; ++k) devices_.push_back(cat("cpu:", k));
     for (const Value* v : layout_.state) state_.insert(v);
@@ -104,17 +120,55 @@ class Replicator {
     name_bases();
     clone_nodes();
     rewire_outputs();
+    graph::TrainingSignature sig = replicated_signature();
     remove_originals();
+    model_.training = std::move(sig);
     if (layout_.known_batch) reinfer();
   }
 
  private:
+  // Replica k's copy of value v of the single-replica graph (v itself when it is shared).
+  std::string name_in(int k, const Value* v) const {
+    const ValueMap& map = maps_[static_cast<size_t>(k)];
+    auto it = map.find(v);
+    return it != map.end() ? it->second->name() : v->name();
+  }
+
+  // The signature of the replicated graph: per-replica state, gradients and results; the inputs
+  // keep their names (the global batch, shared scalars).
+  graph::TrainingSignature replicated_signature() const {
+    const graph::TrainingSignature& old = model_.training;
+    graph::TrainingSignature sig;
+    sig.replicas = r_;
+    sig.inputs = old.inputs;
+    auto value = [&](const std::string& name) { return g_.find_value(name); };
+    for (int k = 0; k < r_; ++k) {
+      for (const graph::StateBinding& b : old.state)
+        sig.state.push_back({.state = name_in(k, value(b.state)),
+                             .updated = name_in(k, value(b.updated)),
+                             .kind = b.kind,
+                             .original = b.original,
+                             .replica = k});
+      for (const graph::GradientBinding& b : old.gradients)
+        sig.gradients.push_back({.param = name_in(k, value(b.param)),
+                                 .grad = name_in(k, value(b.grad)),
+                                 .replica = k});
+      for (const graph::ResultBinding& b : old.results) {
+        const Value* v = value(b.name);
+        const bool mapped = maps_[static_cast<size_t>(k)].count(v) != 0;
+        sig.results.push_back(
+            {.name = mapped ? name_in(k, v) : value_name(v, k), .role = b.role, .replica = k});
+      }
+    }
+    return sig;
+  }
+
   // Replica k's name for a value: `S.updated` of state S is `S/r<k>.updated`, the rest `name/r<k>`.
   std::string value_name(const Value* v, int k) const {
-    if (layout_.state_updated.count(v)) {
-      const std::string& n = v->name();
-      return n.substr(0, n.size() - std::string(kUpdated).size()) + replica_suffix(k) + kUpdated;
-    }
+    const std::string& n = v->name();
+    const size_t stem = n.size() - std::min(n.size(), std::string(kUpdated).size());
+    if (layout_.state_updated.count(v) && n.compare(stem, std::string::npos, kUpdated) == 0)
+      return n.substr(0, stem) + replica_suffix(k) + kUpdated;
     return v->name() + replica_suffix(k);
   }
 
@@ -221,6 +275,7 @@ class Replicator {
         Node* c = g_.clone_nodes(std::span<Node* const>(&n, 1), rename_value, map).front();
         c->name = base_names_.at(n) + replica_suffix(k);
         c->device = devices_[static_cast<size_t>(k)];
+        c->replica = k;
         for (graph::Attribute& a : c->attributes) {
           if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
           if (a.type == graph::AttrType::kGraphs)
@@ -276,6 +331,7 @@ class Replicator {
     Node* s = g_.insert_node_before(c, "SyncBatchNormalization", c->inputs(), tmp, c->name,
                                     ops::kOnnxtrainDomain);
     s->device = c->device;
+    s->replica = c->replica;
     s->doc_string = c->doc_string;
     s->attributes = {graph::Attribute::make_float("epsilon", n.attr_float("epsilon", 1e-5f)),
                      graph::Attribute::make_float("momentum", n.attr_float("momentum", 0.9f))};
@@ -333,6 +389,7 @@ class Replicator {
         Node* id = g_.add_node("Identity", {o}, {value_name(o, k)},
                                cat(o->name(), "/identity", replica_suffix(k)));
         id->device = devices_[static_cast<size_t>(k)];
+        id->replica = k;
         id->output(0)->type = o->type;
         outs.push_back(id->output(0));
       }
@@ -379,13 +436,9 @@ void replicate(graph::Model& model, const ReplicateOptions& opts) {
   OT_CHECK(opts.devices.empty() || opts.devices.size() == static_cast<size_t>(opts.replicas),
            "replicate: ", opts.devices.size(), " devices given for ", opts.replicas,
            " replicas (one per replica, or none for cpu:0..)");
-  for (size_t k = 0; k < opts.devices.size(); ++k) {
+  // Replicas may share a device (two on one GPU): partitions are keyed by Node::replica.
+  for (size_t k = 0; k < opts.devices.size(); ++k)
     OT_CHECK(!opts.devices[k].empty(), "replicate: device of replica ", k, " is empty");
-    // The device names a replica's partition (DataParallelSession): two alike would merge.
-    for (size_t j = 0; j < k; ++j)
-      OT_CHECK(opts.devices[j] != opts.devices[k], "replicate: replicas ", j, " and ", k,
-               " are both placed on '", opts.devices[k], "' (placement names must differ)");
-  }
   // One replica is the graph as it is, unless other processes share its collectives.
   if (opts.replicas == 1 && !opts.force) return;
   Replicator(model, opts).run();

@@ -28,127 +28,6 @@ using graph::Graph;
 using graph::Node;
 using graph::Value;
 
-constexpr const char* kReplicaSuffix = "/r";
-
-bool is_shared(const Node& n) {
-  return n.domain == ops::kOnnxtrainDomain && (n.op_type == "ShardBatch" || n.op_type == "AllReduce");
-}
-
-int replicas_of(const graph::Model& m) {
-  int r = 1;
-  for (const auto& n : m.graph->nodes())
-    if (is_shared(*n)) {
-      const int64_t v = n->attr_int("replicas", 0);
-      OT_CHECK(v >= 1, n->describe(), ": attribute replicas must be >= 1");
-      OT_CHECK(r == 1 || r == v, n->describe(), ": replicas=", v, ", another node says ", r);
-      r = static_cast<int>(v);
-    }
-  return r;
-}
-
-// Replaces shared node n by one that keeps only the slots `keep_in` / `keep_out` (others
-// omitted), reusing the kept output values' names.
-void restrict_node(Graph& g, Node* n, const std::set<size_t>& keep_in, const std::set<size_t>& keep_out) {
-  std::vector<Value*> ins;
-  for (size_t i = 0; i < n->inputs().size(); ++i) ins.push_back(keep_in.count(i) ? n->input(i) : nullptr);
-  std::vector<std::string> outs;
-  for (size_t i = 0; i < n->outputs().size(); ++i)
-    outs.push_back(keep_out.count(i) && n->output(i) ? g.fresh_name(n->output(i)->name() + "/part") : "");
-  Node* m = g.insert_node_before(n, n->op_type, ins, outs, n->name, n->domain);
-  m->attributes = n->attributes;
-  m->device = n->device;
-  std::vector<std::pair<Value*, std::string>> renames;
-  for (size_t i = 0; i < n->outputs().size(); ++i) {
-    Value* old = n->output(i);
-    if (!old) continue;
-    if (keep_out.count(i)) {
-      g.replace_all_uses(old, m->output(i));
-      renames.emplace_back(m->output(i), old->name());
-    }
-  }
-  // Outputs of other replicas lose their readers with the other replicas' nodes; detach them
-  // from n first so n can go.
-  for (size_t i = 0; i < n->outputs().size(); ++i) {
-    Value* old = n->output(i);
-    if (!old || keep_out.count(i)) continue;
-    std::vector<graph::Use> uses = old->uses();
-    for (const graph::Use& u : uses) u.node->set_input(u.input_index, nullptr);
-  }
-  std::vector<Value*> outs_left = g.outputs();
-  std::erase_if(outs_left, [&](Value* v) { return v && v->producer() == n; });
-  g.set_outputs(outs_left);
-  g.remove_node(n);
-  for (auto& [v, name] : renames) g.rename_value(v, name);
-}
-
-// Replica k's share of a replicated training graph (see data_parallel.h).
-std::unique_ptr<graph::Model> partition(const graph::Model& full, int k, int replicas) {
-  std::unique_ptr<graph::Model> m = full.clone();
-  Graph& g = *m->graph;
-  const std::string suffix = kReplicaSuffix + std::to_string(k);
-  // The device of replica k: the one its nodes carry (names end in /r<k>).
-  std::string device;
-  for (const auto& n : g.nodes())
-    if (!is_shared(*n) && n->name.size() > suffix.size() &&
-        n->name.compare(n->name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      device = n->device;
-      break;
-    }
-  OT_CHECK(!device.empty(), "replicated graph: no node of replica ", k, " (suffix ", suffix,
-           ") carries a device attribute");
-  std::vector<Node*> shared;
-  for (const auto& n : g.nodes())
-    if (is_shared(*n)) shared.push_back(n.get());
-  for (Node* n : shared) {
-    std::set<size_t> in, out;
-    if (n->op_type == "ShardBatch") {
-      for (size_t i = 0; i < n->inputs().size(); ++i) in.insert(i);
-      out.insert(static_cast<size_t>(k));
-    } else {
-      const size_t per = n->inputs().size() / static_cast<size_t>(replicas);
-      OT_CHECK(per * static_cast<size_t>(replicas) == n->inputs().size() &&
-                   n->outputs().size() == n->inputs().size(),
-               n->describe(), ": ", n->inputs().size(), " inputs and ", n->outputs().size(),
-               " outputs do not split into ", replicas, " replicas");
-      for (size_t i = per * static_cast<size_t>(k); i < per * static_cast<size_t>(k + 1); ++i) {
-        in.insert(i);
-        out.insert(i);
-      }
-    }
-    restrict_node(g, n, in, out);
-  }
-  // Graph outputs produced by other replicas go, then those replicas' nodes.
-  std::vector<Value*> outs;
-  for (Value* v : g.outputs())
-    if (!v->producer() || v->producer()->device.empty() || v->producer()->device == device ||
-        is_shared(*v->producer()))
-      outs.push_back(v);
-  g.set_outputs(outs);
-  std::vector<Node*> order = g.topological_order();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    if (is_shared(*n) || n->device.empty() || n->device == device) continue;
-    for (Value* o : n->outputs())
-      if (o)
-        for (const graph::Use& u : std::vector<graph::Use>(o->uses())) u.node->set_input(u.input_index, nullptr);
-    g.remove_node(n);
-  }
-  for (Value* v : g.initializers())
-    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
-      g.clear_initializer(v);
-      g.remove_value(v);
-    }
-  return m;
-}
-
-// "S/r<k>" -> "S"; other names unchanged.
-std::string base_name(const std::string& name, int k) {
-  const std::string suffix = kReplicaSuffix + std::to_string(k);
-  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-    return name.substr(0, name.size() - suffix.size());
-  return name;
-}
-
 }  // namespace
 
 // A replica's executor and the thread it runs on. Steps are handed over one at a time.
@@ -189,15 +68,23 @@ struct DataParallelSession::Impl {
   std::vector<std::unique_ptr<Replica>> replicas;
 };
 
-DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, int replicas,
+DataParallelSession::DataParallelSession(std::vector<std::unique_ptr<graph::Model>> partitions,
                                          SessionOptions opts, ProcessWorld* world)
     : impl_(std::make_unique<Impl>()),
-      replicas_(replicas),
+      replicas_(static_cast<int>(partitions.size())),
       world_(world && world->size() > 1 ? world : nullptr) {
-  OT_CHECK(replicas >= 1, "data parallel: replicas must be >= 1, got ", replicas);
-  const int in_graph = replicas_of(*graph);
-  OT_CHECK(in_graph == replicas, "data parallel: the training graph is built for ", in_graph,
-           " replica(s), the session was asked for ", replicas);
+  const int replicas = replicas_;
+  OT_CHECK(replicas >= 1, "data parallel: no replica partition given");
+  // Partition k is replica k's share (passes::partition), or the whole graph of one replica.
+  for (int k = 0; k < replicas; ++k) {
+    const graph::TrainingSignature& sig = partitions[static_cast<size_t>(k)]->training;
+    OT_CHECK(sig.replicas == replicas, "data parallel: partition ", k, " is of a training graph "
+             "built for ", sig.replicas, " replica(s), the session was given ", replicas);
+    OT_CHECK(sig.partition == k || (replicas == 1 && sig.partition < 0), "data parallel: graph ",
+             k, " is ", sig.partition < 0 ? std::string("a whole replicated graph")
+                                           : cat("replica ", sig.partition, "'s partition"),
+             ", expected replica ", k, "'s partition (passes::partition_replicas)");
+  }
   if (opts.threads <= 0) opts.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   SessionOptions each = opts;
   each.threads = std::max(1, opts.threads / replicas);
@@ -208,16 +95,13 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
   auto device_of = [&](int k) {
     return opts.replica_devices.empty() ? opts.device : opts.replica_devices[static_cast<size_t>(k)];
   };
-  if (world_) {
-    bool replicated = false;
-    for (const auto& n : graph->graph->nodes()) replicated = replicated || is_shared(*n);
-    OT_CHECK(replicated, "data parallel: a multi-process run needs a training graph with "
-             "ShardBatch/AllReduce nodes (TrainingOptions::collectives)");
-  }
+  if (world_)
+    OT_CHECK(partitions[0]->training.partition >= 0, "data parallel: a multi-process run needs a "
+             "training graph with ShardBatch/AllReduce nodes (TrainingOptions::collectives)");
   if (replicas == 1 && !world_) {
     auto r = std::make_unique<Replica>();
     each.device = device_of(0);
-    r->session = std::make_unique<TrainingSession>(std::move(graph), each);
+    r->session = std::make_unique<TrainingSession>(std::move(partitions[0]), each);
     impl_->replicas.push_back(std::move(r));
     return;
   }
@@ -252,7 +136,7 @@ DataParallelSession::DataParallelSession(std::unique_ptr<graph::Model> graph, in
       o.communicator = impl_->hierarchical.back().get();
     }
     if (!o.profile_path.empty()) o.profile_path += ".r" + std::to_string(k);
-    r->session = std::make_unique<TrainingSession>(partition(*graph, k, replicas), o);
+    r->session = std::make_unique<TrainingSession>(std::move(partitions[static_cast<size_t>(k)]), o);
     impl_->replicas.push_back(std::move(r));
   }
   for (auto& r : impl_->replicas) r->thread = std::thread([p = r.get()] { p->loop(); });
@@ -353,19 +237,22 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
 }
 
 std::map<std::string, graph::Tensor> DataParallelSession::state() const {
+  const TrainingSession& s = *impl_->replicas[0]->session;
   std::map<std::string, graph::Tensor> out;
-  for (const auto& [name, t] : impl_->replicas[0]->session->all_state()) out[base_name(name, 0)] = t;
+  for (const graph::StateBinding& b : s.signature().state) out[b.original] = s.state(b.state);
   return out;
 }
 
 void DataParallelSession::set_state(const std::map<std::string, graph::Tensor>& state) {
-  for (size_t k = 0; k < impl_->replicas.size(); ++k) {
-    TrainingSession& s = *impl_->replicas[k]->session;
-    for (const auto& [name, t] : state) {
-      const std::string local = !impl_->group ? name : name + kReplicaSuffix + std::to_string(k);
-      s.set_state(local, t);
-    }
+  for (const auto& [name, t] : state) {
+    bool known = false;
+    for (const graph::StateBinding& b : impl_->replicas[0]->session->signature().state)
+      known = known || b.original == name;
+    OT_CHECK(known, "training session: '", name, "' is not graph state");
   }
+  for (auto& r : impl_->replicas)
+    for (const graph::StateBinding& b : r->session->signature().state)
+      if (auto it = state.find(b.original); it != state.end()) r->session->set_state(b.state, it->second);
 }
 
 std::unique_ptr<graph::Model> DataParallelSession::trained_model(const graph::Model& original) const {
@@ -380,10 +267,11 @@ std::unique_ptr<graph::Model> DataParallelSession::trained_model(const graph::Mo
 
 bool DataParallelSession::replicas_identical() const {
   const auto& reps = impl_->replicas;
+  const std::map<std::string, graph::Tensor> first = state();
   for (size_t k = 1; k < reps.size(); ++k)
-    for (const auto& [name, t] : reps[k]->session->all_state()) {
-      const std::string r0 = base_name(name, static_cast<int>(k)) + kReplicaSuffix + "0";
-      if (!reps[0]->session->has_state(r0) || !reps[0]->session->state(r0).equals(t)) return false;
+    for (const graph::StateBinding& b : reps[k]->session->signature().state) {
+      auto it = first.find(b.original);
+      if (it == first.end() || !it->second.equals(reps[k]->session->state(b.state))) return false;
     }
   return true;
 }

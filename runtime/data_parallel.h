@@ -2,11 +2,11 @@
 // own executor on its own thread, gradients summed by AllReduce nodes through an in-process
 // communicator, so every replica applies the same update (MirroredStrategy on CPUs).
 //
-// The graph is what passes::build_training_graph produces: with replicas == 1 the plain
-// training graph; with R > 1 the replicated one (ShardBatch nodes split the global batch,
-// nodes and state carry `/r<k>` suffixes, AllReduce nodes ahead of the updates). Replica k's
-// executor runs its partition: the nodes whose device is replica k's, plus its share of the
-// ShardBatch and AllReduce nodes.
+// The session takes one graph per local replica: replica k's partition of the replicated
+// training graph (passes::partition_replicas: ShardBatch gives it its rows of the global batch,
+// its AllReduce slots reduce with the other replicas), or for one replica in one process the
+// plain training graph. The runtime never rewrites a graph: what each value means comes from
+// the partitions' training signatures.
 //
 // Several processes (MPI): give the session the ProcessWorld. Each process runs R local replicas
 // of a graph built for R replicas with TrainingOptions::collectives (so R == 1 has its
@@ -32,10 +32,11 @@ std::vector<int> allowed_cpus();
 
 class DataParallelSession {
  public:
-  // `opts.threads` is the total intra-op budget, split evenly across the replicas (at least 1
-  // each). Throws when the graph's replica count (its ShardBatch/AllReduce `replicas`) differs.
+  // `partitions[k]` is replica k's graph (see above). `opts.threads` is the total intra-op
+  // budget, split evenly across the replicas (at least 1 each). Throws when a partition's
+  // signature does not say it is replica k's of a graph built for partitions.size() replicas.
   // `world` (not owned; nullptr or size 1 = this process alone): the other processes.
-  DataParallelSession(std::unique_ptr<graph::Model> training_graph, int replicas,
+  DataParallelSession(std::vector<std::unique_ptr<graph::Model>> partitions,
                       SessionOptions opts = {}, ProcessWorld* world = nullptr);
   ~DataParallelSession();
 
@@ -50,7 +51,7 @@ class DataParallelSession {
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
                   float loss_scale, uint64_t seed = 0);
 
-  // Graph state under its single-replica names (replica 0's copy: "S" for "S/r0").
+  // Graph state under its single-replica names (StateBinding::original), replica 0's copy.
   std::map<std::string, graph::Tensor> state() const;
   // Sets state (single-replica names) on every replica; unknown names throw.
   void set_state(const std::map<std::string, graph::Tensor>& state);

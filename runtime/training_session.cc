@@ -3,11 +3,10 @@
 
 #include "graph/error.h"
 #include "graph/printer.h"
+#include "graph/training_signature.h"
 
 namespace onnxtrain::runtime {
 namespace {
-
-constexpr const char* kUpdated = ".updated";
 
 double scalar_of(const graph::Tensor& t, const std::string& name) {
   OT_CHECK(t.numel() == 1, "training graph: output '", name, "' must be a scalar, has ",
@@ -21,46 +20,37 @@ double scalar_of(const graph::Tensor& t, const std::string& name) {
   }
 }
 
-// "loss/r1" -> "loss": a replica partition's outputs carry the replica suffix.
-std::string without_replica(const std::string& name) {
-  const size_t p = name.rfind("/r");
-  if (p == std::string::npos || p + 2 == name.size()) return name;
-  for (size_t i = p + 2; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return name;
-  return name.substr(0, p);
-}
-
 graph::Tensor float_scalar(float v) {
   return graph::Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{v});
 }
 
 }  // namespace
 
-TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOptions opts) {
+TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOptions opts)
+    : signature_(model->training) {
   graph::Graph& g = *model->graph;
-  for (const graph::Value* out : g.outputs()) {
-    const std::string& name = out->name();
-    if (name.size() <= std::string(kUpdated).size() ||
-        name.compare(name.size() - 8, 8, kUpdated) != 0)
-      continue;
-    graph::Value* s = g.find_value(name.substr(0, name.size() - 8));
-    OT_CHECK(s && s->has_initializer(), "training graph: output '", name,
-             "' has no initializer '", name.substr(0, name.size() - 8), "' to update");
+  graph::verify_training(*model, "training graph");
+  for (const graph::StateBinding& b : signature_.state) {
+    graph::Value* s = g.find_value(b.state);
+    OT_CHECK(s->has_initializer(), "training graph: state '", b.state, "' has no initial value");
     state_names_.push_back(s->name());
     state_[s->name()] = s->initializer();
     s->type = graph::ValueType::tensor(s->initializer().dtype(),
                                        graph::make_shape(s->initializer().dims()));
     g.clear_initializer(s);
     if (!s->is_graph_input()) g.mark_input(s);
+    // Every step writes the new state over the old (no per-step allocation or copy-out).
+    opts.output_aliases[b.updated] = b.state;
   }
-  OT_CHECK(!state_names_.empty(), "training graph has no `<state>.updated` output: nothing to train");
-  for (const graph::Value* out : g.outputs()) output_names_.push_back(out->name());
-  // Every step writes the new state over the old (no per-step allocation or copy-out).
-  for (const std::string& name : state_names_) opts.output_aliases[name + kUpdated] = name;
-  for (const graph::Value* in : g.inputs()) {
-    has_lr_ |= in->name() == "lr";
-    has_loss_scale_ |= in->name() == "loss_scale";
-  }
+  OT_CHECK(!state_names_.empty(), "training graph: its training signature lists no state: nothing "
+           "to train");
+  for (size_t i = 0; i < g.outputs().size(); ++i)
+    for (const graph::ResultBinding& r : signature_.results)
+      if (r.name == g.outputs()[i]->name()) results_.emplace_back(i, r.role);
+  if (const graph::InputBinding* b = signature_.find_input(graph::InputRole::kLearningRate))
+    lr_input_ = b->name;
+  if (const graph::InputBinding* b = signature_.find_input(graph::InputRole::kLossScale))
+    loss_scale_input_ = b->name;
   session_ = std::make_unique<InferenceSession>(std::move(model), std::move(opts));
   on_device_ = !session_->device().host_memory();
   if (on_device_)
@@ -85,19 +75,15 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
       t.mutable_data();
       feeds[name] = t;
     }
-  if (has_lr_) feeds["lr"] = float_scalar(lr);
-  if (has_loss_scale_) feeds["loss_scale"] = float_scalar(loss_scale);
+  if (!lr_input_.empty()) feeds[lr_input_] = float_scalar(lr);
+  if (!loss_scale_input_.empty()) feeds[loss_scale_input_] = float_scalar(loss_scale);
   std::vector<graph::Tensor> outs = session_->run(feeds);
   host_stale_ = on_device_;
+  // Updated state was written into state_ (SessionOptions::output_aliases).
   StepResult r;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const std::string& name = output_names_[i];
-    const std::string base = without_replica(name);
-    if (base == "loss") {
-      r.loss = scalar_of(outs[i], name);
-    } else if (base == "correct") {
-      r.correct = scalar_of(outs[i], name);
-    }  // `S.updated` outputs were written into state_[S] (SessionOptions::output_aliases).
+  for (const auto& [i, role] : results_) {
+    const std::string& name = session_->model().graph->outputs()[i]->name();
+    (role == graph::ResultRole::kLoss ? r.loss : r.correct) += scalar_of(outs[i], name);
   }
   return r;
 }

@@ -1,6 +1,8 @@
-// Runs a training graph (passes::build_training_graph's output) step after step on one replica:
-// graph state (weights, BatchNormalization running statistics, optimizer moments and step count)
-// lives here across steps; every `<S>.updated` output of a step becomes the new S.
+// Runs a training graph (passes::build_training_graph's output, or one replica's partition of it)
+// step after step: graph state (weights, BatchNormalization running statistics, optimizer
+// moments and step count) lives here across steps, and each step's updated value of a state
+// becomes its new value. What is state, which input takes the learning rate and which output is
+// the loss all come from the graph's training signature (graph/training_signature.h).
 #pragma once
 
 #include <map>
@@ -21,12 +23,13 @@ struct StepResult {
 
 class TrainingSession {
  public:
-  // State = every initializer S with a graph output named `S.updated`; it becomes a graph input
-  // so the planner never folds it, and is fed from this session's copy each step.
+  // State = every StateBinding of the signature; it becomes a graph input so the planner never
+  // folds it, and is fed from this session's copy each step. Throws when the signature does
+  // not check out against the graph (graph::verify_training) or lists no state.
   explicit TrainingSession(std::unique_ptr<graph::Model> training_graph, SessionOptions opts = {});
 
-  // One step: `batch` holds the model's data inputs and `labels`/`targets`; `lr` and
-  // `loss_scale` feed the scalar inputs of the same name (loss_scale = 1/global batch).
+  // One step: `batch` holds the inputs of roles batch and labels/targets, by name; `lr` and
+  // `loss_scale` feed the inputs of those roles (loss_scale = 1/global batch).
   // `seed` (non-zero) is the step's KernelContext::random_seed(): the same seed draws the same
   // Dropout masks, so a resumed run repeats an uninterrupted one.
   StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale,
@@ -50,6 +53,7 @@ class TrainingSession {
   std::unique_ptr<graph::Model> trained_model(const graph::Model& original) const;
 
   const graph::Model& model() const { return session_->model(); }
+  const graph::TrainingSignature& signature() const { return signature_; }
   InferenceSession& session() { return *session_; }
 
  private:
@@ -60,8 +64,9 @@ class TrainingSession {
   mutable std::map<std::string, graph::Tensor> state_;
   bool on_device_ = false;
   mutable bool host_stale_ = false;
-  std::vector<std::string> output_names_;
-  bool has_lr_ = false, has_loss_scale_ = false;
+  graph::TrainingSignature signature_;
+  std::vector<std::pair<size_t, graph::ResultRole>> results_;  // output index -> what it reports
+  std::string lr_input_, loss_scale_input_;                     // "" when the graph has none
 };
 
 }  // namespace onnxtrain::runtime

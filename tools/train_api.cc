@@ -19,10 +19,12 @@ Trainer::Trainer(std::unique_ptr<graph::Model> model, TrainerOptions opts)
 runtime::StepResult Trainer::step(const std::map<std::string, graph::Tensor>& batch, float lr,
                                   float loss_scale, uint64_t seed) {
   if (loss_scale <= 0) {
-    auto it = batch.find("labels");
-    if (it == batch.end()) it = batch.find("targets");
-    OT_CHECK(it != batch.end() && it->second.rank() >= 1,
-             "Trainer::step: the batch has neither `labels` nor `targets`");
+    const graph::TrainingSignature& sig = training_graph_->training;
+    const graph::InputBinding* truth = sig.find_input(graph::InputRole::kLabels);
+    if (!truth) truth = sig.find_input(graph::InputRole::kTargets);
+    auto it = truth ? batch.find(truth->name) : batch.end();
+    OT_CHECK(it != batch.end() && it->second.rank() >= 1, "Trainer::step: the batch has no '",
+             truth ? truth->name : "labels", "' (the training graph's labels or targets)");
     OT_CHECK(it->second.dims()[0] > 0, "Trainer::step: empty batch");
     loss_scale = 1.0f / static_cast<float>(it->second.dims()[0]);
   }

@@ -152,48 +152,39 @@ std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name)
   return dims;
 }
 
-// The inference model plus the loss (BatchNormalization stays in inference mode); the state the
-// training changes becomes overridable graph inputs fed from the session at each evaluation.
-std::unique_ptr<graph::Model> validation_graph(const graph::Model& original, const TrainConfig& c,
-                                               passes::LossKind kind,
-                                               const std::map<std::string, Tensor>& state,
-                                               std::vector<std::string>& fed_state) {
-  std::unique_ptr<graph::Model> m = original.clone();
-  passes::infer_shapes(*m);
-  // prepare_training rewrites BN/Dropout into training mode: run it on a copy only, to learn
-  // which value the loss attaches to.
-  std::unique_ptr<graph::Model> scratch = m->clone();
-  const passes::PreparedModel p =
-      passes::prepare_training(*scratch, c.graph.trainable, c.graph.output);
-  passes::attach_loss(*m, p.logits, kind);
-  passes::infer_shapes(*m);
-  for (graph::Value* v : m->graph->initializers()) {
-    if (!state.count(v->name())) continue;
-    if (!v->is_graph_input()) m->graph->mark_input(v);
-    fed_state.push_back(v->name());
-  }
-  return m;
-}
-
 struct ValResult {
   double loss = 0;
   std::optional<double> accuracy;
 };
 
-ValResult evaluate(runtime::InferenceSession& s, const std::vector<std::string>& fed_state,
-                   const std::map<std::string, Tensor>& state, const runtime::Dataset& val,
-                   const runtime::InputAdapter& adapter, int64_t batch,
-                   const std::string& input_name, bool cross_entropy) {
+// The input of `role` in a graph's training signature (one the passes always create).
+const std::string& input_named(const graph::TrainingSignature& sig, graph::InputRole role) {
+  const graph::InputBinding* b = sig.find_input(role);
+  OT_CHECK(b, "training graph: its signature has no ", graph::input_role_name(role), " input");
+  return b->name;
+}
+
+// The evaluation graph's loss and correct outputs are summed over the validation set; its
+// state inputs are fed the current training state (by single-replica name).
+ValResult evaluate(runtime::InferenceSession& s, const std::map<std::string, Tensor>& state,
+                   const runtime::Dataset& val, const runtime::InputAdapter& adapter,
+                   int64_t batch, bool cross_entropy) {
+  const graph::TrainingSignature& sig = s.model().training;
   std::map<std::string, Tensor> feeds;
-  for (const std::string& name : fed_state) feeds[name] = state.at(name);
-  feeds["loss_scale"] = Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
+  for (const graph::InputBinding* b : sig.inputs_with(graph::InputRole::kState))
+    feeds[b->name] = state.at(b->name);
+  feeds[input_named(sig, graph::InputRole::kLossScale)] =
+      Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
+  const std::string& input_name = input_named(sig, graph::InputRole::kBatch);
+  const std::string& truth_name = input_named(
+      sig, cross_entropy ? graph::InputRole::kLabels : graph::InputRole::kTargets);
   int loss_at = -1, correct_at = -1;
   const auto& outs = s.model().graph->outputs();
-  for (size_t i = 0; i < outs.size(); ++i) {
-    if (outs[i]->name() == "loss") loss_at = static_cast<int>(i);
-    if (outs[i]->name() == "correct") correct_at = static_cast<int>(i);
-  }
-  OT_CHECK(loss_at >= 0, "validation graph has no `loss` output");
+  for (size_t i = 0; i < outs.size(); ++i)
+    for (const graph::ResultBinding& r : sig.results)
+      if (r.name == outs[i]->name())
+        (r.role == graph::ResultRole::kLoss ? loss_at : correct_at) = static_cast<int>(i);
+  OT_CHECK(loss_at >= 0, "validation graph has no loss output");
   runtime::LoaderOptions lo;
   lo.batch_size = batch;
   lo.shuffle = false;
@@ -202,7 +193,7 @@ ValResult evaluate(runtime::InferenceSession& s, const std::vector<std::string>&
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
     feeds[input_name] = std::move(b.inputs);
-    feeds[cross_entropy ? "labels" : "targets"] = std::move(b.targets);
+    feeds[truth_name] = std::move(b.targets);
     std::vector<Tensor> r = s.run(feeds);
     loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]);
     if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
@@ -481,11 +472,8 @@ TrainResult run_training(const TrainConfig& config) {
   passes::TrainingOptions topts = c.graph;
   topts.replicas = c.replicas;
   const std::vector<std::shared_ptr<runtime::Device>> devices = replica_devices(c);
-  // Placement names tell the replicas apart (the partition of replica k is its device's nodes).
-  for (int k = 0; k < c.replicas; ++k) {
-    const std::string name = devices[static_cast<size_t>(k)]->name();
-    topts.devices.push_back(name.find(':') == std::string::npos ? cat(name, ":", k) : name);
-  }
+  // Placement for people reading the graph (partitions follow the recorded replica index).
+  for (int k = 0; k < c.replicas; ++k) topts.devices.push_back(devices[static_cast<size_t>(k)]->name());
   topts.bucket_mb = c.bucket_mb;
   topts.sync_batchnorm = c.sync_batchnorm;  // replicate's; with 1 replica there is nothing to sync
   topts.collectives = world != nullptr;      // R == 1 too: the AllReduce spans the processes
@@ -580,16 +568,19 @@ TrainResult run_training(const TrainConfig& config) {
   so.threads = c.threads > 0 ? c.threads : default_threads(world ? c.local_processes : 1);
   so.profile_path = c.profile;
   so.replica_devices = devices;
-  runtime::DataParallelSession session(training_graph->clone(), c.replicas, so, world);
-  std::vector<std::string> fed_state;
+  runtime::DataParallelSession session(passes::partition_replicas(*training_graph), so, world);
   std::unique_ptr<runtime::InferenceSession> val_session;
   if (data.val && lead) {
     runtime::SessionOptions vo;
     vo.threads = so.threads;
     vo.device = devices.front();  // replica 0's GPU (idle while validation runs)
+    std::vector<std::string> state_names;
+    for (const auto& [name, t] : session.state()) state_names.push_back(name);
     val_session = std::make_unique<runtime::InferenceSession>(
-        validation_graph(*original, c, info.loss.kind, session.state(), fed_state), vo);
+        passes::build_evaluation_graph(*original, c.graph, info.loss.kind, state_names), vo);
   }
+  const std::string& truth_input = input_named(
+      training_graph->training, ce ? graph::InputRole::kLabels : graph::InputRole::kTargets);
 
   EpochAccum acc;
   if (c.resume) {
@@ -639,7 +630,7 @@ TrainResult run_training(const TrainConfig& config) {
       b.targets = runtime::slice_rows(b.targets, start, rows);
     }
     feeds[input.name] = std::move(b.inputs);
-    feeds[ce ? "labels" : "targets"] = std::move(b.targets);
+    feeds[truth_input] = std::move(b.targets);
     const float lr = runtime::lr_at(schedule, s);
     // The step's random numbers (Dropout) are a function of (--seed, step): a resumed run
     // draws what the uninterrupted one drew.
@@ -665,8 +656,8 @@ TrainResult run_training(const TrainConfig& config) {
       m.loss = acc.loss_sum / static_cast<double>(acc.examples);
       if (ce) m.accuracy = acc.correct / static_cast<double>(acc.examples);
       if (val_session) {
-        ValResult v = evaluate(*val_session, fed_state, session.state(), *data.val, *val_adapter,
-                               res.global_batch, input.name, ce);
+        ValResult v = evaluate(*val_session, session.state(), *data.val, *val_adapter,
+                               res.global_batch, ce);
         m.val_loss = v.loss;
         m.val_accuracy = v.accuracy;
       }

@@ -114,7 +114,8 @@ TEST(Cuda, TwoReplicasMatchOne) {
   one.device = runtime::make_device("cuda:0");
   // Two replicas on two GPUs, or both on GPU 0 (two streams) on a one-GPU machine.
   two.replica_devices = {runtime::make_device("cuda:0"), runtime::make_device(gpus > 1 ? "cuda:1" : "cuda:0")};
-  runtime::DataParallelSession r1(training_graph(*model, 1), 1, one), r2(training_graph(*model, 2), 2, two);
+  runtime::DataParallelSession r1(passes::partition_replicas(*training_graph(*model, 1)), one),
+      r2(passes::partition_replicas(*training_graph(*model, 2)), two);
   std::mt19937_64 rng(9);
   for (int s = 0; s < 4; ++s) {
     std::map<std::string, Tensor> batch{{"input", uniform({16, 12}, rng)}, {"labels", labels(16, 4, rng)}};

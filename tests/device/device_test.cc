@@ -4,6 +4,7 @@
 // results must equal the CPU device's bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -229,8 +230,10 @@ TEST(SimDevice, DataParallelEqualsCpu) {
   runtime::SessionOptions cpu_opts, sim_opts;
   cpu_opts.threads = sim_opts.threads = 2;
   sim_opts.replica_devices = {runtime::make_device("sim"), runtime::make_device("sim")};
-  runtime::DataParallelSession cpu(training_graph(*model, 2, passes::OptimizerKind::kAdam), 2, cpu_opts);
-  runtime::DataParallelSession sim(training_graph(*model, 2, passes::OptimizerKind::kAdam), 2, sim_opts);
+  runtime::DataParallelSession cpu(
+      passes::partition_replicas(*training_graph(*model, 2, passes::OptimizerKind::kAdam)), cpu_opts);
+  runtime::DataParallelSession sim(
+      passes::partition_replicas(*training_graph(*model, 2, passes::OptimizerKind::kAdam)), sim_opts);
   std::mt19937_64 rng(8);
   for (int s = 0; s < 4; ++s) {
     std::map<std::string, Tensor> batch{{"input", uniform({10, 12}, rng)}, {"labels", labels(10, 4, rng)}};
@@ -239,6 +242,57 @@ TEST(SimDevice, DataParallelEqualsCpu) {
   ASSERT_TRUE(sim.replicas_identical());
   const auto a = cpu.state(), b = sim.state();
   for (const auto& [name, t] : a) ASSERT_TRUE(t.equals(b.at(name))) << name;
+}
+
+// Two replicas placed on one device name (as two replicas on one GPU would be): the partitions
+// follow the replica index the replicate pass recorded, not the device, so they stay two
+// replicas, and with batch 2B they equal one replica with batch 2B (MLP, no BatchNorm).
+TEST(SimDevice, TwoReplicasOnOneDeviceNameEqualOne) {
+  auto model = zoo("mlp", {.input_shape = {12}, .classes = 4, .width = 16, .seed = 5});
+  auto one_graph = training_graph(*model, 1, passes::OptimizerKind::kAdam);
+  auto two_graph = model->clone();
+  passes::TrainingOptions to;
+  to.optimizer.kind = passes::OptimizerKind::kAdam;
+  to.replicas = 2;
+  to.devices = {"sim", "sim"};
+  to.bucket_mb = 0.001;
+  passes::build_training_graph(*two_graph, to);
+  std::set<std::string> placed;
+  for (const auto& n : two_graph->graph->nodes()) placed.insert(n->device);
+  EXPECT_EQ(placed, (std::set<std::string>{"", "sim"}));
+  runtime::SessionOptions one_opts, two_opts;
+  one_opts.threads = 1;
+  one_opts.device = runtime::make_device("sim");
+  two_opts.threads = 2;
+  // One Device object per replica (each owns its stream and allocator), both named "sim".
+  two_opts.replica_devices = {runtime::make_device("sim"), runtime::make_device("sim")};
+  runtime::DataParallelSession one(passes::partition_replicas(*one_graph), one_opts);
+  std::vector<std::unique_ptr<graph::Model>> parts = passes::partition_replicas(*two_graph);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0]->training.partition, 0);
+  EXPECT_EQ(parts[1]->training.partition, 1);
+  runtime::DataParallelSession two(std::move(parts), two_opts);
+  EXPECT_EQ(two.replicas(), 2);
+  std::mt19937_64 rng(3);
+  for (int s = 0; s < 5; ++s) {
+    std::map<std::string, Tensor> batch{{"input", uniform({10, 12}, rng)}, {"labels", labels(10, 4, rng)}};
+    const double a = one.step(batch, 1e-2f, 0.1f).loss, b = two.step(batch, 1e-2f, 0.1f).loss;
+    EXPECT_NEAR(a, b, 1e-5 * std::max(1.0, std::abs(a))) << "step " << s;
+  }
+  ASSERT_TRUE(two.replicas_identical());
+  const auto a = one.state(), b = two.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const Tensor& u = b.at(name);
+    if (t.dtype() != DataType::kFloat) {
+      EXPECT_TRUE(t.equals(u)) << name;
+      continue;
+    }
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_NEAR(t.data_as<float>()[i], u.data_as<float>()[i],
+                  1e-5 * std::max(1.0f, std::abs(t.data_as<float>()[i])))
+          << name << "[" << i << "]";
+  }
 }
 
 TEST(SimDevice, ResidentInputErrors) {

@@ -274,8 +274,13 @@ TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
   EXPECT_EQ(graph::to_text(*a->graph), before);
   expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {"cpu:0"}}); },
                "1 devices given for 2 replicas");
-  expect_error([&] { passes::replicate(*a, {.replicas = 2, .devices = {"cuda:0", "cuda:0"}}); },
-               "replicas 0 and 1 are both placed on 'cuda:0'");
+  {  // Two replicas may share a device: partitions are keyed by the recorded replica index.
+    auto b = a->clone();
+    passes::replicate(*b, {.replicas = 2, .devices = {"cuda:0", "cuda:0"}});
+    EXPECT_EQ(b->training.replicas, 2);
+    for (const auto& n : b->graph->nodes())
+      if (n->op_type != "ShardBatch") EXPECT_GE(n->replica, 0) << n->name;
+  }
   expect_error([&] { passes::replicate(*a, {.replicas = 0, .devices = {}}); },
                "replicas must be >= 1");
   expect_error([&] { passes::bucket_allreduce(*a, {}); }, "no ShardBatch");

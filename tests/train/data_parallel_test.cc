@@ -32,7 +32,7 @@ std::unique_ptr<runtime::DataParallelSession> make_session(const graph::Model& m
   passes::build_training_graph(*g, to);
   runtime::SessionOptions so;
   so.threads = replicas;
-  return std::make_unique<runtime::DataParallelSession>(std::move(g), replicas, so);
+  return std::make_unique<runtime::DataParallelSession>(passes::partition_replicas(*g), so);
 }
 
 double max_rel_diff(const Tensor& a, const Tensor& b) {
@@ -116,8 +116,10 @@ TEST(DataParallel, ReplicaCountMismatchIsAnError) {
   to.replicas = 2;
   passes::build_training_graph(*g, to);
   try {
-    runtime::DataParallelSession s(std::move(g), 3);
-    FAIL() << "accepted a 2-replica graph for 3 replicas";
+    std::vector<std::unique_ptr<graph::Model>> parts = passes::partition_replicas(*g);
+    parts.pop_back();
+    runtime::DataParallelSession s(std::move(parts));
+    FAIL() << "accepted one partition of a 2-replica graph as a whole session";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("2 replica"), std::string::npos) << e.what();
   }

@@ -38,7 +38,7 @@ std::unique_ptr<runtime::DataParallelSession> session(const graph::Model& model,
   passes::build_training_graph(*g, to);
   runtime::SessionOptions so;
   so.threads = replicas;
-  return std::make_unique<runtime::DataParallelSession>(std::move(g), replicas, so, world);
+  return std::make_unique<runtime::DataParallelSession>(passes::partition_replicas(*g), so, world);
 }
 
 // Steps P processes x R replicas and one process x P·R replicas on the same global batches.
@@ -118,7 +118,7 @@ TEST(DataParallelWorld, AWorldNeedsAGraphWithCollectives) {
   std::unique_ptr<graph::Model> plain = model->clone();
   passes::build_training_graph(*plain, {});
   try {
-    runtime::DataParallelSession s(std::move(plain), 1, {}, &w);
+    runtime::DataParallelSession s(passes::partition_replicas(*plain), {}, &w);
     FAIL() << "accepted a graph without collectives";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("TrainingOptions::collectives"), std::string::npos) << e.what();

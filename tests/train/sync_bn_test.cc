@@ -42,8 +42,8 @@ std::unique_ptr<graph::Model> training_graph(int replicas, bool sync, int64_t op
 std::unique_ptr<runtime::DataParallelSession> session(int replicas, bool sync, int64_t opset = 0) {
   runtime::SessionOptions so;
   so.threads = replicas;
-  return std::make_unique<runtime::DataParallelSession>(training_graph(replicas, sync, opset),
-                                                        replicas, so);
+  return std::make_unique<runtime::DataParallelSession>(
+      passes::partition_replicas(*training_graph(replicas, sync, opset)), so);
 }
 
 // max |a - b| / max(1e-2, max |b|): float32 rounding relative to the tensor's scale. An
