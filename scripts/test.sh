@@ -8,6 +8,16 @@ jobs=${JOBS:-$(nproc)}
 
 scripts/setup.sh
 
+# What training-graph values mean is the training signature (graph/training_signature.h); the
+# runtime and tools read it and never build or parse value names (issue #15).
+echo "== no value-name conventions under runtime/, tools/, train/"
+name_dirs=(runtime tools)
+[ -d train ] && name_dirs+=(train)
+if grep -rnE '"\.updated"|"/r"|"_grad"' "${name_dirs[@]}"; then
+  echo "error: the lines above build or parse training-graph value names; read graph::Model::training" >&2
+  exit 1
+fi
+
 # ccache (installed by setup.sh) makes a rebuild on the same machine mostly cache hits; paths
 # are taken relative to the checkout, so another clone of the same commit hits too.
 launcher=()
@@ -31,7 +41,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session runtime_optimize_inference passes_training passes_replicate \
-  passes_dce optim dataset comm checkpoint nccl_stub plugin device data_parallel sync_bn
+  passes_signature passes_dce optim dataset comm checkpoint nccl_stub plugin device data_parallel sync_bn
 # (The ASan build has no CUDA backend: nccl_stub, not nccl, is its NCCL test. Every test labelled
 # unit/hostile/backend must be in this list, or ctest reports it "Not Run".)
 # Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel

@@ -1,0 +1,287 @@
+// The training signature: what each pass records, its ONNX round trip ("onnxtrain.training"),
+// the verifier naming a corrupted field, the printer, partition and the evaluation graph.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <set>
+#include <sstream>
+
+#include "graph/error.h"
+#include "graph/onnx_io.h"
+#include "graph/printer.h"
+#include "graph/verifier.h"
+#include "models/zoo.h"
+#include "passes/passes.h"
+
+namespace onnxtrain::passtest {
+namespace {
+
+using graph::InputRole;
+using graph::Model;
+using graph::ResultRole;
+using graph::StateKind;
+using graph::TrainingSignature;
+
+std::unique_ptr<Model> trained(const std::string& zoo_name, int replicas,
+                               passes::OptimizerKind opt = passes::OptimizerKind::kAdam) {
+  auto m = models::build_zoo_model(
+      zoo_name, {.input_shape = zoo_name == "mlp" ? std::vector<int64_t>{12} : std::vector<int64_t>{1, 16, 16},
+                 .classes = 4, .width = 4});
+  passes::TrainingOptions o;
+  o.replicas = replicas;
+  o.optimizer.kind = opt;
+  o.bucket_mb = 0.0001;  // several buckets
+  passes::build_training_graph(*m, o);
+  return m;
+}
+
+size_t count_kind(const TrainingSignature& t, StateKind k, int replica) {
+  size_t n = 0;
+  for (const graph::StateBinding& s : t.state) n += s.kind == k && s.replica == replica;
+  return n;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainingSignature, OneReplicaRecordsWhatEachPassCreated) {
+  auto m = trained("resnet18", 1);
+  const TrainingSignature& t = m->training;
+  EXPECT_EQ(t.replicas, 1);
+  EXPECT_EQ(t.partition, -1);
+  ASSERT_NE(t.find_input(InputRole::kBatch), nullptr);
+  EXPECT_EQ(t.find_input(InputRole::kBatch)->name, m->graph->inputs().front()->name());
+  EXPECT_NE(t.find_input(InputRole::kLabels), nullptr);
+  EXPECT_EQ(t.find_input(InputRole::kTargets), nullptr);
+  EXPECT_NE(t.find_input(InputRole::kLearningRate), nullptr);
+  EXPECT_NE(t.find_input(InputRole::kLossScale), nullptr);
+  EXPECT_EQ(t.results_with(ResultRole::kLoss).size(), 1u);
+  EXPECT_EQ(t.results_with(ResultRole::kCorrect).size(), 1u);
+  const size_t params = count_kind(t, StateKind::kParameter, -1);
+  EXPECT_GT(params, 0u);
+  EXPECT_EQ(count_kind(t, StateKind::kOptimizerState, -1), 2 * params);  // Adam: m and v
+  EXPECT_EQ(count_kind(t, StateKind::kStepCounter, -1), 1u);
+  EXPECT_GT(count_kind(t, StateKind::kRunningStatistic, -1), 0u);
+  EXPECT_EQ(t.gradients.size(), params);
+  for (const graph::GradientBinding& g : t.gradients) {
+    const graph::StateBinding* s = t.find_state(g.param);
+    ASSERT_NE(s, nullptr) << g.param;
+    EXPECT_EQ(s->kind, StateKind::kParameter);
+    // The optimizer node of the parameter reads the recorded gradient.
+    const graph::Value* grad = m->graph->find_value(g.grad);
+    ASSERT_NE(grad, nullptr);
+    bool read_by_update = false;
+    for (const graph::Use& u : grad->uses()) read_by_update |= u.node->name == "optimizer." + g.param;
+    EXPECT_TRUE(read_by_update) << g.grad;
+  }
+  EXPECT_TRUE(t.buckets.empty());
+  graph::verify_training(*m, "test");
+}
+
+TEST(TrainingSignature, ReplicatedGraphRecordsReplicasGradientsAndBuckets) {
+  auto m = trained("mlp", 2);
+  const TrainingSignature& t = m->training;
+  EXPECT_EQ(t.replicas, 2);
+  const size_t params = count_kind(t, StateKind::kParameter, 0);
+  EXPECT_GT(params, 0u);
+  EXPECT_EQ(count_kind(t, StateKind::kParameter, 1), params);
+  EXPECT_EQ(count_kind(t, StateKind::kParameter, -1), 0u);
+  EXPECT_EQ(t.results_with(ResultRole::kLoss).size(), 2u);
+  ASSERT_GT(t.buckets.size(), 1u);
+  std::set<int> buckets;
+  for (const graph::GradientBinding& g : t.gradients) {
+    ASSERT_GE(g.bucket, 0) << g.param;
+    buckets.insert(g.bucket);
+    // The reduced gradient is an output of the bucket's AllReduce node.
+    const graph::Value* r = m->graph->find_value(g.reduced);
+    ASSERT_NE(r, nullptr) << g.reduced;
+    ASSERT_NE(r->producer(), nullptr);
+    EXPECT_EQ(r->producer()->op_type, "AllReduce");
+    EXPECT_EQ(r->producer()->name, t.buckets[static_cast<size_t>(g.bucket)].node);
+    const graph::StateBinding* s = t.find_state(g.param);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->replica, g.replica);
+  }
+  EXPECT_EQ(buckets.size(), t.buckets.size());
+  // Every replicated node names its replica; the shared ones name none.
+  for (const auto& n : m->graph->nodes()) {
+    const bool shared = n->op_type == "ShardBatch" || n->op_type == "AllReduce";
+    EXPECT_EQ(n->replica < 0, shared) << n->name;
+  }
+}
+
+TEST(TrainingSignature, RoundTripsThroughOnnx) {
+  for (int replicas : {1, 2}) {
+    auto m = trained("resnet18", replicas, passes::OptimizerKind::kMomentum);
+    const std::string bytes = graph::export_onnx_bytes(*m);
+    onnx::ModelProto mp;
+    ASSERT_TRUE(mp.ParseFromString(bytes));
+    int entries = 0;
+    for (const auto& kv : mp.metadata_props()) entries += kv.key() == graph::kTrainingKey;
+    EXPECT_EQ(entries, 1);
+    auto back = graph::import_onnx_bytes(bytes, "g.onnx", "");
+    EXPECT_EQ(back->training, m->training) << replicas;
+    std::vector<int> a, b;
+    for (const auto& n : m->graph->nodes()) a.push_back(n->replica);
+    for (const auto& n : back->graph->nodes()) b.push_back(n->replica);
+    EXPECT_EQ(a, b);
+    // import -> export -> import keeps it equal, and the metadata entry is not duplicated.
+    auto again = graph::import_onnx_bytes(graph::export_onnx_bytes(*back), "g2.onnx", "");
+    EXPECT_EQ(again->training, m->training);
+    EXPECT_TRUE(again->metadata.empty());
+  }
+  // An inference model has no entry.
+  auto plain = models::build_zoo_model("mlp", {.input_shape = {12}, .classes = 4, .width = 4});
+  onnx::ModelProto mp;
+  ASSERT_TRUE(mp.ParseFromString(graph::export_onnx_bytes(*plain)));
+  for (const auto& kv : mp.metadata_props()) EXPECT_NE(kv.key(), graph::kTrainingKey);
+}
+
+// The ONNX bytes of m with the signature text passed through `edit`.
+std::string with_signature(const Model& m, const std::function<std::string(std::string)>& edit) {
+  onnx::ModelProto mp;
+  EXPECT_TRUE(mp.ParseFromString(graph::export_onnx_bytes(m)));
+  for (auto& kv : *mp.mutable_metadata_props())
+    if (kv.key() == graph::kTrainingKey) kv.set_value(edit(kv.value()));
+  return mp.SerializeAsString();
+}
+
+std::string replace_once(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+TEST(TrainingSignature, ACorruptedNameIsNamedByTheVerifier) {
+  auto m = trained("mlp", 2);
+  graph::StateBinding s;
+  for (const graph::StateBinding& b : m->training.state)
+    if (b.kind == StateKind::kParameter && s.state.empty()) s = b;
+  // A state name that no value has: import (which verifies) names record, field and name.
+  std::string err = error_of([&] {
+    graph::import_onnx_bytes(
+        with_signature(*m, [&](std::string t) {
+          return replace_once(t, "\tstate=" + s.state + "\t", "\tstate=" + s.state + "_typo\t");
+        }),
+        "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("bad.onnx: training signature: state (parameter) state '" + s.state + "_typo': no such value"),
+            std::string::npos)
+      << err;
+  // A loss result pointing at a value that is not a graph output.
+  err = error_of([&] {
+    auto c = m->clone();
+    c->training.results.front().name = c->training.gradients.front().grad;
+    graph::verify_training(*c, "after test");
+  });
+  EXPECT_NE(err.find("after test: training signature: result (loss) name '"), std::string::npos) << err;
+  EXPECT_NE(err.find("is not a graph output"), std::string::npos) << err;
+  // A state/updated pair that disagrees in dtype: point a parameter at the step counter's output.
+  err = error_of([&] {
+    auto c = m->clone();
+    for (graph::StateBinding& b : c->training.state)
+      if (b.kind == StateKind::kParameter) {
+        for (const graph::StateBinding& o : c->training.state)
+          if (o.kind == StateKind::kStepCounter) b.updated = o.updated;
+        break;
+      }
+    graph::verify_training(*c, "x");
+  });
+  EXPECT_NE(err.find("is f32 but updated"), std::string::npos) << err;
+  // Malformed lines name the entry and line.
+  err = error_of([&] {
+    graph::import_onnx_bytes(with_signature(*m, [](std::string t) { return t + "state\tkind=weird\n"; }),
+                             "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("metadata_props 'onnxtrain.training' line"), std::string::npos) << err;
+  EXPECT_NE(err.find("field 'kind' has unknown value 'weird'"), std::string::npos) << err;
+  err = error_of([&] {
+    graph::import_onnx_bytes(
+        with_signature(*m, [](std::string t) { return replace_once(t, "version=1", "version=9"); }),
+        "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("version 9 is not supported"), std::string::npos) << err;
+  err = error_of([&] {
+    graph::import_onnx_bytes(with_signature(*m, [](std::string t) { return t + "node\tname=nope\treplica=0\n"; }),
+                             "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("no node is named 'nope'"), std::string::npos) << err;
+}
+
+TEST(TrainingSignature, PrinterListsIt) {
+  auto m = trained("mlp", 2);
+  std::ostringstream os;
+  graph::print_model(os, *m);
+  const std::string text = os.str();
+  EXPECT_NE(text.find("training signature: 2 replicas"), std::string::npos);
+  EXPECT_NE(text.find(" labels\n"), std::string::npos);
+  EXPECT_NE(text.find(" loss r1\n"), std::string::npos);
+  EXPECT_NE(text.find(" step_counter r0"), std::string::npos);
+  EXPECT_NE(text.find("  bucket    0 "), std::string::npos);
+}
+
+TEST(TrainingSignature, PartitionKeepsOneReplica) {
+  auto m = trained("mlp", 3);
+  std::vector<std::unique_ptr<Model>> parts = passes::partition_replicas(*m);
+  ASSERT_EQ(parts.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    const Model& p = *parts[static_cast<size_t>(k)];
+    EXPECT_EQ(p.training.partition, k);
+    EXPECT_EQ(p.training.replicas, 3);
+    for (const graph::StateBinding& s : p.training.state) EXPECT_EQ(s.replica, k) << s.state;
+    for (const graph::ResultBinding& r : p.training.results) EXPECT_EQ(r.replica, k) << r.name;
+    for (const auto& n : p.graph->nodes()) EXPECT_TRUE(n->replica < 0 || n->replica == k) << n->name;
+    EXPECT_EQ(p.training.buckets, m->training.buckets);
+    graph::verify_graph(*p.graph, "partition");
+    graph::verify_training(p, "partition");
+    // A partition survives the ONNX round trip too.
+    EXPECT_EQ(graph::import_onnx_bytes(graph::export_onnx_bytes(p), "p.onnx", "")->training, p.training);
+  }
+  std::string err = error_of([&] { passes::partition(*parts[0], 1); });
+  EXPECT_NE(err.find("already replica 0's partition"), std::string::npos) << err;
+  err = error_of([&] { passes::partition(*m->clone(), 3); });
+  EXPECT_NE(err.find("replica 3 is not below the graph's 3 replicas"), std::string::npos) << err;
+  // One replica, one process: the graph itself.
+  auto one = trained("mlp", 1);
+  parts = passes::partition_replicas(*one);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0]->training, one->training);
+}
+
+TEST(TrainingSignature, EvaluationGraphFeedsTrainedState) {
+  auto original = models::build_zoo_model("resnet18", {.input_shape = {1, 16, 16}, .classes = 4, .width = 4});
+  auto m = original->clone();
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, {});
+  std::vector<std::string> state;
+  for (const graph::StateBinding& s : m->training.state) state.push_back(s.original);
+  auto eval = passes::build_evaluation_graph(*original, {}, info.loss.kind, state);
+  const TrainingSignature& t = eval->training;
+  EXPECT_NE(t.find_input(InputRole::kBatch), nullptr);
+  EXPECT_NE(t.find_input(InputRole::kLabels), nullptr);
+  EXPECT_NE(t.find_input(InputRole::kLossScale), nullptr);
+  EXPECT_EQ(t.find_input(InputRole::kLearningRate), nullptr);
+  EXPECT_TRUE(t.state.empty());
+  // Weights and BN running statistics are fed; optimizer state is not in the inference model.
+  size_t fed = 0;
+  for (const graph::InputBinding* b : t.inputs_with(InputRole::kState)) {
+    const graph::StateBinding* s = m->training.find_state(b->name);
+    ASSERT_NE(s, nullptr) << b->name;
+    EXPECT_TRUE(s->kind == StateKind::kParameter || s->kind == StateKind::kRunningStatistic);
+    ++fed;
+  }
+  EXPECT_EQ(fed, count_kind(m->training, StateKind::kParameter, -1) +
+                     count_kind(m->training, StateKind::kRunningStatistic, -1));
+  // BatchNormalization stays in inference mode.
+  for (const auto& n : eval->graph->nodes())
+    if (n->op_type == "BatchNormalization") EXPECT_EQ(n->attr_int("training_mode", 0), 0);
+}
+
+}  // namespace
+}  // namespace onnxtrain::passtest
