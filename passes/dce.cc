@@ -12,13 +12,22 @@
 namespace onnxtrain::passes {
 namespace {
 
-// Values read by a subgraph of some node (captures are not listed in Value::uses()).
+// Outer values that the subgraphs of n (If/Loop/Scan bodies, any depth) read: captures are
+// not listed in Value::uses().
+template <typename Fn>
+void for_each_capture(const graph::Node& n, Fn&& fn) {
+  for (const graph::Attribute& a : n.attributes) {
+    if (a.type == graph::AttrType::kGraph)
+      for (const graph::Value* c : a.g().captured_values()) fn(c);
+    if (a.type == graph::AttrType::kGraphs)
+      for (const graph::GraphPtr& sub : a.graphs())
+        for (const graph::Value* c : sub->captured_values()) fn(c);
+  }
+}
+
 std::unordered_set<const graph::Value*> captured(const graph::Graph& g) {
   std::unordered_set<const graph::Value*> out;
-  for (const auto& n : g.nodes())
-    for (const graph::Attribute& a : n->attributes)
-      if (a.type == graph::AttrType::kGraph)
-        for (const graph::Value* c : a.g().captured_values()) out.insert(c);
+  for (const auto& n : g.nodes()) for_each_capture(*n, [&](const graph::Value* c) { out.insert(c); });
   return out;
 }
 
@@ -41,6 +50,7 @@ bool empty_unused_outputs(graph::Graph& g, graph::Node* n,
   graph::Node* m = g.insert_node_before(n, n->op_type, n->inputs(), outs, n->name, n->domain);
   m->attributes = n->attributes;
   m->device = n->device;
+  m->replica = n->replica;  // partition keys on it
   m->doc_string = n->doc_string;
   std::vector<std::pair<graph::Value*, std::string>> renames;
   for (size_t i = 0; i < n->outputs().size(); ++i) {
@@ -69,9 +79,7 @@ int dce(graph::Model& model) {
     if (!p || !live.insert(p).second) continue;
     for (const graph::Value* in : p->inputs()) work.push_back(in);
     // Subgraph captures keep their outer values alive.
-    for (const graph::Attribute& a : p->attributes)
-      if (a.type == graph::AttrType::kGraph)
-        for (const graph::Value* c : a.g().captured_values()) work.push_back(c);
+    for_each_capture(*p, [&](const graph::Value* c) { work.push_back(c); });
   }
   int removed = 0;
   std::vector<graph::Node*> order = g.topological_order();

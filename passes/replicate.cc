@@ -1,5 +1,6 @@
 // replicate (passes.h): the single-replica training graph cloned once per replica, the global
 // batch split by ShardBatch nodes, state mirrored per replica, `lr` / `loss_scale` shared.
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <unordered_map>
