@@ -2,7 +2,12 @@
 // the tool needs no JSON library; strings are escaped per RFC 8259 and repaired to valid UTF-8.
 //
 //   {"schema", "file", "ir_version", "producer": {name, version}, "domain", "model_version",
-//    "opsets": [{domain, version}], "metadata": [{key, value}], "graph": GRAPH}
+//    "opsets": [{domain, version}], "metadata": [{key, value}], "graph": GRAPH,
+//    "training": TRAINING}   (training graphs only: graph/training_signature.h)
+//   TRAINING = {"replicas", "partition", "inputs": [{name, role}],
+//               "results": [{name, role, replica}], "state": [{state, updated, kind, original,
+//               replica}], "gradients": [{param, grad, reduced, replica, bucket}],
+//               "buckets": [{node, bytes}]}   (replica / partition / bucket -1 = none)
 //   GRAPH = {"name", "inputs": [VALUE], "outputs": [VALUE],
 //            "initializers": [{name, dtype, dims, bytes}], "nodes": [NODE]}
 //   VALUE = {"name", "kind", "dtype", "shape": [3, "N", null] | null} (+ "type" for containers)
@@ -394,6 +399,74 @@ void write_graph(JsonWriter& w, const Graph& g) {
 
 }  // namespace
 
+
+void write_training(JsonWriter& w, const graph::TrainingSignature& t) {
+  auto field = [&](std::string_view k, const std::string& v) {
+    w.key(k);
+    w.str(v);
+  };
+  auto number = [&](std::string_view k, int64_t v) {
+    w.key(k);
+    w.num(v);
+  };
+  w.begin_object();
+  number("replicas", t.replicas);
+  number("partition", t.partition);
+  w.key("inputs");
+  w.begin_array();
+  for (const graph::InputBinding& i : t.inputs) {
+    w.begin_object(true);
+    field("name", i.name);
+    field("role", std::string(graph::input_role_name(i.role)));
+    w.end_object();
+  }
+  w.end_array();
+  w.key("results");
+  w.begin_array();
+  for (const graph::ResultBinding& r : t.results) {
+    w.begin_object(true);
+    field("name", r.name);
+    field("role", std::string(graph::result_role_name(r.role)));
+    number("replica", r.replica);
+    w.end_object();
+  }
+  w.end_array();
+  w.key("state");
+  w.begin_array();
+  for (const graph::StateBinding& b : t.state) {
+    w.begin_object(true);
+    field("state", b.state);
+    field("updated", b.updated);
+    field("kind", std::string(graph::state_kind_name(b.kind)));
+    field("original", b.original);
+    number("replica", b.replica);
+    w.end_object();
+  }
+  w.end_array();
+  w.key("gradients");
+  w.begin_array();
+  for (const graph::GradientBinding& g : t.gradients) {
+    w.begin_object(true);
+    field("param", g.param);
+    field("grad", g.grad);
+    field("reduced", g.reduced);
+    number("replica", g.replica);
+    number("bucket", g.bucket);
+    w.end_object();
+  }
+  w.end_array();
+  w.key("buckets");
+  w.begin_array();
+  for (const graph::GradientBucket& b : t.buckets) {
+    w.begin_object(true);
+    field("node", b.node);
+    number("bytes", b.bytes);
+    w.end_object();
+  }
+  w.end_array();
+  w.end_object();
+}
+
 void write_json(std::ostream& os, const graph::Model& m) {
   JsonWriter w(os);
   w.begin_object();
@@ -438,6 +511,10 @@ void write_json(std::ostream& os, const graph::Model& m) {
   w.end_array();
   w.key("graph");
   write_graph(w, *m.graph);
+  if (!m.training.empty()) {
+    w.key("training");
+    write_training(w, m.training);
+  }
   w.end_object();
   w.finish();
 }
