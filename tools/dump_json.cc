@@ -397,9 +397,6 @@ void write_graph(JsonWriter& w, const Graph& g) {
   w.end_object();
 }
 
-}  // namespace
-
-
 void write_training(JsonWriter& w, const graph::TrainingSignature& t) {
   auto field = [&](std::string_view k, const std::string& v) {
     w.key(k);
@@ -466,6 +463,10 @@ void write_training(JsonWriter& w, const graph::TrainingSignature& t) {
   w.end_array();
   w.end_object();
 }
+
+}  // namespace
+
+
 
 void write_json(std::ostream& os, const graph::Model& m) {
   JsonWriter w(os);
