@@ -260,12 +260,12 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
                        scalar(DataType::kFloat), {}, kLoss);
   g.add_output(loss);
   info.loss = kLoss;
-  sig.results.push_back({loss->name(), graph::ResultRole::kLoss});
+  sig.results.push_back({loss->name(), graph::ResultRole::kLoss, -1});
   if (ce) {
     Value* correct = correct_count(e, logits, truth);
     g.add_output(correct);
     info.correct = kCorrect;
-    sig.results.push_back({correct->name(), graph::ResultRole::kCorrect});
+    sig.results.push_back({correct->name(), graph::ResultRole::kCorrect, -1});
   }
   return info;
 }

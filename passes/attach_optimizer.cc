@@ -119,7 +119,8 @@ class Builder {
 
   void bind_state(Value* s, Value* updated, graph::StateKind kind) {
     model_.training.state.push_back(
-        {.state = s->name(), .updated = updated->name(), .kind = kind, .original = s->name()});
+        {.state = s->name(), .updated = updated->name(), .kind = kind, .original = s->name(),
+         .replica = -1});
   }
 
   void clip(std::vector<Param>& params) {

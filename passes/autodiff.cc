@@ -275,7 +275,8 @@ GradientInfo autodiff(graph::Model& model, const std::string& loss,
   GradientInfo info;
   for (Value* p : params) {
     info.grads[p->name()] = d.finish(p)->name();
-    model.training.gradients.push_back({.param = p->name(), .grad = info.grads[p->name()]});
+    model.training.gradients.push_back(
+        {.param = p->name(), .grad = info.grads[p->name()], .reduced = "", .replica = -1, .bucket = -1});
   }
   info.backward_nodes = d.backward_nodes();
   return info;

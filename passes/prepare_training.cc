@@ -339,7 +339,8 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
       sig.state.push_back({.state = v->name(),
                            .updated = v->name() + ".updated",
                            .kind = graph::StateKind::kRunningStatistic,
-                           .original = v->name()});
+                           .original = v->name(),
+                           .replica = -1});
   return prepared;
 }
 

@@ -153,7 +153,9 @@ class Replicator {
       for (const graph::GradientBinding& b : old.gradients)
         sig.gradients.push_back({.param = name_in(k, value(b.param)),
                                  .grad = name_in(k, value(b.grad)),
-                                 .replica = k});
+                                 .reduced = "",
+                                 .replica = k,
+                                 .bucket = -1});
       for (const graph::ResultBinding& b : old.results) {
         const Value* v = value(b.name);
         const bool mapped = maps_[static_cast<size_t>(k)].count(v) != 0;
