@@ -94,7 +94,7 @@ class Bucketer {
     std::vector<Value*> all;
     // Original parameter name -> its gradient binding on each replica.
     std::unordered_map<std::string, std::vector<graph::GradientBinding*>> by_param;
-    std::vector<std::string> order;
+    std::vector<std::string> params;
     for (graph::GradientBinding& gb : model_.training.gradients) {
       const graph::StateBinding* p = sig.find_state(gb.param);
       OT_CHECK(p && gb.replica >= 0 && gb.replica < r_, "bucket_allreduce: gradient '", gb.grad,
@@ -102,11 +102,11 @@ class Bucketer {
       auto& per = by_param[p->original];
       if (per.empty()) {
         per.resize(static_cast<size_t>(r_));
-        order.push_back(p->original);
+        params.push_back(p->original);
       }
       per[static_cast<size_t>(gb.replica)] = &gb;
     }
-    for (const std::string& p : order) {
+    for (const std::string& p : params) {
       const auto& per = by_param.at(p);
       Value* g0 = per[0] ? g_.find_value(per[0]->grad) : nullptr;
       if (!g0 || !g0->producer()) continue;  // a constant zero: the parameter misses the loss
