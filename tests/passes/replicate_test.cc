@@ -278,8 +278,11 @@ TEST(Replicate, CustomDevicesAndOneReplicaIsANoOp) {
     auto b = a->clone();
     passes::replicate(*b, {.replicas = 2, .devices = {"cuda:0", "cuda:0"}});
     EXPECT_EQ(b->training.replicas, 2);
-    for (const auto& n : b->graph->nodes())
-      if (n->op_type != "ShardBatch") EXPECT_GE(n->replica, 0) << n->name;
+    for (const auto& n : b->graph->nodes()) {
+      if (n->op_type != "ShardBatch") {
+        EXPECT_GE(n->replica, 0) << n->name;
+      }
+    }
   }
   expect_error([&] { passes::replicate(*a, {.replicas = 0, .devices = {}}); },
                "replicas must be >= 1");

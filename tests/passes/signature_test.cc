@@ -279,8 +279,11 @@ TEST(TrainingSignature, EvaluationGraphFeedsTrainedState) {
   EXPECT_EQ(fed, count_kind(m->training, StateKind::kParameter, -1) +
                      count_kind(m->training, StateKind::kRunningStatistic, -1));
   // BatchNormalization stays in inference mode.
-  for (const auto& n : eval->graph->nodes())
-    if (n->op_type == "BatchNormalization") EXPECT_EQ(n->attr_int("training_mode", 0), 0);
+  for (const auto& n : eval->graph->nodes()) {
+    if (n->op_type == "BatchNormalization") {
+      EXPECT_EQ(n->attr_int("training_mode", 0), 0);
+    }
+  }
 }
 
 }  // namespace
