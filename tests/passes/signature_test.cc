@@ -25,7 +25,7 @@ using graph::TrainingSignature;
 std::unique_ptr<Model> trained(const std::string& zoo_name, int replicas,
                                passes::OptimizerKind opt = passes::OptimizerKind::kAdam) {
   auto m = models::build_zoo_model(
-      zoo_name, {.input_shape = zoo_name == "mlp" ? std::vector<int64_t>{12} : std::vector<int64_t>{1, 16, 16},
+      zoo_name, {.input_shape = zoo_name == "mlp" ? std::vector<int64_t>{12} : std::vector<int64_t>{1, 20, 20},
                  .classes = 4, .width = 4});
   passes::TrainingOptions o;
   o.replicas = replicas;
@@ -256,7 +256,7 @@ TEST(TrainingSignature, PartitionKeepsOneReplica) {
 }
 
 TEST(TrainingSignature, EvaluationGraphFeedsTrainedState) {
-  auto original = models::build_zoo_model("resnet18", {.input_shape = {1, 16, 16}, .classes = 4, .width = 4});
+  auto original = models::build_zoo_model("resnet18", {.input_shape = {1, 20, 20}, .classes = 4, .width = 4});
   auto m = original->clone();
   const passes::TrainingGraphInfo info = passes::build_training_graph(*m, {});
   std::vector<std::string> state;

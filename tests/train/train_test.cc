@@ -75,6 +75,7 @@ void check_model_gradients(const std::string& zoo, models::ZooOptions zo, int64_
   for (const std::string& p : prep.params) m->graph->mark_input(m->graph->find_value(p));
   std::unique_ptr<graph::Model> loss_only = m->clone();
   loss_only->graph->set_outputs({loss_only->graph->find_value(loss)});
+  loss_only->training = graph::TrainingSignature{};  // a loss-only graph, no training graph
   passes::dce(*loss_only);
 
   passes::GradientInfo gi = passes::autodiff(*m, loss, prep.params);
@@ -82,6 +83,9 @@ void check_model_gradients(const std::string& zoo, models::ZooOptions zo, int64_
   std::vector<graph::Value*> outs{m->graph->find_value(loss)};
   for (const std::string& p : prep.params) outs.push_back(m->graph->find_value(gi.grads.at(p)));
   m->graph->set_outputs(outs);
+  // This graph returns gradients instead of applying them: it is no training graph, and its
+  // pruned state no longer matches what the passes recorded.
+  m->training = graph::TrainingSignature{};
   passes::dce(*m);
   graph::verify_model(*m);
 
