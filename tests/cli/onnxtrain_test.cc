@@ -49,6 +49,7 @@ using graph::Tensor;
 const std::string kOnnxtrain = ONNXTRAIN_BIN_DIR "/onnxtrain";
 const std::string kOnnxzoo = ONNXTRAIN_BIN_DIR "/onnxzoo";
 const std::string kOnnxrun = ONNXTRAIN_BIN_DIR "/onnxrun";
+const std::string kOnnxdump = ONNXTRAIN_BIN_DIR "/onnxdump";
 
 // The value of a number (or null) key in a one-line JSON object; nullopt when null. Fails the
 // test when the key is missing.
@@ -176,6 +177,35 @@ class OnnxtrainTest : public ::testing::Test {
 };
 
 // ---------------------------------------------------------------- plan, epochs, metrics
+
+// --save-graph of a 2-replica run keeps what the training graph's values mean: the metadata
+// entry "onnxtrain.training" (import turns it back into Model::training), which onnxdump prints.
+TEST_F(OnnxtrainTest, SavedTwoReplicaGraphCarriesTrainingSignature) {
+  const std::string model = small_mlp();
+  RunResult r = train({model, "--data", "synthetic:256", "--batch-size", "32", "--threads", "1",
+                       "--replicas", "2", "--steps", "1", "--save-graph", path("g.onnx")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_NE(cli_test::read_file(path("g.onnx")).find("onnxtrain.training"), std::string::npos);
+  auto tg = graph::import_onnx_file(path("g.onnx"));
+  const graph::TrainingSignature& t = tg->training;
+  EXPECT_EQ(t.replicas, 2);
+  EXPECT_EQ(t.partition, -1);
+  // 6 parameters: one gradient per parameter and replica, each reduced into a bucket.
+  EXPECT_EQ(t.gradients.size(), 12u);
+  for (const graph::GradientBinding& g : t.gradients) {
+    EXPECT_NE(tg->graph->find_value(g.grad), nullptr) << g.grad;
+    EXPECT_GE(g.bucket, 0) << g.param;
+  }
+  EXPECT_FALSE(t.buckets.empty());
+  int losses = 0;
+  for (const graph::ResultBinding& res : t.results) losses += res.role == graph::ResultRole::kLoss;
+  EXPECT_EQ(losses, 2);
+  RunResult d = run_process({kOnnxdump, path("g.onnx")}, dir_);
+  ASSERT_EQ(d.rc, 0) << d.err;
+  EXPECT_TRUE(has_line_matching(d.out, "training signature: 2 replicas")) << d.out;
+  EXPECT_TRUE(has_line_matching(d.out, "  gradient  .* bucket [0-9]+ r1")) << d.out;
+  EXPECT_TRUE(has_line_matching(d.out, "  input     .* labels")) << d.out;
+}
 
 TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   const std::string model = small_mlp();
