@@ -1,7 +1,7 @@
 // CUDA kernels of the elementwise family: activations and their ai.onnxtrain grads, unary math,
-// broadcasting binary arithmetic, Pow, Equal, Where, Sum and Cast. Scalar rules copy the CPU
-// functors in ops/elementwise/*.cc (same types, same expression order, float math in float).
-#include <limits>
+// broadcasting binary arithmetic, Pow, Equal, Where and Sum (Cast is in cast.cu). Scalar rules
+// copy the CPU functors in ops/elementwise/*.cc (same types, same expression order, float math
+// in float).
 #include <type_traits>
 #include <utility>
 
@@ -265,38 +265,6 @@ Op make_op(const graph::Node& n) {
     return Op{};
 }
 
-// ---------------------------------------------------------------- the one map kernel
-
-template <typename F, typename... In, size_t... K>
-__device__ __forceinline__ auto call_at(const StridedMap& m, const F& f, int64_t i,
-                                        std::index_sequence<K...>, const In*... in) {
-  return f(in[map_offset(m, static_cast<int>(K), i)]...);
-}
-
-// y[i] = f(in_0[map_0(i)], ..) over m.total elements. y may alias an operand whose map is the
-// identity (each thread reads index i before writing it).
-template <typename Out, typename F, typename... In>
-__global__ void map_kernel(StridedMap m, F f, Out* y, const In*... in) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m.total;
-       i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = static_cast<Out>(call_at(m, f, i, std::index_sequence_for<In...>{}, in...));
-}
-
-template <typename Out, typename F, typename... In>
-void launch_map(const StridedMap& m, const F& f, cudaStream_t s, Out* y, const In*... in) {
-  if (m.total == 0) return;
-  const unsigned blocks = blocks_for(m.total, kThreads);
-  map_kernel<Out, F, In...><<<blocks, kThreads, 0, s>>>(m, f, y, in...);
-  OT_CUDA_CHECK_LAUNCH();
-}
-
-StridedMap contiguous_map(int64_t n, int operands) {
-  StridedMap m;
-  m.dims[0] = n;
-  for (int k = 0; k < operands; ++k) m.strides[k][0] = 1;
-  m.total = n;
-  return m;
-}
 
 // ---------------------------------------------------------------- kernels
 
@@ -475,72 +443,6 @@ class WhereKernel final : public Kernel {
   StridedMap map_;
 };
 
-// ---------------------------------------------------------------- Cast
-
-// The CPU's convert<To>(From): NaN -> 0 and saturation for float -> integer, != 0 for -> bool.
-template <typename To, typename From>
-__device__ __forceinline__ To convert(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
-    const double d = static_cast<double>(v);
-    if (d != d) return To(0);
-    if (d <= static_cast<double>(std::numeric_limits<To>::lowest()))
-      return std::numeric_limits<To>::lowest();
-    if (d >= static_cast<double>(std::numeric_limits<To>::max()))
-      return std::numeric_limits<To>::max();
-    return static_cast<To>(d);
-  } else {
-    return static_cast<To>(v);
-  }
-}
-
-template <typename To>
-struct ConvertOp {
-  template <typename From>
-  __device__ To operator()(From v) const {
-    return convert<To>(v);
-  }
-};
-
-using CastT = Types<float, double, int8_t, int16_t, int32_t, int64_t, uint8_t, bool>;
-
-// x: any dims -> y: same dims, dtype `to`
-class CastKernel final : public Kernel {
- public:
-  explicit CastKernel(const graph::Node& n) {
-    const graph::Attribute* a = n.find_attr("to");
-    if (!a || a->type != graph::AttrType::kInt) throw DeviceFallback{"attribute 'to' missing"};
-    to_ = static_cast<DataType>(a->i());
-    if (!has_dtype(CastT{}, to_)) throw DeviceFallback{"target dtype not handled on CUDA"};
-  }
-  void prepare(KernelContext& ctx) override {
-    const TensorView& x = need_input(ctx, 0);
-    if (!has_dtype(CastT{}, x.dtype)) throw DeviceFallback{"source dtype not handled on CUDA"};
-    from_ = x.dtype;
-    n_ = x.numel();
-  }
-  void run(KernelContext& ctx) override {
-    const TensorView& x = *ctx.input(0);
-    TensorView& y = ctx.output(0);
-    if (from_ == to_) {
-      copy_async(y.data, x.data, x.nbytes(), stream_of(ctx));
-      return;
-    }
-    dispatch_types(CastT{}, from_, [&]<typename From>() {
-      dispatch_types(CastT{}, to_, [&]<typename To>() {
-        launch_map(contiguous_map(n_, 1), ConvertOp<To>{}, stream_of(ctx), y.as<To>(),
-                   x.as<From>());
-      });
-    });
-  }
-
- private:
-  DataType to_ = DataType::kUndefined, from_ = DataType::kUndefined;
-  int64_t n_ = 0;
-};
 
 template <typename Op>
 std::unique_ptr<Kernel> binary(const graph::Node& n, bool onnx_op = true) {
@@ -623,9 +525,6 @@ ONNXTRAIN_REGISTER_KERNEL(sum_cuda, "", "Sum", kCuda) {
 }
 ONNXTRAIN_REGISTER_KERNEL(where_cuda, "", "Where", kCuda) {
   return std::make_unique<WhereKernel>(n);
-}
-ONNXTRAIN_REGISTER_KERNEL(cast_cuda, "", "Cast", kCuda) {
-  return std::make_unique<CastKernel>(n);
 }
 
 }  // namespace onnxtrain::ops::cuda

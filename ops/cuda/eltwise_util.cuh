@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cuda/cuda_common.h"
@@ -318,5 +319,38 @@ inline unsigned blocks_per_item(int64_t items) {
 template <typename T>
 void launch_softmax(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, bool log,
                     cudaStream_t s);
+
+// ---------------------------------------------------------------- the one map kernel
+
+template <typename F, typename... In, size_t... K>
+__device__ __forceinline__ auto call_at(const StridedMap& m, const F& f, int64_t i,
+                                        std::index_sequence<K...>, const In*... in) {
+  return f(in[map_offset(m, static_cast<int>(K), i)]...);
+}
+
+// y[i] = f(in_0[map_0(i)], ..) over m.total elements. y may alias an operand whose map is the
+// identity (each thread reads index i before writing it).
+template <typename Out, typename F, typename... In>
+__global__ void map_kernel(StridedMap m, F f, Out* y, const In*... in) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m.total;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = static_cast<Out>(call_at(m, f, i, std::index_sequence_for<In...>{}, in...));
+}
+
+template <typename Out, typename F, typename... In>
+void launch_map(const StridedMap& m, const F& f, cudaStream_t s, Out* y, const In*... in) {
+  if (m.total == 0) return;
+  const unsigned blocks = blocks_for(m.total, kThreads);
+  map_kernel<Out, F, In...><<<blocks, kThreads, 0, s>>>(m, f, y, in...);
+  OT_CUDA_CHECK_LAUNCH();
+}
+
+inline StridedMap contiguous_map(int64_t n, int operands) {
+  StridedMap m;
+  m.dims[0] = n;
+  for (int k = 0; k < operands; ++k) m.strides[k][0] = 1;
+  m.total = n;
+  return m;
+}
 
 }  // namespace onnxtrain::ops::cuda
