@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "ops/nn/blocked_layout.h"
 #include "ops/op_api.h"
 #include "passes/passes.h"
 
@@ -13,9 +14,6 @@ namespace {
 using graph::DataType;
 using graph::Node;
 using graph::Value;
-
-// The pass blocks only channel counts divisible by every block size oneDNN uses (8 or 16).
-constexpr int64_t kChannelBlock = 16;
 
 bool is_onnx(const Node* n, const char* op) {
   return n && (n->domain.empty() || n->domain == "ai.onnx") && n->op_type == op;
@@ -195,7 +193,7 @@ class InferenceOptimizer {
       if (!is_fused(n)) continue;
       Value* y = n->output(0);
       const int64_t channels = constant(n->input(1))->dims()[0];
-      bool blocked = channels % kChannelBlock == 0 && !y->is_graph_output() && !y->uses().empty() &&
+      bool blocked = ops::can_block_channels(channels) && !y->is_graph_output() && !y->uses().empty() &&
                      !captured_.count(y);
       for (const graph::Use& u : y->uses())
         blocked = blocked && is_fused(u.node) && (u.input_index == 0 || u.input_index == 3);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "ops/nn/blocked_layout.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
@@ -119,10 +120,13 @@ class FusedConvKernel final : public Kernel {
     if (z)
       OT_CHECK(z->dims == y_dims_, where_, ": Z has shape (", join_dims(z->dims),
                "), the convolution gives (", join_dims(y_dims_), ")");
-    for (bool blocked : {x_blocked_, y_blocked_, z_blocked_})
-      OT_CHECK(!blocked || (x->dims[1] % 16 == 0 && w->dims[0] % 16 == 0), where_,
-               ": blocked layouts need channel counts divisible by 16, got ", x->dims[1], " -> ",
-               w->dims[0]);
+    // Each blocked tensor needs its own channel count to divide into blocks; a plain x with 3
+    // channels may feed a blocked y with 32.
+    OT_CHECK(!x_blocked_ || can_block_channels(x->dims[1]), where_, ": blocked x needs channels ",
+             "divisible by ", kBlockedChannelMultiple, ", got ", x->dims[1]);
+    OT_CHECK(!(y_blocked_ || z_blocked_) || can_block_channels(w->dims[0]), where_,
+             ": blocked y / z need channels divisible by ", kBlockedChannelMultiple, ", got ",
+             w->dims[0]);
     OT_CHECK(product(y_dims_) > 0 && x->numel() > 0, where_, ": empty tensors are not supported");
     init_dnnl(ctx, *w);
   }

@@ -167,5 +167,35 @@ TEST(OptimizeInference, FusionLimits) {
   for (size_t i = 0; i < 2; ++i) EXPECT_LT(scaled_max_diff(got[i], want[i]), 1e-5) << i;
 }
 
+// Channel counts that do not divide into blocks next to ones that do (an RGB stem 3 -> 32, a
+// 32 -> 24 stage as in MobileNet / RegNet): only the 32-channel value is blocked, and the
+// optimized graph runs and equals the plain one (it used to fail: "blocked layouts need channel
+// counts divisible by 16, got 3 -> 32").
+TEST(OptimizeInference, OddChannelCountsStayPlain) {
+  SmallGraph s;
+  s.model->set_opset("", 17);
+  graph::Value* x = s.g.add_input(
+      "x", graph::ValueType::tensor(DataType::kFloat, graph::make_shape({2, 3, 12, 12})));
+  graph::Value* a = s.conv("c1", x, s.init("w1", {32, 3, 3, 3}, -.3f, .3f), 1);
+  graph::Value* b = s.conv("c2", a, s.init("w2", {24, 32, 3, 3}, -.2f, .2f), 1);
+  graph::Value* c = s.conv("c3", b, s.init("w3", {120, 24, 3, 3}, -.2f, .2f), 1);
+  graph::Value* y = s.conv("c4", c, s.init("w4", {16, 120, 3, 3}, -.1f, .1f), 1);
+  s.g.add_output(y);
+  auto optimized = s.model->clone();
+  passes::InferenceStats st = passes::optimize_inference(*optimized);
+  EXPECT_EQ(st.fused_convs, 4);
+  EXPECT_EQ(st.blocked_values, 1);  // c1 -> c2 (32 channels)
+  for (const auto& n : optimized->graph->nodes()) {
+    const bool c1 = n->name == "c1", c2 = n->name == "c2";
+    EXPECT_EQ(n->attr_int("y_blocked", 0), c1 ? 1 : 0) << n->name;
+    EXPECT_EQ(n->attr_int("x_blocked", 0), c2 ? 1 : 0) << n->name;
+  }
+
+  Tensor in = random_tensor({2, 3, 12, 12}, 7, -1, 1);
+  Tensor want = run_model(std::move(s.model), "x", in);
+  Tensor got = run_model(std::move(optimized), "x", in);
+  EXPECT_LT(scaled_max_diff(got, want), 1e-5);
+}
+
 }  // namespace
 }  // namespace onnxtrain::runtime
