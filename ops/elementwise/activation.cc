@@ -263,6 +263,16 @@ struct HardSigmoidGradFn {  // (dy, x): alpha inside the unclamped range, 0 outs
   }
 };
 
+// d/dx x * clamp01(x / 6 + 1/2): 0 below -3, x / 3 + 1/2 on [-3, 3], 1 above (torch's
+// hardswish_backward, with its closed interval).
+struct HardSwishGradFn {  // (dy, x)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    if (x < T{-3}) return T{0};
+    return x <= T{3} ? dy * (x / T{3} + T{0.5}) : dy;
+  }
+};
+
 struct TanhGradFn {  // (dy, y)
   template <typename T>
   T operator()(T dy, T y) const {
@@ -393,6 +403,9 @@ ONNXTRAIN_REGISTER_OP(ew_sigmoid_grad) {
 ONNXTRAIN_REGISTER_OP(ew_hard_sigmoid_grad) {
   return grad_op<HardSigmoidGradFn>("HardSigmoidGrad");
 }
+ONNXTRAIN_REGISTER_OP(ew_hard_swish_grad) {
+  return grad_op<HardSwishGradFn>("HardSwishGrad");
+}
 ONNXTRAIN_REGISTER_OP(ew_tanh_grad) {
   return grad_op<TanhGradFn>("TanhGrad");
 }
@@ -439,7 +452,8 @@ ONNXTRAIN_REGISTER_OP(ew_hard_sigmoid) {
                        fused_grad<false>("HardSigmoidGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_hard_swish) {
-  return unary_op<HardSwishFn, FloatTypes>("HardSwish", 14);
+  return with_gradient(unary_op<HardSwishFn, FloatTypes>("HardSwish", 14),
+                       fused_grad<false>("HardSwishGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_tanh) {
   return with_gradient(unary_op<TanhFn, FloatTypes>("Tanh"), fused_grad<true>("TanhGrad"));

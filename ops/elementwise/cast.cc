@@ -108,7 +108,8 @@ void infer_cast_like(InferenceContext& ctx) {
   set_output(ctx, 0, tensor_input(ctx, 1).dtype, tensor_input(ctx, 0).shape);
 }
 
-// The gradient casts back to the input's dtype (only float inputs ask for one).
+// The gradient casts back to the input's dtype (only float inputs ask for one). CastLike's
+// second input gives only a dtype: it gets no gradient.
 void cast_grad(GradientBuilder& b) {
   if (!b.needs_input_grad(0)) return;
   const DataType to = b.input(0)->dtype();
@@ -123,7 +124,8 @@ ONNXTRAIN_REGISTER_OP(ew_cast) {
   return with_gradient(make_schema("Cast", infer_cast, factory<CastKernel>()), cast_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_cast_like) {
-  return make_schema("CastLike", infer_cast_like, factory<CastLikeKernel>(), 15);
+  return with_gradient(make_schema("CastLike", infer_cast_like, factory<CastLikeKernel>(), 15),
+                       cast_grad);
 }
 
 }  // namespace onnxtrain::ops::ew

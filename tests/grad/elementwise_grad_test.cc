@@ -144,6 +144,8 @@ TEST(ElementwiseGrad, Activations) {
   run(unary("Tanh", rnd(shape, 35, -2, 2)));
   // Default alpha 0.2, beta 0.5: linear on (-2.5, 2.5), flat outside.
   run(unary("HardSigmoid", away(rnd(shape, 36, -4, 4), {-2.5, 2.5})));
+  // Quadratic on (-3, 3), 0 below, the identity above.
+  run(unary("HardSwish", away(rnd(shape, 43, -5, 5), {-3.0, 3.0}), {}, 14));
   run(unary("Softplus", rnd(shape, 37, -3, 3)));
   run(unary("Gelu", rnd(shape, 38, -3, 3), {}, 20));
   run(unary("Gelu", rnd(shape, 39, -3, 3), {Attribute::make_string("approximate", "tanh")}, 20));
@@ -248,6 +250,12 @@ TEST(ElementwiseGrad, CastAndIdentity) {
   down.atol = 1e-5;
   run(down);
   run(unary("Identity", rnd({2, 3}, 112)));
+  // CastLike (the dynamo exporter's scalar casts): the dtype comes from input 1, which is
+  // itself on the loss path here and gets no gradient.
+  GradCase like = binary("CastLike", rnd({2, 3}, 113, -1, 1, kF32), rnd({1}, 114), "f32 like f64");
+  like.opset = 15;
+  like.inputs[1].check = false;
+  run(like);
 }
 
 }  // namespace
