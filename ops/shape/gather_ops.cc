@@ -231,6 +231,47 @@ class GatherGradKernel : public Kernel {
   }
 };
 
+// dY: GatherND's output, indices: (b.., q-b-1, m), shape: (r) = Shape(X) -> dX: Shape(X), the
+// slice each index tuple addresses += its block of dY (repeated tuples accumulate, in order),
+// zeros elsewhere.
+class GatherNDGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const std::vector<int64_t> x_dims = view_ints(*ctx.input(2), where);
+    const auto b = static_cast<size_t>(batch_dims_of(ctx.node()));
+    TupleOffsets t = tuple_offsets(x_dims, *ctx.input(1), b, where);
+    OT_CHECK(dy.numel() == static_cast<int64_t>(t.offsets.size()) * t.block, where,
+             ": dY has ", dy.numel(), " elements, the gather gives ",
+             static_cast<int64_t>(t.offsets.size()) * t.block);
+    checked_output_elements(dy.dtype, x_dims, where);
+    TensorView& dx = ctx.output(0, x_dims);
+    auto run_typed = [&](auto* out, const auto* in) {
+      std::fill_n(out, dx.numel(), 0);
+      for (size_t k = 0; k < t.offsets.size(); ++k) {
+        const auto* src = in + static_cast<int64_t>(k) * t.block;
+        auto* dst = out + t.offsets[k];
+        for (int64_t j = 0; j < t.block; ++j) dst[j] += src[j];
+      }
+    };
+    if (dy.dtype == DataType::kFloat)
+      run_typed(dx.as<float>(), dy.as<float>());
+    else if (dy.dtype == DataType::kDouble)
+      run_typed(dx.as<double>(), dy.as<double>());
+    else
+      fail(where, ": dtype ", graph::dtype_short_name(dy.dtype), " not supported");
+  }
+};
+
+void gather_nd_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  b.set_input_grad(
+      0, b.emit1("GatherNDGrad", {b.output_grad(0), b.input(1), grad::shape_of(b, b.input(0))},
+                 {graph::Attribute::make_int("batch_dims", batch_dims_of(b.node()))},
+                 kOnnxtrainDomain));
+}
+
 void gather_gradient(GradientBuilder& b) {
   if (!b.needs_input_grad(0)) return;
   b.set_input_grad(0, b.emit1("GatherGrad",
@@ -259,7 +300,16 @@ ONNXTRAIN_REGISTER_OP(shape_gather_elements) {
   return make_op("GatherElements", infer_gather_elements, factory_of<GatherElementsKernel>());
 }
 ONNXTRAIN_REGISTER_OP(shape_gather_nd) {
-  return make_op("GatherND", infer_gather_nd, factory_of<GatherNDKernel>());
+  OpSchema s = make_op("GatherND", infer_gather_nd, factory_of<GatherNDKernel>());
+  s.gradient = gather_nd_gradient;
+  return s;
+}
+ONNXTRAIN_REGISTER_OP(shape_gather_nd_grad) {
+  OpSchema s = make_op("GatherNDGrad",
+                       [](InferenceContext& ctx) { infer_from_shape_input(ctx, 2); },
+                       factory_of<GatherNDGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  return s;
 }
 
 }  // namespace onnxtrain::ops::shape

@@ -210,6 +210,24 @@ TEST(ShapeGrad, Gather) {
   check_gradient(scalar);
 }
 
+TEST(ShapeGrad, GatherND) {
+  // Full tuples (m = rank: single elements), partial tuples (m = 1: rows) with a repeated and a
+  // negative index, and batch_dims 1 (GPT-2's last-token pick: logits[b, idx[b]]).
+  GradCase elems = one_input("GatherND", random_tensor(DataType::kDouble, {3, 4}, 90), 13,
+                             "(3,4) by (2,2) tuples, one repeated");
+  elems.inputs.push_back(constant(int64_tensor({3, 2}, {0, 1, 2, 3, 0, 1})));
+  check_gradient(elems);
+  GradCase rows = one_input("GatherND", random_tensor(DataType::kDouble, {4, 3, 2}, 91), 13,
+                            "(4,3,2) rows 1, -1, 1");
+  rows.inputs.push_back(constant(int64_tensor({3, 1}, {1, -1, 1})));
+  check_gradient(rows);
+  GradCase batched = one_input("GatherND", random_tensor(DataType::kFloat, {2, 5, 3}, 92), 13,
+                               "(2,5,3) batch_dims 1");
+  batched.attributes = {Attribute::make_int("batch_dims", 1)};
+  batched.inputs.push_back(constant(int64_tensor({2, 1}, {4, 2})));
+  check_gradient(batched);
+}
+
 TEST(ShapeGrad, Expand) {
   GradCase a = one_input("Expand", random_tensor(DataType::kDouble, {3, 1}, 80), 13,
                          "(3,1) -> (2,3,4)");
