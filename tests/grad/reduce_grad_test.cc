@@ -227,6 +227,32 @@ void check_layer_norm(DataType dt, uint64_t seed, bool bias, bool broadcast_scal
   check_gradient(c);
 }
 
+// ---- CumSum: every (exclusive, reverse) pair, a negative axis, a 1-D int32 axis input.
+
+TEST(ReduceGrad, CumSum) {
+  for (int64_t exclusive : {0, 1})
+    for (int64_t reverse : {0, 1}) {
+      const uint64_t seed = static_cast<uint64_t>(300 + 2 * exclusive + reverse);
+      GradCase c;
+      c.op_type = "CumSum";
+      c.opset = 14;
+      c.attributes = {Attribute::make_int("exclusive", exclusive),
+                      Attribute::make_int("reverse", reverse)};
+      c.inputs = {checked(random_tensor(DataType::kDouble, {2, 5, 3}, seed, -2, 2)),
+                  constant(Tensor::from_vector(DataType::kInt64, {}, std::vector<int64_t>{-2}))};
+      c.label = "CumSum (2,5,3) axis -2 exclusive " + std::to_string(exclusive) + " reverse " +
+                std::to_string(reverse);
+      check_gradient(c);
+    }
+  GradCase f;
+  f.op_type = "CumSum";
+  f.opset = 11;
+  f.inputs = {checked(random_tensor(DataType::kFloat, {4, 3}, 310, -1, 1)),
+              constant(Tensor::from_vector(DataType::kInt32, {1}, std::vector<int32_t>{1}))};
+  f.label = "CumSum f32 (4,3) axis [1]";
+  check_gradient(f);
+}
+
 TEST(ReduceGrad, LayerNormalization) {
   for (uint64_t s = 0; s < 6; ++s) check_layer_norm(DataType::kDouble, 1000 + s, s % 2 == 0, false);
   check_layer_norm(DataType::kDouble, 1010, true, true);
