@@ -43,10 +43,14 @@ struct PreparedModel {
   std::vector<std::string> params;  // trainable initializers, graph order
   std::vector<std::string> bn_running_stats;  // BN running mean/var initializers (state)
   std::string logits;               // the output the loss attaches to (pre-softmax if any)
+  // One line per running statistic given its own copy (exporters merge equal initializers).
+  std::vector<std::string> untied;
 };
 // Picks the trainable parameters (float initializers on a differentiable path to the trained
 // output, never BN running statistics or shape constants), switches BatchNormalization and
 // Dropout to training mode (running statistics wired back through `<stat>.updated` outputs).
+// A running statistic that other nodes share (an exporter merged equal initializers) or that a
+// Constant node gives is first copied into an initializer of that BN's own (`untied`).
 // `output` names the model output to train ("" = the only/first float output); when it is a
 // Softmax over the class axis (possibly behind Identity), `logits` is the Softmax's input.
 // Expects typed values (infer_shapes first). The regexes are ECMAScript, matched anywhere in

@@ -224,6 +224,44 @@ Node* with_outputs(Graph& g, Node* old, const std::vector<std::string>& extra) {
   return n;
 }
 
+// Exporters that fold constants (torch's classic exporter in eval mode, the dynamo exporter's
+// optimizer) merge initializers with equal values: every BatchNormalization's zero running mean
+// may become one tensor, possibly also a zero bias. Running statistics are per-layer state, so a
+// statistic read by anything else than its own BN slot gets a copy for that BN (the first BN
+// keeps the original when only BN statistic slots share it); a Constant node's value becomes an
+// initializer. Returns one line per copy made.
+std::vector<std::string> untie_running_statistics(Graph& g) {
+  std::vector<std::string> notes;
+  std::unordered_set<const Value*> claimed;
+  auto is_stat_use = [](const graph::Use& u) {
+    return is_onnx(*u.node, "BatchNormalization") && (u.input_index == 3 || u.input_index == 4);
+  };
+  std::vector<Node*> bns;
+  for (const auto& n : g.nodes())
+    if (is_onnx(*n, "BatchNormalization")) bns.push_back(n.get());
+  for (Node* n : bns)
+    for (size_t slot : {size_t{3}, size_t{4}}) {
+      Value* v = slot < n->inputs().size() ? n->input(slot) : nullptr;
+      if (!v) continue;
+      const Node* p = v->producer();
+      const graph::Attribute* value =
+          p && is_onnx(*p, "Constant") ? p->find_attr("value") : nullptr;
+      if (!v->has_initializer() && !(value && value->type == graph::AttrType::kTensor)) continue;
+      const bool shared = v->uses().size() > 1 || v->is_graph_output();
+      const bool only_stats =
+          std::all_of(v->uses().begin(), v->uses().end(), is_stat_use) && !v->is_graph_output();
+      if (v->has_initializer() && !shared) continue;
+      if (v->has_initializer() && only_stats && claimed.insert(v).second) continue;
+      graph::Tensor t = v->has_initializer() ? v->initializer() : value->t();
+      Value* copy = g.add_initializer(g.fresh_name(v->name()), std::move(t), false);
+      n->set_input(slot, copy);
+      notes.push_back("running statistic '" + v->name() + "' of " + n->describe() +
+                      (v->has_initializer() ? " is shared" : " is a Constant") +
+                      ": it trains as its own copy '" + copy->name() + "'");
+    }
+  return notes;
+}
+
 struct BnStats {
   Node* node;
   Value* mean;
@@ -305,6 +343,7 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
   const int64_t opset = model.opset_version("").value_or(1);
   Value* out = trained_output(model, output);
   PreparedModel prepared;
+  prepared.untied = untie_running_statistics(g);
   prepared.logits = logits_of(out, opset)->name();
 
   const std::unordered_set<const Value*> reachable = reachable_parameters(out);

@@ -337,6 +337,47 @@ TEST(PrepareTraining, BatchNormStatisticThatIsNotAnInitializer) {
                "running statistic 'bn.running_mean' is not an initializer");
 }
 
+// What eval-mode exports do: equal initializers merged, so two BNs read one zero mean and one
+// unit variance, and the zero mean is also the second BN's bias. Each BN gets its own
+// statistics; the bias stays the one trainable tensor under its exported name.
+TEST(PrepareTraining, BatchNormStatisticsMergedByTheExporterAreUntied) {
+  auto m = empty_model(15);
+  Graph& g = *m->graph;
+  Value* x = g.add_input("x", ft(batch({kC, kH, kW})));
+  Value* scale = g.add_initializer("bn.weight", f32({kC}, {1.5f, 0.5f, -1.0f}));
+  Value* zeros = g.add_initializer("zeros", f32({kC}, {0, 0, 0}));
+  Value* ones = g.add_initializer("ones", f32({kC}, {1, 1, 1}));
+  Value* h = g.add_node("BatchNormalization", {x, scale, zeros, zeros, ones}, {"h"}, "bn1")
+                 ->output(0);
+  g.add_output(
+      g.add_node("BatchNormalization", {h, ones, zeros, zeros, ones}, {"y"}, "bn2")->output(0));
+  passes::infer_shapes(*m);
+  const PreparedModel p = prepare_training(*m, {});
+  EXPECT_EQ(p.params, (std::vector<std::string>{"bn.weight", "zeros", "ones"}));
+  ASSERT_EQ(p.untied.size(), 4u);  // bn1's mean and var (the names are read elsewhere), bn2's
+  EXPECT_NE(p.untied[0].find("running statistic 'zeros' of node 'bn1'"), std::string::npos)
+      << p.untied[0];
+  std::set<std::string> stats(p.bn_running_stats.begin(), p.bn_running_stats.end());
+  EXPECT_EQ(stats.size(), 4u);
+  for (const std::string& name : p.bn_running_stats) {
+    EXPECT_TRUE(std::find(p.params.begin(), p.params.end(), name) == p.params.end()) << name;
+    const Value* v = g.find_value(name);
+    ASSERT_TRUE(v && v->has_initializer()) << name;
+    EXPECT_EQ(v->uses().size(), 1u) << name;
+  }
+  // Biases and scales keep the shared tensor (prepare_training rebuilt the BN nodes).
+  EXPECT_EQ(g.find_value("h")->producer()->input(2)->name(), "zeros");
+  EXPECT_EQ(g.find_value("y")->producer()->input(1)->name(), "ones");
+  graph::verify_model(*m);
+  // Each BN updates its own statistics: bn2 sees bn1's normalized output (mean ~0, var ~1).
+  const std::vector<float> xs = normal_floats(4 * kC * kH * kW, 7, 2.0f);
+  auto out = run(*m, {{"x", f32({4, kC, kH, kW}, xs)}});
+  ASSERT_EQ(m->training.state.size(), 4u);
+  const std::vector<double> v1 = as_doubles(out[m->training.state[1].updated]);
+  const std::vector<double> v2 = as_doubles(out[m->training.state[3].updated]);
+  for (int64_t c = 0; c < kC; ++c) EXPECT_GT(std::abs(v1[c] - v2[c]), 0.1) << c;
+}
+
 // ---------------------------------------------------------------- Dropout
 
 // x (N, 64) -> Dropout(ratio 0.5) -> d -> MatMul W -> out; d is an output too.
