@@ -208,7 +208,11 @@ void print_training(std::ostream& os, const TrainingSignature& t) {
   if (t.partition >= 0) os << ", partition of replica " << t.partition;
   os << "\n";
   for (const InputBinding& i : t.inputs)
-    os << "  input     " << printable_name(i.name) << " " << input_role_name(i.role) << "\n";
+    os << "  input     " << printable_name(i.name) << " " << input_role_name(i.role)
+       << (i.role == InputRole::kLabels && t.ignore_index
+               ? cat(" (ignore_index ", *t.ignore_index, ")")
+               : std::string())
+       << "\n";
   for (const ResultBinding& r : t.results)
     os << "  result    " << printable_name(r.name) << " " << result_role_name(r.role) << rep(r.replica) << "\n";
   for (const StateBinding& s : t.state)

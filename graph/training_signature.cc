@@ -5,6 +5,7 @@
 // first '=': keys have none, names may). Records:
 //   signature  version=1  replicas=R  [partition=k]
 //   input      role=batch|labels|targets|lr|loss_scale|state  name=N
+//   labels     ignore_index=i                   (TrainingSignature::ignore_index)
 //   result     role=loss|correct  name=N  [replica=k]
 //   state      kind=parameter|optimizer_state|running_statistic|step_counter  state=S
 //              updated=U  original=O  [replica=k]
@@ -182,6 +183,7 @@ std::string encode_training(const Model& m) {
                          .str();
   for (const InputBinding& i : t.inputs)
     text += Line("input").field("role", std::string(input_role_name(i.role))).field("name", i.name).str();
+  if (t.ignore_index) text += Line("labels").field("ignore_index", *t.ignore_index).str();
   for (const ResultBinding& r : t.results)
     text += Line("result")
                 .field("role", std::string(result_role_name(r.role)))
@@ -266,6 +268,9 @@ void decode_training(const std::string& text, Model& m, const std::string& where
       b.role = f.enumerated<InputRole>("role", kInputRoles);
       b.name = f.str("name");
       t.inputs.push_back(std::move(b));
+    } else if (record == "labels") {
+      OT_CHECK(!t.ignore_index, at, "a second 'labels' record");
+      t.ignore_index = f.num("ignore_index");
     } else if (record == "result") {
       ResultBinding b;
       b.role = f.enumerated<ResultRole>("role", kResultRoles);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,7 +33,8 @@ enum class InputRole {
   kLabels,        // int64 class labels, split along dim 0 (cross-entropy)
   kTargets,       // float regression targets, split along dim 0 (MSE)
   kLearningRate,  // float scalar, this step's learning rate
-  kLossScale,     // float scalar, 1 / global batch
+  kLossScale,     // float scalar, 1 / the global batch's target count (rows; for labels,
+                  // the label elements other than their ignore_index)
   kState,         // (evaluation graphs) fed with the trained state value of the same name
 };
 // What a graph output reports.
@@ -90,6 +92,9 @@ struct TrainingSignature {
   std::vector<InputBinding> inputs;
   std::vector<ResultBinding> results;
   std::vector<GradientBucket> buckets;
+  // Label elements equal to this are padding: outside the loss, `correct` and the loss_scale
+  // count (attach_loss). nullopt: every label is a class.
+  std::optional<int64_t> ignore_index;
 
   bool empty() const { return state.empty() && inputs.empty() && results.empty(); }
   bool operator==(const TrainingSignature&) const = default;

@@ -9,6 +9,8 @@
 //                opset: -ReduceSum(LogSoftmax(z) * (labels == class index)) with the classes
 //                moved last (Transpose) so LogSoftmax's 2-D coercion normalizes over C alone.
 //                This needs a known C; a label outside [0, C) contributes 0 instead of failing.
+// Classes last (LossOptions::class_axis = -1, logits (N, d1..dk, C)): a Transpose first moves
+// them to axis 1. An ignore_index leaves its labels out of the sum and of `correct`.
 // MSE: per example the mean over the non-batch dims of (y - t)^2, summed over the batch.
 #include <numeric>
 #include <optional>
@@ -103,22 +105,42 @@ Value* to_float(Emitter& e, Value* x, const std::string& name) {
   return x->dtype() == DataType::kFloat ? x : e.cast(x, DataType::kFloat, name);
 }
 
-LossKind resolve(const Model& m, const Value& logits, LossKind kind) {
+// The class dim of `shape` under class_axis (1 or -1); rank >= 2.
+size_t class_dim(const Shape& shape, int64_t class_axis) {
+  return class_axis == 1 ? 1 : shape.size() - 1;
+}
+
+LossKind resolve(const Model& m, const Value& logits, const LossOptions& opts) {
   const auto& shape = logits.shape();
   const bool float_scores = graph::is_float_dtype(logits.dtype());
-  if (kind == LossKind::kAuto) {
-    const bool classes =
-        shape && shape->size() >= 2 && (*shape)[1].is_known() && (*shape)[1].value > 1;
+  OT_CHECK(opts.class_axis == 1 || opts.class_axis == -1, where(m),
+           "the class axis must be 1 (N, C, ...) or -1 (classes last), got ", opts.class_axis);
+  if (opts.kind == LossKind::kAuto) {
+    const bool classes = shape && shape->size() >= 2 &&
+                         (*shape)[class_dim(*shape, opts.class_axis)].is_known() &&
+                         (*shape)[class_dim(*shape, opts.class_axis)].value > 1;
     return classes && float_scores ? LossKind::kCrossEntropy : LossKind::kMse;
   }
-  if (kind == LossKind::kCrossEntropy) {
+  if (opts.kind == LossKind::kCrossEntropy) {
     OT_CHECK(!shape || shape->size() >= 2, where(m), "cross-entropy needs logits (N, C, ...), '",
              logits.name(), "' has rank ", shape ? shape->size() : 0, " (use --loss mse)");
-    OT_CHECK(!shape || !(*shape)[1].is_known() || (*shape)[1].value > 1, where(m),
-             "cross-entropy on '", logits.name(), "' with ", (*shape)[1].value,
+    const Dim* c = shape ? &(*shape)[class_dim(*shape, opts.class_axis)] : nullptr;
+    OT_CHECK(!c || !c->is_known() || c->value > 1, where(m), "cross-entropy on '", logits.name(),
+             "' with ", c ? c->value : 0,
              " class is meaningless (use --loss mse for a single output)");
   }
-  return kind;
+  return opts.kind;
+}
+
+// (N, d1..dk, C) -> (N, C, d1..dk): the layout SoftmaxCrossEntropyLoss and ArgMax(axis 1) read.
+Value* classes_to_axis_1(Emitter& e, Value* logits) {
+  const auto rank = static_cast<int64_t>(logits->shape()->size());
+  std::vector<int64_t> perm = {0, rank - 1};
+  for (int64_t k = 1; k < rank - 1; ++k) perm.push_back(k);
+  Shape moved;
+  for (int64_t k : perm) moved.push_back((*logits->shape())[static_cast<size_t>(k)]);
+  return e.node("Transpose", {logits}, "classes_axis_1",
+                ValueType::tensor(logits->dtype(), moved), {Attribute::make_ints("perm", perm)});
 }
 
 void check_free(const Model& m, const char* name) {
@@ -128,11 +150,12 @@ void check_free(const Model& m, const char* name) {
 }
 
 // The composed cross-entropy (opsets 7-11) needs Equal on int64 and a known class count.
-void check_composable(const Model& m, const Value& logits, int64_t opset) {
+void check_composable(const Model& m, const Value& logits, int64_t opset, int64_t class_axis) {
   const auto& shape = logits.shape();
   OT_CHECK(opset >= 7, where(m), "cross-entropy needs ai.onnx opset 7 or newer, the model has ",
            opset);
-  OT_CHECK(shape && (*shape)[1].is_known(), where(m), "cross-entropy at opset ", opset,
+  OT_CHECK(shape && (*shape)[class_dim(*shape, class_axis)].is_known(), where(m),
+           "cross-entropy at opset ", opset,
            " (before SoftmaxCrossEntropyLoss) needs the class count of '", logits.name(),
            "' to be known");
 }
@@ -175,13 +198,21 @@ Value* cross_entropy_composed(Emitter& e, Value* logits, Value* labels) {
   return e.node("Neg", {sum}, "cross_entropy_sum", scalar(logits->dtype()));
 }
 
-// correct = ReduceSum(Cast<float>(Equal(ArgMax(logits, axis=1, keepdims=0), labels)))
-Value* correct_count(Emitter& e, Value* logits, Value* labels) {
+// correct = ReduceSum(Cast<float>(Equal(ArgMax(logits, axis=1, keepdims=0), labels))), and
+// And(.., labels != ignore_index) for an ignore_index that is a class id (a negative one never
+// equals an ArgMax).
+Value* correct_count(Emitter& e, Value* logits, Value* labels, std::optional<int64_t> ignore) {
   Value* pred = e.node("ArgMax", {logits}, "prediction", labels->type,
                        {Attribute::make_int("axis", 1), Attribute::make_int("keepdims", 0)});
   ValueType hit_type = labels->type;
   hit_type.dtype = DataType::kBool;
   Value* hit = e.node("Equal", {pred, labels}, "prediction_hit", hit_type);
+  if (ignore && *ignore >= 0) {
+    Value* id = e.constant("ignore_index", Tensor::from_vector(DataType::kInt64, {}, std::vector<int64_t>{*ignore}));
+    Value* padding = e.node("Equal", {labels, id}, "label_ignored", hit_type);
+    Value* counted = e.node("Not", {padding}, "label_counted", hit_type);
+    hit = e.node("And", {hit, counted}, "prediction_hit_counted", hit_type);
+  }
   Value* hits = e.cast(hit, DataType::kFloat, "prediction_hit_float");
   return e.reduce("ReduceSum", hits, {}, "correct", scalar(DataType::kFloat), kCorrect);
 }
@@ -211,7 +242,7 @@ Value* squared_error_sum(Emitter& e, Value* y, Value* targets) {
 
 }  // namespace
 
-LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKind kind) {
+LossInfo attach_loss(graph::Model& model, const std::string& logits_name, const LossOptions& opts) {
   Graph& g = *model.graph;
   Value* logits = g.find_value(logits_name);
   OT_CHECK(logits, where(model), "logits '", logits_name, "' is not a value of the main graph");
@@ -220,14 +251,23 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
            logits->type.is_tensor() ? graph::dtype_short_name(logits->dtype()) : "not a tensor",
            logits->dtype() == DataType::kUndefined ? " (run infer_shapes first)" : "");
   LossInfo info;
-  info.kind = resolve(model, *logits, kind);
+  info.kind = resolve(model, *logits, opts);
   const bool ce = info.kind == LossKind::kCrossEntropy;
+  const bool move_classes = ce && opts.class_axis == -1 && logits->shape() &&
+                            logits->shape()->size() > 2;
+  OT_CHECK(!ce || opts.class_axis == 1 || logits->shape(), where(model), "logits '",
+           logits->name(), "' have no known rank, so the classes-last axis is unknown");
+  OT_CHECK(!opts.ignore_index || ce, where(model), "an ignore_index needs cross-entropy");
   // Everything that can fail is checked before the graph changes.
   for (const char* name : {kLoss, kLossScale}) check_free(model, name);
   for (const char* name : ce ? std::vector{kLabels, kCorrect} : std::vector{kTargets})
     check_free(model, name);
   Emitter e(model);
-  if (ce && e.opset() < 12) check_composable(model, *logits, e.opset());
+  if (ce && e.opset() < 12) {
+    OT_CHECK(!opts.ignore_index || *opts.ignore_index < 0, where(model), "ignore_index ",
+             *opts.ignore_index, " is a class id; before opset 12 only a negative one works");
+    check_composable(model, *logits, e.opset(), opts.class_axis);
+  }
   OT_CHECK(ce || !logits->shape() || !logits->shape()->empty(), where(model),
            "MSE needs a batch dim, '", logits->name(), "' is a scalar");
 
@@ -237,7 +277,8 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
     std::optional<Shape> label_shape;
     if (logits->shape()) {
       label_shape = *logits->shape();
-      label_shape->erase(label_shape->begin() + 1);
+      label_shape->erase(label_shape->begin() +
+                         static_cast<std::ptrdiff_t>(class_dim(*label_shape, opts.class_axis)));
     }
     truth = g.add_input(kLabels, ValueType::tensor(DataType::kInt64, label_shape));
   } else {
@@ -247,10 +288,14 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
   graph::TrainingSignature& sig = model.training;
   sig.inputs.push_back({truth->name(), ce ? graph::InputRole::kLabels : graph::InputRole::kTargets});
   sig.inputs.push_back({scale->name(), graph::InputRole::kLossScale});
+  sig.ignore_index = opts.ignore_index;
+  if (move_classes) logits = classes_to_axis_1(e, logits);
   Value* sum = nullptr;
   if (ce && e.opset() >= 12) {
+    std::vector<Attribute> attrs = {Attribute::make_string("reduction", "sum")};
+    if (opts.ignore_index) attrs.push_back(Attribute::make_int("ignore_index", *opts.ignore_index));
     sum = e.node("SoftmaxCrossEntropyLoss", {logits, truth}, "cross_entropy_sum",
-                 scalar(logits->dtype()), {Attribute::make_string("reduction", "sum")});
+                 scalar(logits->dtype()), std::move(attrs));
   } else if (ce) {
     sum = cross_entropy_composed(e, logits, truth);
   } else {
@@ -262,7 +307,7 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, LossKi
   info.loss = kLoss;
   sig.results.push_back({loss->name(), graph::ResultRole::kLoss, -1});
   if (ce) {
-    Value* correct = correct_count(e, logits, truth);
+    Value* correct = correct_count(e, logits, truth, opts.ignore_index);
     g.add_output(correct);
     info.correct = kCorrect;
     sig.results.push_back({correct->name(), graph::ResultRole::kCorrect, -1});

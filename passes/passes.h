@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,13 +68,30 @@ struct LossInfo {
   std::string loss = "loss";
   std::string correct;  // "correct" for cross-entropy, "" for MSE
 };
+struct LossOptions {
+  LossKind kind = LossKind::kAuto;
+  // Cross-entropy: the logits' class axis. 1 is torch's layout, logits (N, C, d1..dk) with
+  // labels (N, d1..dk); -1 puts the classes last, as language-model heads give them: logits
+  // (N, T, C) with per-token labels (N, T). They differ only for rank >= 3.
+  int64_t class_axis = 1;
+  // Cross-entropy: labels equal to this (padding; torch's default is -100) contribute nothing
+  // to the loss nor to `correct`. Recorded on the labels input of the training signature, so
+  // the loss_scale feed counts only the other labels. nullopt: every label must be a class.
+  std::optional<int64_t> ignore_index;
+};
 // Adds the loss on `logits` (PreparedModel::logits): SoftmaxCrossEntropyLoss(sum) with int64
 // `labels`, or MSE with `targets`; both x `loss_scale`. kAuto: cross-entropy when the output
-// is (N, classes, ...) with a known classes > 1 and a float dtype, MSE otherwise. Before opset
-// 12 cross-entropy is composed of ops of the model's own opset (LogSoftmax, Equal, ReduceSum;
-// the class count must be known); the opset import is never changed. Existing values named
-// labels / targets / loss_scale / loss / correct are an error (the names are the contract).
-LossInfo attach_loss(graph::Model& model, const std::string& logits, LossKind kind);
+// is (N, classes, ...) with a known classes > 1 (along class_axis) and a float dtype, MSE
+// otherwise. Before opset 12 cross-entropy is composed of ops of the model's own opset
+// (LogSoftmax, Equal, ReduceSum; the class count must be known, an ignore_index negative); the
+// opset import is never changed. Existing values named labels / targets / loss_scale / loss /
+// correct are an error (the names are the contract).
+LossInfo attach_loss(graph::Model& model, const std::string& logits, const LossOptions& opts);
+inline LossInfo attach_loss(graph::Model& model, const std::string& logits, LossKind kind) {
+  LossOptions opts;
+  opts.kind = kind;
+  return attach_loss(model, logits, opts);
+}
 
 // ---- autodiff.cc
 struct GradientInfo {

@@ -127,6 +127,84 @@ TEST(AttachLoss, CrossEntropyOpset11ComposedKDimensional) {
   check_cross_entropy(11, {4, 3});
 }
 
+passes::LossOptions loss_options(LossKind kind, int64_t class_axis,
+                                 std::optional<int64_t> ignore_index) {
+  passes::LossOptions o;
+  o.kind = kind;
+  o.class_axis = class_axis;
+  o.ignore_index = ignore_index;
+  return o;
+}
+
+// A language-model head: logits (N, T, C) with per-token labels (N, T), classes last, padding
+// labelled -100 (or a class id used as padding). The loss is the float64 sum over the counted
+// tokens of -log softmax(z)[label]; correct counts only them; the signature records the
+// ignore_index on the labels.
+void check_classes_last(int64_t opset, int64_t ignore) {
+  SCOPED_TRACE(cat("opset ", opset, ", ignore_index ", ignore));
+  const int64_t n = 3, t = 4, c = 5;
+  auto m = identity_model(opset, {t, c});
+  const LossInfo info = attach_loss(*m, "y", loss_options(LossKind::kAuto, -1, ignore));
+  EXPECT_EQ(info.kind, LossKind::kCrossEntropy);
+  graph::verify_model(*m);
+  const Value* labels = m->graph->find_value("labels");
+  ASSERT_TRUE(labels->shape());
+  EXPECT_EQ(*labels->shape(), (Shape{Dim::symbol("N"), Dim::known(t)}));
+  EXPECT_EQ(m->training.ignore_index, std::optional<int64_t>(ignore));
+
+  const std::vector<float> z = normal_floats(n * t * c, 21, 3.0f);
+  std::vector<int64_t> lab = random_labels(n * t, c, 22);
+  lab[1] = lab[6] = lab[9] = ignore;  // padding at some positions
+  for (int64_t k = 0; k < 3; ++k) {   // and a few sure hits among the counted ones
+    const int64_t pos = k * 4 + 3;
+    lab[pos] = std::max_element(z.begin() + pos * c, z.begin() + (pos + 1) * c) - (z.begin() + pos * c);
+  }
+  double want = 0, hits = 0, counted = 0;
+  for (int64_t pos = 0; pos < n * t; ++pos) {
+    if (lab[pos] == ignore) continue;
+    ++counted;
+    const float* row = z.data() + pos * c;
+    const double mx = *std::max_element(row, row + c);
+    double se = 0;
+    for (int64_t k = 0; k < c; ++k) se += std::exp(row[k] - mx);
+    want += mx + std::log(se) - row[lab[pos]];
+    hits += (std::max_element(row, row + c) - row) == lab[pos] ? 1 : 0;
+  }
+  // With a class id as padding, random labels and sure hits may be padding too.
+  if (ignore < 0) {
+    ASSERT_EQ(counted, n * t - 3);
+  }
+  ASSERT_GT(counted, 0);
+  const float scale = 1.0f / static_cast<float>(counted);
+  auto out = run(*m, {{"z", f32({n, t, c}, z)}, {"labels", i64({n, t}, lab)},
+                      {"loss_scale", scalar_f32(scale)}});
+  EXPECT_NEAR(as_doubles(out["loss"])[0], want * scale, 1e-5 * want * scale);
+  EXPECT_EQ(as_doubles(out["correct"])[0], hits);
+  if (ignore < 0) {
+    EXPECT_GE(hits, 3.0);
+  }
+}
+
+TEST(AttachLoss, ClassesLastWithPadding) {
+  check_classes_last(17, -100);
+  check_classes_last(17, 0);  // a class id as padding: also out of `correct`
+  check_classes_last(11, -100);  // composed: one-hot of -100 is all zeros
+}
+
+TEST(AttachLoss, ClassesLastErrors) {
+  auto m = identity_model(11, {4, 5});
+  expect_error([&] {
+    attach_loss(*m, "y", loss_options(LossKind::kCrossEntropy, -1, 2));
+  }, "ignore_index 2 is a class id; before opset 12 only a negative one works");
+  EXPECT_EQ(m->graph->find_value("labels"), nullptr);  // nothing changed
+  expect_error([&] { attach_loss(*m, "y", loss_options(LossKind::kAuto, 2, std::nullopt)); },
+               "the class axis must be 1 (N, C, ...) or -1 (classes last), got 2");
+  auto mse = identity_model(17, {3});
+  expect_error([&] {
+    attach_loss(*mse, "y", loss_options(LossKind::kMse, 1, -100));
+  }, "an ignore_index needs cross-entropy");
+}
+
 TEST(AttachLoss, OpsetsUseTheirOwnOps) {
   auto has_op = [](const Model& m, const char* op) {
     const auto& nodes = m.graph->nodes();
