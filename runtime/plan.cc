@@ -12,6 +12,7 @@
 
 #include "graph/error.h"
 #include "graph/printer.h"
+#include "runtime/comm/communicator.h"
 #include "ops/infer.h"
 
 namespace onnxtrain::runtime {
@@ -63,8 +64,8 @@ class StepContext final : public ops::KernelContext {
 
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
-  Communicator* communicator() const { return plan_.session_.opts_.communicator; }
-  void defer(std::function<void()> finish) {
+  ops::Collectives* collectives() const override { return plan_.session_.opts_.communicator; }
+  void defer_completion(std::function<void()> finish) override {
     OT_CHECK(!plan_.deferred_, node().describe(), ": a kernel may defer one completion per run");
     plan_.deferred_ = std::move(finish);
   }
@@ -804,20 +805,6 @@ void Plan::complete(int id) {
 void Plan::complete_all() {
   for (size_t k = 0; k < pending_.size(); ++k) complete(static_cast<int>(k));
   pending_.clear();
-}
-
-Communicator* communicator_of(const ops::KernelContext& ctx) {
-  const auto* step = dynamic_cast<const StepContext*>(&ctx);
-  return step ? step->communicator() : nullptr;
-}
-
-void defer_completion(ops::KernelContext& ctx, std::function<void()> finish) {
-  auto* step = dynamic_cast<StepContext*>(&ctx);
-  if (!step) {
-    finish();
-    return;
-  }
-  step->defer(std::move(finish));
 }
 
 std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs,

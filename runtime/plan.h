@@ -97,7 +97,7 @@ class Plan {
   void fall_back_to_host(Step& step);
   // Resolves SessionOptions::output_aliases (top-level plan only).
   void plan_aliases();
-  // Runs the deferred completion `id` (defer_completion) if still open.
+  // Runs the deferred completion `id` (KernelContext::defer_completion) if still open.
   void complete(int id);
   void complete_all();
 
@@ -131,7 +131,7 @@ class Plan {
     std::string name;
   };
   std::vector<Pending> pending_;
-  std::function<void()> deferred_;  // set by defer_completion while a kernel runs
+  std::function<void()> deferred_;  // set by StepContext::defer_completion while a kernel runs
 };
 
 }  // namespace onnxtrain::runtime

@@ -1,27 +1,45 @@
-// CUDA kernel of ai.onnxtrain.AllReduce over an NcclCommunicator (CUDA builds only): the
-// reduction runs on the communicator's stream, ordered against the replica's compute stream by
-// events, so it overlaps the rest of backward. Other communicators fall back to the CPU kernel.
+// CUDA kernel of ai.onnxtrain.AllReduce over an NCCL communicator (CUDA builds only): the
+// reduction runs on the communicator's stream (KernelContext::collectives()->native()), ordered
+// against the replica's compute stream by events, so it overlaps the rest of backward. Other
+// communicators fall back to the CPU kernel (ops/comm/collective_kernels.cc).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "graph/error.h"
+#include "ops/collectives.h"
 #include "ops/cuda/cuda_common.h"
 #include "ops/op_api.h"
-#include "runtime/collective_kernels.h"
-#include "runtime/comm/nccl.h"
-#include "runtime/session.h"
 
-namespace onnxtrain::runtime {
+namespace onnxtrain::ops::cuda {
 namespace {
 
 using graph::DataType;
 using graph::Node;
+
+// Errors name the rank, as the communicator's own: "NCCL rank <r>: <what>: <reason>".
+void check_cuda(cudaError_t result, int rank, std::string_view what) {
+  if (result != cudaSuccess)
+    fail("NCCL rank ", rank, ": ", what, ": CUDA error: ", cudaGetErrorString(result));
+}
+void check_nccl(ncclResult_t result, int rank, ncclComm_t comm, std::string_view what) {
+  if (result == ncclSuccess) return;
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  fail("NCCL rank ", rank, ": ", what, ": ", ncclGetErrorString(result),
+       last && *last ? cat(" (", last, ")") : std::string());
+}
+
+// The native handles of the step's communicator; kind kNone without one.
+NativeCollectives native_nccl(const KernelContext& ctx) {
+  const Collectives* c = ctx.collectives();
+  return c ? c->native() : NativeCollectives{};
+}
 
 // One replica's share of AllReduce, as the CPU kernel: its G present inputs are packed into one
 // device buffer, summed across the ranks in place, and unpacked into the outputs.
@@ -29,7 +47,7 @@ using graph::Node;
 //   reduction "sum" | "mean"; f32 or f64.
 // run() enqueues: pack (compute stream) -> ready event -> ncclAllReduce (comm stream) -> done
 // event; the deferred finish enqueues: wait for done (compute stream) -> [scale] -> unpack.
-class CudaAllReduceKernel final : public ops::Kernel {
+class CudaAllReduceKernel final : public Kernel {
  public:
   explicit CudaAllReduceKernel(const Node& n)
       : mean_(n.attr_string("reduction", "sum") == "mean") {}
@@ -40,39 +58,42 @@ class CudaAllReduceKernel final : public ops::Kernel {
   CudaAllReduceKernel(const CudaAllReduceKernel&) = delete;
   CudaAllReduceKernel& operator=(const CudaAllReduceKernel&) = delete;
 
-  void prepare(ops::KernelContext& ctx) override {
-    auto* nccl = dynamic_cast<NcclCommunicator*>(communicator_of(ctx));
-    if (!nccl) throw ops::DeviceFallback{"AllReduce: not an NCCL communicator"};
+  void prepare(KernelContext& ctx) override {
+    const NativeCollectives nccl = native_nccl(ctx);
+    if (nccl.kind != NativeCollectives::Kind::kNccl)
+      throw DeviceFallback{"AllReduce: not an NCCL communicator"};
+    const int rank = ctx.collectives()->rank();
     for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const ops::TensorView* in = ctx.input(i);
+      const TensorView* in = ctx.input(i);
       if (in && in->dtype != DataType::kFloat && in->dtype != DataType::kDouble)
-        throw ops::DeviceFallback{"AllReduce: the CUDA kernel takes float32/float64 only"};
+        throw DeviceFallback{"AllReduce: the CUDA kernel takes float32/float64 only"};
     }
     if (ready_) return;  // prepare() runs again for every new plan of a dynamic step
     const std::string where = ctx.node().describe();
     int current = -1;
-    check_cuda(cudaGetDevice(&current), nccl->rank(), cat(where, ": cudaGetDevice"));
+    check_cuda(cudaGetDevice(&current), rank, cat(where, ": cudaGetDevice"));
     // The events and the scratch buffer live on the current device; NCCL runs on the
     // communicator's: they must be one GPU.
-    OT_CHECK(current == nccl->device(), where, ": replica runs on CUDA device ", current,
-             " but its NCCL communicator (rank ", nccl->rank(), ") drives device ",
-             nccl->device());
-    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), nccl->rank(),
+    OT_CHECK(current == nccl.device, where, ": replica runs on CUDA device ", current,
+             " but its NCCL communicator (rank ", rank, ") drives device ", nccl.device);
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), rank,
                cat(where, ": cudaEventCreateWithFlags"));
-    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), nccl->rank(),
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank,
                cat(where, ": cudaEventCreateWithFlags"));
   }
 
-  void run(ops::KernelContext& ctx) override {
+  void run(KernelContext& ctx) override {
     const std::string where = ctx.node().describe();
-    auto* nccl = dynamic_cast<NcclCommunicator*>(communicator_of(ctx));
-    OT_CHECK(nccl && ready_, where, ": CUDA AllReduce runs only after prepare() on an NCCL communicator");
-    const int rank = nccl->rank();
+    const NativeCollectives nccl = native_nccl(ctx);
+    OT_CHECK(nccl.kind == NativeCollectives::Kind::kNccl && ready_, where,
+             ": CUDA AllReduce runs only after prepare() on an NCCL communicator");
+    const int rank = ctx.collectives()->rank();
+    auto* comm = static_cast<ncclComm_t>(nccl.comm);
     std::vector<int> slots;
     int64_t total = 0;
     DataType dt = DataType::kUndefined;
     for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const ops::TensorView* in = ctx.input(i);
+      const TensorView* in = ctx.input(i);
       if (!in) continue;
       OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
                ": inputs of one AllReduce must share a dtype (", graph::dtype_short_name(dt),
@@ -85,19 +106,19 @@ class CudaAllReduceKernel final : public ops::Kernel {
     // Output buffers are fixed for the run: take them now, fill them in the deferred finish.
     std::vector<std::pair<void*, size_t>> dst;
     for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
-      ops::TensorView& out = ctx.output(i, in->dims);
+      const TensorView* in = ctx.input(i);
+      TensorView& out = ctx.output(i, in->dims);
       dst.emplace_back(out.data, in->nbytes());
     }
     if (total == 0) return;  // every rank holds the same bucket shapes: all skip together
 
     const size_t es = dt == DataType::kDouble ? sizeof(double) : sizeof(float);
     auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es));
-    cudaStream_t compute = ops::cuda::stream_of(ctx);
-    cudaStream_t comm_stream = nccl->comm_stream();
+    cudaStream_t compute = stream_of(ctx);
+    auto comm_stream = static_cast<cudaStream_t>(nccl.stream);
     size_t off = 0;
     for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
+      const TensorView* in = ctx.input(i);
       if (in->nbytes())
         check_cuda(cudaMemcpyAsync(buf + off, in->data, in->nbytes(), cudaMemcpyDeviceToDevice,
                                    compute),
@@ -109,18 +130,18 @@ class CudaAllReduceKernel final : public ops::Kernel {
                cat(where, ": cudaStreamWaitEvent (comm stream)"));
     check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(total),
                              dt == DataType::kDouble ? ncclFloat64 : ncclFloat32, ncclSum,
-                             nccl->comm(), comm_stream),
-               rank, nccl->comm(), cat(where, ": ncclAllReduce of ", total, " elements"));
+                             comm, comm_stream),
+               rank, comm, cat(where, ": ncclAllReduce of ", total, " elements"));
     check_cuda(cudaEventRecord(done_, comm_stream), rank, cat(where, ": cudaEventRecord (done)"));
 
-    const double scale = mean_ ? 1.0 / nccl->size() : 1.0;
-    defer_completion(ctx, [done = done_, compute, buf, total, dt, scale, rank, where,
+    const double scale = mean_ ? 1.0 / ctx.collectives()->size() : 1.0;
+    ctx.defer_completion([done = done_, compute, buf, total, dt, scale, rank, where,
                            dst = std::move(dst)] {
       // Enqueued only: the compute stream waits for the reduction, nothing blocks the host.
       check_cuda(cudaStreamWaitEvent(compute, done, 0), rank,
                  cat(where, ": cudaStreamWaitEvent (compute stream)"));
       if (scale != 1.0) {
-        cublasHandle_t h = ops::cuda::cublas_handle(compute);
+        cublasHandle_t h = cublas_handle(compute);
         if (dt == DataType::kDouble) {
           OT_CUBLAS_CHECK(cublasDscal_64(h, total, &scale, reinterpret_cast<double*>(buf), 1));
         } else {
@@ -146,10 +167,8 @@ class CudaAllReduceKernel final : public ops::Kernel {
 
 }  // namespace
 
-void install_collective_cuda_kernels() {
-  ops::OpSchema* s = ops::OpRegistry::global().mutable_find(ops::kOnnxtrainDomain, "AllReduce", 1);
-  OT_CHECK(s, "the op registry has no ai.onnxtrain.AllReduce");
-  s->cuda_kernel = [](const Node& n) { return std::make_unique<CudaAllReduceKernel>(n); };
+ONNXTRAIN_REGISTER_KERNEL(all_reduce_cuda, kOnnxtrainDomain, "AllReduce", kCuda) {
+  return std::make_unique<CudaAllReduceKernel>(n);
 }
 
-}  // namespace onnxtrain::runtime
+}  // namespace onnxtrain::ops::cuda
