@@ -1,6 +1,8 @@
 // A Plan: one input-shape signature of a model made executable. Built once (cached by the
-// session): shape inference with concrete dims, constant folding, kernel preparation and a
-// liveness-based memory plan; then run() per call.
+// session; plan_build.cc): shape inference with concrete dims, constant folding, kernel
+// preparation and a liveness-based memory plan (memory_plan.h); then run() per call
+// (plan_exec.cc), with host/device copies in plan_staging.cc and the kernels' view of a step in
+// step_context.h.
 #pragma once
 
 #include <functional>
@@ -17,7 +19,15 @@
 
 namespace onnxtrain::runtime {
 
-// One value the plan knows about.
+// What kernels see of a value: its view (device memory in device mode) and what owns the buffer
+// when the arena does not.
+struct Binding {
+  ops::TensorView view;
+  graph::Tensor owned;  // dynamic buffers and string tensors (host)
+  std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
+};
+
+// One value the plan knows about: what planning decided, then its run-time state.
 struct Slot {
   const graph::Value* value = nullptr;
   graph::ValueType type;           // planned type; dims concrete when is_static
@@ -34,6 +44,15 @@ struct Slot {
   int alias_input = -1;
   bool alias_direct = false;       // the kernel writes the input's buffer itself (no copy)
   int pending = -1;                // index into Plan::pending_ while a deferred write is open
+
+  Binding bind;
+  // Device mode only: the host side of a constant or of a staged step's input (what a staged
+  // CPU kernel reads), the host copy made for a staged step, and the device buffer a caller's
+  // input is copied into (kept for the next run).
+  ops::TensorView host_view;
+  graph::Tensor staged;
+  std::shared_ptr<std::byte> input_buffer;
+  size_t input_buffer_bytes = 0;
 };
 
 struct Step {
@@ -69,13 +88,6 @@ class Plan {
                                  const ResidentMap& resident = {});
   const PlanStats& stats() const { return stats_; }
 
-  // Used by the kernel context.
-  struct Binding {
-    ops::TensorView view;
-    graph::Tensor owned;  // dynamic buffers and string tensors (host)
-    std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
-  };
-
  private:
   friend class StepContext;
   friend class SubgraphRunner;
@@ -83,11 +95,20 @@ class Plan {
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);
+  // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
+  // buffers are released.
   void plan_memory();
   void prepare_kernels();
   // Binds a constant's buffer; on a device, `upload` also copies it to device memory.
   void bind_constant(int slot, bool upload = true);
   void execute(Step& step, int index, bool at_plan_time);
+  // Re-infers a dynamic step with the actual input dims and prepares its kernel again.
+  void reprepare_dynamic(Step& step);
+  // Binds the caller's inputs and the resident device tensors for one run.
+  void bind_inputs(const std::map<std::string, const graph::Tensor*>& inputs,
+                   const ResidentMap& resident);
+  // The graph outputs after a run (aliased ones written into their inputs).
+  std::vector<graph::Tensor> collect_outputs();
   // Device mode: host copies of a staged step's inputs before it runs; its outputs to the device
   // after (and the body captures of a control-flow node, swapped in while it runs).
   void stage_inputs(Step& step, std::vector<std::pair<int, ops::TensorView>>& swapped);
@@ -110,19 +131,14 @@ class Plan {
   std::vector<Slot> slots_;
   std::map<const graph::Value*, int> slot_index_;
   std::vector<Step> steps_;
-  std::vector<Binding> bindings_;
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
   std::shared_ptr<std::byte[]> arena_;
   PlanStats stats_;
   // The session's device; device_mode_ when its memory is not host memory (a GPU): then
-  // bindings_ hold device pointers, host_views_ the host side of constants and staged inputs.
+  // Slot::bind holds device pointers, Slot::host_view the host side.
   std::shared_ptr<Device> device_;
   bool device_mode_ = false;
   std::shared_ptr<std::byte> device_arena_;
-  std::vector<ops::TensorView> host_views_;
-  std::vector<graph::Tensor> staged_;                       // by slot, during a staged step
-  std::vector<std::shared_ptr<std::byte>> input_buffers_;   // device copies of caller inputs
-  std::vector<size_t> input_buffer_bytes_;
   // Deferred completions of asynchronous kernels (AllReduce) in issue order, run before the
   // first reader of their outputs or at the end of run().
   struct Pending {
