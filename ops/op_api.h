@@ -183,8 +183,8 @@ using KernelFactory = std::function<std::unique_ptr<Kernel>(const graph::Node&)>
 // path from a trainable parameter to the loss, in reverse topological order. The rule reads
 // the gradients of the node's outputs and emits backward nodes (standard ONNX ops where they
 // exist, ai.onnxtrain grad ops such as ConvGrad otherwise) that compute the gradients of the
-// inputs autodiff asks for. Shapes of emitted values need not be set: a shape-inference pass
-// runs over the whole training graph afterwards, and at plan time every dim is concrete.
+// inputs autodiff asks for. Shapes of emitted values need not be set: autodiff infers each node
+// as it is emitted (a rule may read its type), and at plan time every dim is concrete.
 // Rules must not depend on static shapes (the batch dim is usually symbolic): read shapes at
 // run time with Shape, or use ai.onnxtrain.SumToShapeOf for broadcast reductions.
 class GradientBuilder {

@@ -23,27 +23,27 @@ namespace onnxtrain::runtime {
 // when the arena does not.
 struct Binding {
   ops::TensorView view;
-  graph::Tensor owned;  // dynamic buffers and string tensors (host)
+  graph::Tensor owned;                      // dynamic buffers and string tensors (host)
   std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
 };
 
 // One value the plan knows about: what planning decided, then its run-time state.
 struct Slot {
   const graph::Value* value = nullptr;
-  graph::ValueType type;           // planned type; dims concrete when is_static
-  bool is_constant = false;        // initializer or folded at plan time
+  graph::ValueType type;     // planned type; dims concrete when is_static
+  bool is_constant = false;  // initializer or folded at plan time
   graph::Tensor constant;
-  bool is_input = false;           // bound to a caller's tensor each run
-  bool is_static = false;          // dims known at plan time (arena candidate)
+  bool is_input = false;   // bound to a caller's tensor each run
+  bool is_static = false;  // dims known at plan time (arena candidate)
   int64_t arena_offset = -1;
   size_t bytes = 0;
-  int def_step = -1;               // step producing it (-1: before the first step)
-  int last_use = -1;               // last step reading it
+  int def_step = -1;  // step producing it (-1: before the first step)
+  int last_use = -1;  // last step reading it
   bool is_output = false;
   // SessionOptions::output_aliases: the input slot whose buffer this output is written into.
   int alias_input = -1;
-  bool alias_direct = false;       // the kernel writes the input's buffer itself (no copy)
-  int pending = -1;                // index into Plan::pending_ while a deferred write is open
+  bool alias_direct = false;  // the kernel writes the input's buffer itself (no copy)
+  int pending = -1;           // index into Plan::pending_ while a deferred write is open
 
   Binding bind;
   // Device mode only: the host side of a constant or of a staged step's input (what a staged
@@ -64,7 +64,8 @@ struct Step {
   // Kernel scratch, kept across runs so steady-state steps do not allocate.
   std::shared_ptr<std::byte[]> scratch;
   size_t scratch_bytes = 0;
-  // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first use.
+  // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first
+  // use.
   std::map<std::string, std::shared_ptr<ops::Subgraph>> subgraphs;
   // On a device without host memory: the node runs its CPU kernel, its inputs copied to the
   // host and its outputs back (no device kernel, a dynamic shape, strings, a graph attribute).
@@ -91,7 +92,8 @@ class Plan {
  private:
   friend class StepContext;
   friend class SubgraphRunner;
-  void build(const std::map<std::string, const graph::Tensor*>& inputs, const ResidentMap& resident);
+  void build(const std::map<std::string, const graph::Tensor*>& inputs,
+             const ResidentMap& resident);
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);

@@ -145,8 +145,8 @@ void Plan::plan_aliases() {
     for (size_t k = 0; k < w.out.size(); ++k)
       if (w.out[k] == so) out_pos = static_cast<int>(k);
     const int in_pos = w.schema->inplace ? w.schema->inplace(*w.node, out_pos) : -1;
-    bool direct = in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si &&
-                  !w.on_host;
+    bool direct =
+        in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si && !w.on_host;
     for (size_t k = 0; direct && k < w.in.size(); ++k)
       if (static_cast<int>(k) != in_pos && w.in[k] == si) direct = false;
     for (size_t k = static_cast<size_t>(out.def_step) + 1; direct && k < steps_.size(); ++k) {
@@ -165,10 +165,8 @@ void Plan::choose_kernel(Step& step) {
   bool host = step.dynamic;
   for (const auto& a : n.attributes)
     host = host || a.type == graph::AttrType::kGraph || a.type == graph::AttrType::kGraphs;
-  for (int s : step.in)
-    host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
-  for (int s : step.out)
-    host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
+  for (int s : step.in) host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
+  for (int s : step.out) host = host || (s >= 0 && slots_[s].type.dtype == DataType::kString);
   if (!host) step.kernel = device_->device_kernel(*step.schema, n);
   step.on_host = !step.kernel;
   if (step.on_host) step.kernel = step.schema->cpu_kernel(n);
@@ -268,7 +266,7 @@ void Plan::fold_or_schedule(const graph::Node& n) {
     for (int s : step.out) {
       if (s < 0) continue;
       Slot& slot = slots_[s];
-      Binding& b = slots_[s].bind;
+      Binding& b = slot.bind;
       slot.is_constant = true;
       slot.constant = std::move(b.owned);
       std::vector<int64_t> dims = slot.constant.dims();
@@ -395,6 +393,5 @@ void Plan::prepare_kernels() {
     ++(step.on_host ? stats_.staged_nodes : stats_.device_nodes);
   }
 }
-
 
 }  // namespace onnxtrain::runtime

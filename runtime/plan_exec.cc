@@ -59,7 +59,8 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
                                step.node->op_type, t0 - session_.trace_origin_us_, t1 - t0});
   }
   if (deferred_) {
-    Pending p{std::move(deferred_), {}, step.node->name.empty() ? step.node->op_type : step.node->name};
+    Pending p{
+        std::move(deferred_), {}, step.node->name.empty() ? step.node->op_type : step.node->name};
     deferred_ = nullptr;
     const int id = static_cast<int>(pending_.size());
     for (int s : step.out)
@@ -83,8 +84,8 @@ void Plan::execute(Step& step, int index, bool at_plan_time) {
 
 void Plan::reprepare_dynamic(Step& step) {
   // Re-infer with the actual dims so output(i) knows its shape where inference can tell.
-  ops::InferenceContext ictx{*step.node, model_.opset_version(step.node->domain).value_or(1),
-                             {}, {}, {}, {}};
+  ops::InferenceContext ictx{
+      *step.node, model_.opset_version(step.node->domain).value_or(1), {}, {}, {}, {}};
   ictx.default_opset = default_opset_;
   std::vector<ValueType> types;
   types.reserve(step.in.size());
@@ -124,8 +125,8 @@ void Plan::complete(int id) {
   finish();
   if (profile) {
     if (session_.trace_origin_us_ == 0) session_.trace_origin_us_ = t0;
-    session_.trace_.push_back({p.name + " (wait)", "Wait", t0 - session_.trace_origin_us_,
-                               now_us() - t0});
+    session_.trace_.push_back(
+        {p.name + " (wait)", "Wait", t0 - session_.trace_origin_us_, now_us() - t0});
   }
 }
 
@@ -169,6 +170,5 @@ std::vector<Tensor> Plan::run(const std::map<std::string, const Tensor*>& inputs
   if (device_mode_) device_->synchronize();
   return out;
 }
-
 
 }  // namespace onnxtrain::runtime

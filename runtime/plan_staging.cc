@@ -16,34 +16,36 @@ using plan_util::concrete;
 using plan_util::view_of;
 
 void Plan::bind_constant(int s, bool upload) {
+  Slot& slot = slots_[s];
   if (!device_mode_) {
-    slots_[s].bind.view = view_of(slots_[s].constant);
+    slot.bind.view = view_of(slot.constant);
     return;
   }
-  slots_[s].host_view = view_of(slots_[s].constant);
-  if (!upload || slots_[s].bind.device_owned) return;
-  const Tensor& c = slots_[s].constant;
+  slot.host_view = view_of(slot.constant);
+  if (!upload || slot.bind.device_owned) return;
+  const Tensor& c = slot.constant;
   if (c.dtype() == DataType::kString) {
-    slots_[s].bind.view = slots_[s].host_view;  // strings stay on the host; only staged steps read them
+    slot.bind.view = slot.host_view;  // strings stay on the host; only staged steps read them
     return;
   }
-  slots_[s].bind.device_owned = device_->make_buffer(c.nbytes());
-  device_->to_device(slots_[s].bind.device_owned.get(), c.data(), c.nbytes());
-  slots_[s].bind.view = slots_[s].host_view;
-  slots_[s].bind.view.data = slots_[s].bind.device_owned.get();
+  slot.bind.device_owned = device_->make_buffer(c.nbytes());
+  device_->to_device(slot.bind.device_owned.get(), c.data(), c.nbytes());
+  slot.bind.view = slot.host_view;
+  slot.bind.view.data = slot.bind.device_owned.get();
 }
 
 void Plan::stage_inputs(Step& step, std::vector<std::pair<int, ops::TensorView>>& swapped) {
   auto stage = [&](int s) {
-    const ops::TensorView& v = slots_[s].bind.view;
-    if (slots_[s].is_constant || v.dtype == DataType::kString) {
-      if (!slots_[s].is_constant) slots_[s].host_view = v;  // strings live on the host
+    Slot& slot = slots_[s];
+    const ops::TensorView& v = slot.bind.view;
+    if (slot.is_constant || v.dtype == DataType::kString) {
+      if (!slot.is_constant) slot.host_view = v;  // strings live on the host
       return;
     }
-    Tensor& t = slots_[s].staged;
+    Tensor& t = slot.staged;
     if (t.dtype() != v.dtype || t.dims() != v.dims) t = Tensor(v.dtype, v.dims);
     if (t.nbytes()) device_->to_host(t.mutable_data(), v.data, t.nbytes());
-    slots_[s].host_view = view_of(t);
+    slot.host_view = view_of(t);
   };
   for (int s : step.in)
     if (s >= 0) stage(s);
@@ -66,7 +68,7 @@ void Plan::upload_outputs(Step& step) {
   for (int s : step.out) {
     if (s < 0) continue;
     Slot& slot = slots_[s];
-    Binding& b = slots_[s].bind;
+    Binding& b = slot.bind;
     if (b.view.dtype == DataType::kString || !b.owned.data()) continue;  // strings stay on the host
     std::byte* dst = nullptr;
     const auto planned = concrete(slot.type);
@@ -84,23 +86,22 @@ void Plan::upload_outputs(Step& step) {
     if (s >= 0) slots_[s].staged = Tensor();
 }
 
-
 void Plan::bind_inputs(const std::map<std::string, const Tensor*>& inputs,
                        const ResidentMap& resident) {
   for (const auto& [name, t] : inputs) {
     const graph::Value* v = graph_.find_value(name);
     auto it = slot_index_.find(v);
     if (it == slot_index_.end()) continue;  // an input nothing reads
-    const int s = it->second;
-    slots_[s].bind.view = view_of(*t);
+    Slot& slot = slots_[it->second];
+    slot.bind.view = view_of(*t);
     if (!device_mode_ || t->dtype() == DataType::kString) continue;
     // A caller's tensor is copied to the device (into a buffer kept for the next run).
-    if (slots_[s].input_buffer_bytes != t->nbytes() || !slots_[s].input_buffer) {
-      slots_[s].input_buffer = device_->make_buffer(t->nbytes());
-      slots_[s].input_buffer_bytes = t->nbytes();
+    if (slot.input_buffer_bytes != t->nbytes() || !slot.input_buffer) {
+      slot.input_buffer = device_->make_buffer(t->nbytes());
+      slot.input_buffer_bytes = t->nbytes();
     }
-    device_->to_device(slots_[s].input_buffer.get(), t->data(), t->nbytes());
-    slots_[s].bind.view.data = slots_[s].input_buffer.get();
+    device_->to_device(slot.input_buffer.get(), t->data(), t->nbytes());
+    slot.bind.view.data = slot.input_buffer.get();
   }
   for (const auto& [name, t] : resident) {
     auto it = slot_index_.find(graph_.find_value(name));
@@ -118,7 +119,7 @@ std::vector<Tensor> Plan::collect_outputs() {
   for (const graph::Value* v : graph_.outputs()) {
     const int si = slot_index_.at(v);
     const Slot& slot = slots_[si];
-    const ops::TensorView& view = slots_[si].bind.view;
+    const ops::TensorView& view = slot.bind.view;
     if (slot.alias_input >= 0) {
       // The new value goes into the aliased input's buffer (if the kernel did not write it).
       const ops::TensorView& target = slots_[slot.alias_input].bind.view;

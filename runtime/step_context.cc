@@ -22,14 +22,14 @@ ops::TensorView& StepContext::output(int i, std::span<const int64_t> dims) {
   OT_CHECK(has_output(i), node().describe(), ": output ", i, " is not requested");
   int s = step_.out[i];
   Slot& slot = plan_.slots_[s];
-  Binding& b = plan_.slots_[s].bind;
+  Binding& b = slot.bind;
   std::vector<int64_t> d(dims.begin(), dims.end());
   if (staged_) return host_output(i, slot, b, std::move(d));
   if (slot.alias_direct) {
     // Written over the aliased input (training state updated in place).
     const ops::TensorView& target = plan_.slots_[slot.alias_input].bind.view;
-    OT_CHECK(target.dims == d && target.dtype == slot.type.dtype, node().describe(),
-             ": output ", i, " does not match the input it updates in place");
+    OT_CHECK(target.dims == d && target.dtype == slot.type.dtype, node().describe(), ": output ", i,
+             " does not match the input it updates in place");
     b.owned = Tensor();
     b.view = target;
     return b.view;
@@ -59,7 +59,8 @@ ops::TensorView& StepContext::output(int i, std::span<const int64_t> dims) {
   return host_output(i, slot, b, std::move(d));
 }
 
-ops::TensorView& StepContext::host_output(int i, const Slot& slot, Binding& b, std::vector<int64_t> d) {
+ops::TensorView& StepContext::host_output(int i, const Slot& slot, Binding& b,
+                                          std::vector<int64_t> d) {
   checked_bytes(i, slot, d);
   b.device_owned.reset();
   b.owned = Tensor(slot.type.dtype, d);
@@ -70,8 +71,8 @@ ops::TensorView& StepContext::host_output(int i, const Slot& slot, Binding& b, s
 size_t StepContext::checked_bytes(int i, const Slot& slot, const std::vector<int64_t>& d) const {
   auto count = graph::checked_element_count(d, node().describe() + " output");
   auto bytes = graph::dtype_storage_bytes(slot.type.dtype, count);
-  OT_CHECK(bytes && *bytes <= plan_.session_.opts_.max_tensor_bytes, node().describe(),
-           ": output ", i, " of ", count, " elements exceeds the tensor size cap");
+  OT_CHECK(bytes && *bytes <= plan_.session_.opts_.max_tensor_bytes, node().describe(), ": output ",
+           i, " of ", count, " elements exceeds the tensor size cap");
   OT_CHECK(slot.type.dtype != DataType::kUndefined, node().describe(), ": output ", i,
            " has no inferred dtype");
   return static_cast<size_t>(*bytes);
@@ -102,7 +103,7 @@ void* StepContext::scratch(size_t bytes) {
 }
 
 void StepContext::parallel_for(int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn) const {
+                               const std::function<void(int64_t, int64_t)>& fn) const {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   int64_t chunks = std::min<int64_t>(threads_, (n + grain - 1) / grain);
@@ -112,7 +113,7 @@ void StepContext::parallel_for(int64_t n, int64_t grain,
   }
   std::exception_ptr error;
   std::mutex mu;
-#pragma omp parallel num_threads(static_cast<int>(chunks))
+#pragma omp parallel num_threads(static_cast <int>(chunks))
   {
     int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
     int64_t begin = n * t / k, end = n * (t + 1) / k;
@@ -130,8 +131,8 @@ ops::Subgraph& StepContext::subgraph(const std::string& attr) {
   std::shared_ptr<ops::Subgraph>& runner = step_.subgraphs[attr];
   if (!runner) {
     const graph::Attribute* a = node().find_attr(attr);
-    OT_CHECK(a && a->type == graph::AttrType::kGraph, node().describe(),
-             ": no graph attribute '", attr, "'");
+    OT_CHECK(a && a->type == graph::AttrType::kGraph, node().describe(), ": no graph attribute '",
+             attr, "'");
     runner = std::make_shared<SubgraphRunner>(plan_, a->g(), node().describe() + " " + attr);
   }
   return *runner;

@@ -19,8 +19,11 @@ namespace onnxtrain::runtime {
 class StepContext final : public ops::KernelContext {
  public:
   StepContext(Plan& plan, Step& step, int threads)
-      : plan_(plan), step_(step), threads_(threads),
-        staged_(plan.device_mode_ && step.on_host), native_(plan.device_mode_ && !step.on_host) {}
+      : plan_(plan),
+        step_(step),
+        threads_(threads),
+        staged_(plan.device_mode_ && step.on_host),
+        native_(plan.device_mode_ && !step.on_host) {}
 
   const graph::Node& node() const override { return *step_.node; }
   int64_t opset() const override { return plan_.default_opset_; }
@@ -44,9 +47,7 @@ class StepContext final : public ops::KernelContext {
     return i >= 0 && i < num_inputs() && step_.in[i] >= 0 && plan_.slots_[step_.in[i]].is_constant;
   }
   int num_outputs() const override { return static_cast<int>(step_.out.size()); }
-  bool has_output(int i) const override {
-    return i >= 0 && i < num_outputs() && step_.out[i] >= 0;
-  }
+  bool has_output(int i) const override { return i >= 0 && i < num_outputs() && step_.out[i] >= 0; }
   ops::TensorView& output(int i, std::span<const int64_t> dims) override;
   ops::TensorView& output(int i) override;
   // Grows the step's buffer; a second call in the same run() may move it.
@@ -74,6 +75,5 @@ class StepContext final : public ops::KernelContext {
   bool staged_;  // device mode, CPU kernel: host copies in and out
   bool native_;  // device mode, device kernel: device memory
 };
-
 
 }  // namespace onnxtrain::runtime

@@ -51,7 +51,8 @@ class AllReduceKernel final : public Kernel {
       total += in->numel();
     }
     if (slots.empty()) return;
-    OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where, ": AllReduce supports float32/float64");
+    OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
+             ": AllReduce supports float32/float64");
     const size_t es = dt == DataType::kDouble ? 8 : 4;
     auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
     size_t off = 0;
@@ -219,7 +220,8 @@ class SyncBatchNormGradKernel final : public Kernel {
             const int64_t base = (i * d.c + c) * d.inner;
             for (int64_t j = 0; j < d.inner; ++j) {
               const double xhat = (at(x, base + j) - mean[c]) * inv;
-              put(dx, base + j, k * (count * at(dy, base + j) - global[c] - xhat * global[d.c + c]));
+              put(dx, base + j,
+                  k * (count * at(dy, base + j) - global[c] - xhat * global[d.c + c]));
             }
           }
         }
@@ -244,8 +246,8 @@ ONNXTRAIN_REGISTER_KERNEL(all_reduce_cpu, kOnnxtrainDomain, "AllReduce", kCpu) {
 ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_cpu, kOnnxtrainDomain, "SyncBatchNormalization", kCpu) {
   return std::make_unique<SyncBatchNormKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_grad_cpu, kOnnxtrainDomain,
-                          "SyncBatchNormalizationGrad", kCpu) {
+ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_grad_cpu, kOnnxtrainDomain, "SyncBatchNormalizationGrad",
+                          kCpu) {
   return std::make_unique<SyncBatchNormGradKernel>(n);
 }
 

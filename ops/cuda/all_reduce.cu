@@ -120,43 +120,43 @@ class CudaAllReduceKernel final : public Kernel {
     for (int i : slots) {
       const TensorView* in = ctx.input(i);
       if (in->nbytes())
-        check_cuda(cudaMemcpyAsync(buf + off, in->data, in->nbytes(), cudaMemcpyDeviceToDevice,
-                                   compute),
-                   rank, cat(where, ": pack input ", i));
+        check_cuda(
+            cudaMemcpyAsync(buf + off, in->data, in->nbytes(), cudaMemcpyDeviceToDevice, compute),
+            rank, cat(where, ": pack input ", i));
       off += in->nbytes();
     }
     check_cuda(cudaEventRecord(ready_, compute), rank, cat(where, ": cudaEventRecord (ready)"));
     check_cuda(cudaStreamWaitEvent(comm_stream, ready_, 0), rank,
                cat(where, ": cudaStreamWaitEvent (comm stream)"));
     check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(total),
-                             dt == DataType::kDouble ? ncclFloat64 : ncclFloat32, ncclSum,
-                             comm, comm_stream),
+                             dt == DataType::kDouble ? ncclFloat64 : ncclFloat32, ncclSum, comm,
+                             comm_stream),
                rank, comm, cat(where, ": ncclAllReduce of ", total, " elements"));
     check_cuda(cudaEventRecord(done_, comm_stream), rank, cat(where, ": cudaEventRecord (done)"));
 
     const double scale = mean_ ? 1.0 / ctx.collectives()->size() : 1.0;
-    ctx.defer_completion([done = done_, compute, buf, total, dt, scale, rank, where,
-                           dst = std::move(dst)] {
-      // Enqueued only: the compute stream waits for the reduction, nothing blocks the host.
-      check_cuda(cudaStreamWaitEvent(compute, done, 0), rank,
-                 cat(where, ": cudaStreamWaitEvent (compute stream)"));
-      if (scale != 1.0) {
-        cublasHandle_t h = cublas_handle(compute);
-        if (dt == DataType::kDouble) {
-          OT_CUBLAS_CHECK(cublasDscal_64(h, total, &scale, reinterpret_cast<double*>(buf), 1));
-        } else {
-          const float s = static_cast<float>(scale);
-          OT_CUBLAS_CHECK(cublasSscal_64(h, total, &s, reinterpret_cast<float*>(buf), 1));
-        }
-      }
-      size_t off = 0;
-      for (const auto& [p, n] : dst) {
-        if (n)
-          check_cuda(cudaMemcpyAsync(p, buf + off, n, cudaMemcpyDeviceToDevice, compute), rank,
-                     cat(where, ": unpack output"));
-        off += n;
-      }
-    });
+    ctx.defer_completion(
+        [done = done_, compute, buf, total, dt, scale, rank, where, dst = std::move(dst)] {
+          // Enqueued only: the compute stream waits for the reduction, nothing blocks the host.
+          check_cuda(cudaStreamWaitEvent(compute, done, 0), rank,
+                     cat(where, ": cudaStreamWaitEvent (compute stream)"));
+          if (scale != 1.0) {
+            cublasHandle_t h = cublas_handle(compute);
+            if (dt == DataType::kDouble) {
+              OT_CUBLAS_CHECK(cublasDscal_64(h, total, &scale, reinterpret_cast<double*>(buf), 1));
+            } else {
+              const float s = static_cast<float>(scale);
+              OT_CUBLAS_CHECK(cublasSscal_64(h, total, &s, reinterpret_cast<float*>(buf), 1));
+            }
+          }
+          size_t off = 0;
+          for (const auto& [p, n] : dst) {
+            if (n)
+              check_cuda(cudaMemcpyAsync(p, buf + off, n, cudaMemcpyDeviceToDevice, compute), rank,
+                         cat(where, ": unpack output"));
+            off += n;
+          }
+        });
   }
 
  private:

@@ -14,7 +14,7 @@ bool live_together(const BufferLife& a, const BufferLife& b) {
   return a.def <= b.last && b.def <= a.last;
 }
 
-// Checks every invariant of a layout; returns false (with a test failure) on the first broken one.
+// Every invariant of a layout: aligned offsets inside the arena, no overlap while live together.
 void expect_valid(const std::vector<BufferLife>& bufs, const MemoryLayout& m) {
   ASSERT_EQ(m.offsets.size(), bufs.size());
   for (size_t i = 0; i < bufs.size(); ++i) {
@@ -23,11 +23,13 @@ void expect_valid(const std::vector<BufferLife>& bufs, const MemoryLayout& m) {
     EXPECT_LE(m.offsets[i] + static_cast<int64_t>(bufs[i].bytes), m.arena_bytes) << "buffer " << i;
     for (size_t j = i + 1; j < bufs.size(); ++j) {
       if (!live_together(bufs[i], bufs[j])) continue;
-      const int64_t ai = m.offsets[i], bi = ai + static_cast<int64_t>(std::max<size_t>(bufs[i].bytes, 1));
-      const int64_t aj = m.offsets[j], bj = aj + static_cast<int64_t>(std::max<size_t>(bufs[j].bytes, 1));
-      EXPECT_TRUE(bi <= aj || bj <= ai) << "buffers " << i << " and " << j << " are live at once "
-                                        << "and overlap: [" << ai << "," << bi << ") [" << aj
-                                        << "," << bj << ")";
+      const int64_t ai = m.offsets[i],
+                    bi = ai + static_cast<int64_t>(std::max<size_t>(bufs[i].bytes, 1));
+      const int64_t aj = m.offsets[j],
+                    bj = aj + static_cast<int64_t>(std::max<size_t>(bufs[j].bytes, 1));
+      EXPECT_TRUE(bi <= aj || bj <= ai)
+          << "buffers " << i << " and " << j << " are live at once "
+          << "and overlap: [" << ai << "," << bi << ") [" << aj << "," << bj << ")";
     }
   }
 }
@@ -99,7 +101,8 @@ TEST(MemoryPlan, RandomScheduleKeepsEveryInvariant) {
     for (int s = 0; s < steps + 8; ++s) {
       int64_t live = 0;
       for (const BufferLife& b : bufs)
-        if (b.def <= s && s <= b.last) live += static_cast<int64_t>(round_up_to_arena_align(std::max<size_t>(b.bytes, 1)));
+        if (b.def <= s && s <= b.last)
+          live += static_cast<int64_t>(round_up_to_arena_align(std::max<size_t>(b.bytes, 1)));
       EXPECT_GE(m.arena_bytes, live) << "step " << s;
     }
   }
