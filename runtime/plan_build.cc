@@ -1,6 +1,6 @@
 // Plan construction: slots for the graph's values, shape inference with concrete dims,
 // constant folding, kernel choice (device or staged CPU kernel), in-place output aliases, the
-// memory plan and kernel preparation. Pure planning; running is plan_exec.cc.
+// memory plan and kernel preparation. Running is plan_exec.cc (folding runs a node through it).
 #include <algorithm>
 #include <utility>
 
