@@ -1,7 +1,8 @@
 // The public op API: what an op registers (type/shape inference, kernels per device, gradient
-// slot) and what a kernel sees at run time (KernelContext). Built-in ops and custom-op
-// libraries compile against exactly this header; the runtime implements KernelContext, so
-// kernels never include runtime/. Bump kOpApiVersion on any incompatible change.
+// rule) and what a kernel sees at run time (KernelContext, with the step's collectives from
+// ops/collectives.h). Every built-in op, collectives included, and every custom-op library
+// compiles against exactly this header; the runtime implements KernelContext, so kernels never
+// include runtime/. Bump kOpApiVersion on any incompatible change.
 #pragma once
 
 #include <cstddef>
@@ -17,13 +18,15 @@
 #include "graph/error.h"
 #include "graph/ir.h"
 #include "graph/tensor.h"
+#include "ops/collectives.h"
 
 namespace onnxtrain::ops {
 
 // 3: KernelContext::subgraph (control-flow ops run their graph attributes through the runtime).
 // 4: OpSchema::inplace, KernelContext::random_seed.
 // 5: device kernels: KernelContext::host_constant, OpRegistry::add_kernel.
-inline constexpr int kOpApiVersion = 5;
+// 6: KernelContext::collectives, KernelContext::defer_completion (collective ops are op kernels).
+inline constexpr int kOpApiVersion = 6;
 
 using graph::DataType;
 
@@ -111,6 +114,21 @@ class KernelContext {
   // --seed, the global step and the replica), so kernels that draw random numbers (Dropout)
   // draw the same ones when a run resumes from a checkpoint.
   virtual uint64_t random_seed() const { return 0; }
+  // The step's collectives: the replica's communicator in data-parallel training, nullptr when
+  // the session has none (a single replica, inference, host-side folding).
+  virtual Collectives* collectives() const { return nullptr; }
+  // collectives(), or throws "<node>: no communicator ..." when there is none.
+  Collectives& require_collectives() const {
+    Collectives* c = collectives();
+    OT_CHECK(c, node().describe(),
+             ": no communicator (collective ops run only in a data-parallel session)");
+    return *c;
+  }
+  // For asynchronous kernels (AllReduce): the kernel's outputs are complete only once `finish`
+  // ran. The runtime calls it on the session's thread before the first node that reads one of
+  // those outputs runs, or at the end of the run, in issue order; an Error it throws fails the
+  // run. One per run() of a kernel. Contexts without an executor run `finish` at once.
+  virtual void defer_completion(std::function<void()> finish) { finish(); }
 };
 
 // Thrown by a device kernel's factory or prepare() for a case it does not handle (a dtype, a
@@ -165,8 +183,8 @@ using KernelFactory = std::function<std::unique_ptr<Kernel>(const graph::Node&)>
 // path from a trainable parameter to the loss, in reverse topological order. The rule reads
 // the gradients of the node's outputs and emits backward nodes (standard ONNX ops where they
 // exist, ai.onnxtrain grad ops such as ConvGrad otherwise) that compute the gradients of the
-// inputs autodiff asks for. Shapes of emitted values need not be set: a shape-inference pass
-// runs over the whole training graph afterwards, and at plan time every dim is concrete.
+// inputs autodiff asks for. Shapes of emitted values need not be set: autodiff infers each node
+// as it is emitted (a rule may read its type), and at plan time every dim is concrete.
 // Rules must not depend on static shapes (the batch dim is usually symbolic): read shapes at
 // run time with Shape, or use ai.onnxtrain.SumToShapeOf for broadcast reductions.
 class GradientBuilder {
@@ -229,8 +247,8 @@ struct OpSchema {
   std::function<int(const graph::Node& node, int output)> inplace;
 };
 
-// The process-wide registry. Keyed by (domain, op_type, opset range); later issues add
-// kernels for other devices and gradients to existing entries through mutable_find.
+// The process-wide registry. Keyed by (domain, op_type, opset range); device kernels attach to
+// an existing entry through add_kernel (ONNXTRAIN_REGISTER_KERNEL), from their own files.
 class OpRegistry {
  public:
   static OpRegistry& global();

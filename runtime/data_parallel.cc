@@ -15,7 +15,6 @@
 
 #include "graph/error.h"
 #include "ops/op_api.h"
-#include "runtime/collective_kernels.h"
 #include "runtime/comm/hierarchical.h"
 #include "runtime/comm/nccl_factory.h"
 #include "runtime/comm/in_process.h"
@@ -105,7 +104,6 @@ DataParallelSession::DataParallelSession(std::vector<std::unique_ptr<graph::Mode
     impl_->replicas.push_back(std::move(r));
     return;
   }
-  register_collective_kernels();
   // With a world, local ranks wait here while local rank 0 waits for the other processes:
   // the world's deadline must expire first (it names the missing process).
   std::chrono::milliseconds local_timeout = std::chrono::seconds(300);

@@ -1,6 +1,8 @@
 // A Plan: one input-shape signature of a model made executable. Built once (cached by the
-// session): shape inference with concrete dims, constant folding, kernel preparation and a
-// liveness-based memory plan; then run() per call.
+// session; plan_build.cc): shape inference with concrete dims, constant folding, kernel
+// preparation and a liveness-based memory plan (memory_plan.h); then run() per call
+// (plan_exec.cc), with host/device copies in plan_staging.cc and the kernels' view of a step in
+// step_context.h.
 #pragma once
 
 #include <functional>
@@ -17,23 +19,40 @@
 
 namespace onnxtrain::runtime {
 
-// One value the plan knows about.
+// What kernels see of a value: its view (device memory in device mode) and what owns the buffer
+// when the arena does not.
+struct Binding {
+  ops::TensorView view;
+  graph::Tensor owned;                      // dynamic buffers and string tensors (host)
+  std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
+};
+
+// One value the plan knows about: what planning decided, then its run-time state.
 struct Slot {
   const graph::Value* value = nullptr;
-  graph::ValueType type;           // planned type; dims concrete when is_static
-  bool is_constant = false;        // initializer or folded at plan time
+  graph::ValueType type;     // planned type; dims concrete when is_static
+  bool is_constant = false;  // initializer or folded at plan time
   graph::Tensor constant;
-  bool is_input = false;           // bound to a caller's tensor each run
-  bool is_static = false;          // dims known at plan time (arena candidate)
+  bool is_input = false;   // bound to a caller's tensor each run
+  bool is_static = false;  // dims known at plan time (arena candidate)
   int64_t arena_offset = -1;
   size_t bytes = 0;
-  int def_step = -1;               // step producing it (-1: before the first step)
-  int last_use = -1;               // last step reading it
+  int def_step = -1;  // step producing it (-1: before the first step)
+  int last_use = -1;  // last step reading it
   bool is_output = false;
   // SessionOptions::output_aliases: the input slot whose buffer this output is written into.
   int alias_input = -1;
-  bool alias_direct = false;       // the kernel writes the input's buffer itself (no copy)
-  int pending = -1;                // index into Plan::pending_ while a deferred write is open
+  bool alias_direct = false;  // the kernel writes the input's buffer itself (no copy)
+  int pending = -1;           // index into Plan::pending_ while a deferred write is open
+
+  Binding bind;
+  // Device mode only: the host side of a constant or of a staged step's input (what a staged
+  // CPU kernel reads), the host copy made for a staged step, and the device buffer a caller's
+  // input is copied into (kept for the next run).
+  ops::TensorView host_view;
+  graph::Tensor staged;
+  std::shared_ptr<std::byte> input_buffer;
+  size_t input_buffer_bytes = 0;
 };
 
 struct Step {
@@ -45,7 +64,8 @@ struct Step {
   // Kernel scratch, kept across runs so steady-state steps do not allocate.
   std::shared_ptr<std::byte[]> scratch;
   size_t scratch_bytes = 0;
-  // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first use.
+  // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first
+  // use.
   std::map<std::string, std::shared_ptr<ops::Subgraph>> subgraphs;
   // On a device without host memory: the node runs its CPU kernel, its inputs copied to the
   // host and its outputs back (no device kernel, a dynamic shape, strings, a graph attribute).
@@ -69,25 +89,28 @@ class Plan {
                                  const ResidentMap& resident = {});
   const PlanStats& stats() const { return stats_; }
 
-  // Used by the kernel context.
-  struct Binding {
-    ops::TensorView view;
-    graph::Tensor owned;  // dynamic buffers and string tensors (host)
-    std::shared_ptr<std::byte> device_owned;  // dynamic buffers and constants on a device
-  };
-
  private:
   friend class StepContext;
   friend class SubgraphRunner;
-  void build(const std::map<std::string, const graph::Tensor*>& inputs, const ResidentMap& resident);
+  void build(const std::map<std::string, const graph::Tensor*>& inputs,
+             const ResidentMap& resident);
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);
+  // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
+  // buffers are released.
   void plan_memory();
   void prepare_kernels();
   // Binds a constant's buffer; on a device, `upload` also copies it to device memory.
   void bind_constant(int slot, bool upload = true);
   void execute(Step& step, int index, bool at_plan_time);
+  // Re-infers a dynamic step with the actual input dims and prepares its kernel again.
+  void reprepare_dynamic(Step& step);
+  // Binds the caller's inputs and the resident device tensors for one run.
+  void bind_inputs(const std::map<std::string, const graph::Tensor*>& inputs,
+                   const ResidentMap& resident);
+  // The graph outputs after a run (aliased ones written into their inputs).
+  std::vector<graph::Tensor> collect_outputs();
   // Device mode: host copies of a staged step's inputs before it runs; its outputs to the device
   // after (and the body captures of a control-flow node, swapped in while it runs).
   void stage_inputs(Step& step, std::vector<std::pair<int, ops::TensorView>>& swapped);
@@ -97,7 +120,7 @@ class Plan {
   void fall_back_to_host(Step& step);
   // Resolves SessionOptions::output_aliases (top-level plan only).
   void plan_aliases();
-  // Runs the deferred completion `id` (defer_completion) if still open.
+  // Runs the deferred completion `id` (KernelContext::defer_completion) if still open.
   void complete(int id);
   void complete_all();
 
@@ -110,19 +133,14 @@ class Plan {
   std::vector<Slot> slots_;
   std::map<const graph::Value*, int> slot_index_;
   std::vector<Step> steps_;
-  std::vector<Binding> bindings_;
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
   std::shared_ptr<std::byte[]> arena_;
   PlanStats stats_;
   // The session's device; device_mode_ when its memory is not host memory (a GPU): then
-  // bindings_ hold device pointers, host_views_ the host side of constants and staged inputs.
+  // Slot::bind holds device pointers, Slot::host_view the host side.
   std::shared_ptr<Device> device_;
   bool device_mode_ = false;
   std::shared_ptr<std::byte> device_arena_;
-  std::vector<ops::TensorView> host_views_;
-  std::vector<graph::Tensor> staged_;                       // by slot, during a staged step
-  std::vector<std::shared_ptr<std::byte>> input_buffers_;   // device copies of caller inputs
-  std::vector<size_t> input_buffer_bytes_;
   // Deferred completions of asynchronous kernels (AllReduce) in issue order, run before the
   // first reader of their outputs or at the end of run().
   struct Pending {
@@ -131,7 +149,7 @@ class Plan {
     std::string name;
   };
   std::vector<Pending> pending_;
-  std::function<void()> deferred_;  // set by defer_completion while a kernel runs
+  std::function<void()> deferred_;  // set by StepContext::defer_completion while a kernel runs
 };
 
 }  // namespace onnxtrain::runtime

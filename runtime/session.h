@@ -1,5 +1,6 @@
-// Forward execution of an ONNX graph on the CPU: plans per input-shape signature (cached),
-// constant folding at plan time, a liveness-based memory plan, and a profiler.
+// Execution of an ONNX graph on the session's device (the CPU or a GPU): plans per input-shape
+// signature (cached), constant folding at plan time, a liveness-based memory plan, resident
+// device inputs, in-place state updates, collectives through a communicator, and a profiler.
 #pragma once
 
 #include <functional>
@@ -22,8 +23,8 @@ struct SessionOptions {
   int threads = 0;                  // intra-op threads; 0 = all cores
   std::string profile_path;         // Chrome trace written by write_profile() / at destruction
   int64_t max_tensor_bytes = int64_t{4} << 30;  // cap for any planned or folded value
-  // The replica's communicator for collective nodes (AllReduce); not owned. nullptr outside
-  // data-parallel training.
+  // The replica's communicator, what collective kernels (AllReduce, SyncBatchNormalization) see
+  // as KernelContext::collectives(); not owned. nullptr outside data-parallel training.
   Communicator* communicator = nullptr;
   // Graph outputs written into the buffer of a graph input, output name -> input name (a
   // training step's `S.updated` -> `S`): the state is updated in place. The caller's tensor for
@@ -101,16 +102,6 @@ class InferenceSession {
 // Throws "<path>: unsupported ops (no CPU kernel): ..." naming every op without a kernel, with a
 // hint at --custom-op-lib when one is in a custom domain. Tools call it before any other work.
 void require_supported_ops(const graph::Model& m, const std::string& path);
-
-// The communicator of the session a kernel runs in (SessionOptions::communicator), for the
-// runtime's own collective kernels; nullptr when none was given.
-Communicator* communicator_of(const ops::KernelContext& ctx);
-
-// For the runtime's asynchronous kernels (AllReduce): the kernel's outputs are complete only
-// once `finish` ran. The executor calls it on the session's thread before the first node that
-// reads one of those outputs runs, or at the end of the run, in issue order; an Error it
-// throws fails the run. Outside a session `finish` runs at once.
-void defer_completion(ops::KernelContext& ctx, std::function<void()> finish);
 
 // Ops of the model (main graph and subgraphs) with no registered CPU kernel at the model's
 // opset, as "domain.Op" / "Op", sorted and unique.

@@ -40,7 +40,7 @@ std::vector<graph::Tensor> SubgraphRunner::run(std::span<const graph::Tensor> in
   // Captured dims are baked into a plan too (they may change between runs of the parent).
   sig += "|";
   for (int s : capture_slots_) {
-    const ops::TensorView& v = parent_.bindings_[s].view;
+    const ops::TensorView& v = parent_.slots_[s].bind.view;
     append_signature(sig, v.dtype, v.dims);
   }
   auto it = plans_.find(sig);

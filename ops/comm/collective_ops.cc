@@ -1,6 +1,6 @@
 // The ops the replicate / bucket_allreduce passes insert: ai.onnxtrain.ShardBatch (splits the
-// global batch across replicas; CPU kernel here) and ai.onnxtrain.AllReduce (schema only: its
-// implementation needs the runtime's communicator, so the runtime provides it).
+// global batch across replicas; CPU kernel here) and ai.onnxtrain.AllReduce (its kernels, which
+// call the step's collectives: ops/comm/collective_kernels.cc, ops/cuda/all_reduce.cu).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -133,7 +133,7 @@ ONNXTRAIN_REGISTER_OP(onnxtrain_all_reduce) {
   s.domain = kOnnxtrainDomain;
   s.op_type = "AllReduce";
   s.infer = infer_all_reduce;
-  // No cpu_kernel: the runtime implements AllReduce with its communicator.
+  // Kernels: ops/comm/collective_kernels.cc (CPU), ops/cuda/all_reduce.cu (NCCL).
   s.foldable = false;
   return s;
 }

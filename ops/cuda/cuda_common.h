@@ -2,12 +2,12 @@
 // cuBLAS/cuDNN handles bound to the running step's stream, launch sizing, and the process-wide
 // TF32 switch. Included only by sources compiled when the CUDA backend is on (ops/cuda/*.cu).
 //
-// Contract with the runtime (runtime/plan.cc): a CUDA kernel runs on the replica's compute stream
-// (KernelContext::stream()); every input/output/scratch pointer it sees is device memory of the
-// current device (the runtime calls cudaSetDevice before a run); kernels enqueue work on that
-// stream and never synchronize it. Values a kernel needs on the host (a Reshape target, axes) come
-// from KernelContext::host_constant(i) (constant inputs only). prepare() runs once per plan with
-// dims known and data pointers not yet valid.
+// Contract with the runtime (runtime/step_context.h, plan_exec.cc): a CUDA kernel runs on the
+// replica's compute stream (KernelContext::stream()); every input/output/scratch pointer it sees
+// is device memory of the current device (the runtime calls cudaSetDevice before a run); kernels
+// enqueue work on that stream and never synchronize it. Values a kernel needs on the host (a
+// Reshape target, axes) come from KernelContext::host_constant(i) (constant inputs only).
+// prepare() runs once per plan with dims known and data pointers not yet valid.
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,6 +1,7 @@
 // Schemas of the cross-replica BatchNormalization pair that `--sync-batchnorm` puts in a
 // replicated graph: the statistics are those of the GLOBAL batch (all replicas). Their CPU
-// kernels live in runtime/collective_kernels.cc because they call the replica communicator.
+// kernels (ops/comm/collective_kernels.cc) reach the other replicas through
+// KernelContext::collectives().
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::nn {

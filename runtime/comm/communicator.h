@@ -1,5 +1,6 @@
-// Collective communication between replicas: the transport-neutral interface the trainer's
-// AllReduce nodes call (in-process threads today; MPI and NCCL implement the same interface).
+// Collective communication between replicas: the transport-neutral interface every
+// communicator implements (in-process threads, MPI-hierarchical, NCCL). It extends
+// ops::Collectives, which is what the collective op kernels see (KernelContext::collectives).
 #pragma once
 
 #include <cstdint>
@@ -9,12 +10,13 @@
 #include <utility>
 
 #include "graph/dtype.h"
+#include "ops/collectives.h"
 
 namespace onnxtrain::runtime {
 
 using graph::DataType;
 
-enum class ReduceOp { kSum };
+using ops::ReduceOp;
 
 // "sum".
 std::string_view reduce_op_name(ReduceOp op);
@@ -28,47 +30,18 @@ bool comm_can_reduce(DataType dtype);
 void check_comm_args(const void* buf, int64_t count, DataType dtype, bool reduce,
                      std::string_view what);
 
-// One outstanding asynchronous collective, as an implementation tracks it.
-class CommWork {
- public:
-  virtual ~CommWork() = default;
-  // Blocks until the collective finished; rethrows its Error (every call does).
-  virtual void wait() = 0;
-  virtual bool done() const = 0;
-};
-
-// What all_reduce_async returns. Copyable; an empty handle is already done.
-class CommHandle {
- public:
-  CommHandle() = default;
-  explicit CommHandle(std::shared_ptr<CommWork> work) : work_(std::move(work)) {}
-  // Blocks until the buffer holds the result; throws the collective's Error.
-  void wait() const {
-    if (work_) work_->wait();
-  }
-  bool done() const { return !work_ || work_->done(); }
-
- private:
-  std::shared_ptr<CommWork> work_;
-};
+// The handle types of ops/collectives.h, under the runtime's names.
+using CommWork = ops::CollectiveWork;
+using CommHandle = ops::CollectiveHandle;
 
 // One object per rank (replica). Every rank must issue the same collectives, with the same
 // count / dtype / op / root, in the same order; collectives on one communicator complete in
 // issue order (synchronous ones after every earlier asynchronous one). Buffers are device or
 // host pointers as the implementation documents, and must stay valid until the call returns
 // (async: until the handle is done). An Error in any collective is reported on every rank.
-class Communicator {
+class Communicator : public ops::Collectives {
  public:
-  virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-
-  // In place: buf[i] = sum over ranks of buf[i]; every rank ends with identical bytes.
-  virtual void all_reduce(void* buf, int64_t count, DataType dtype,
-                          ReduceOp op = ReduceOp::kSum) = 0;
-  // Same, returning at once; the buffer must not be touched until the handle is done.
-  virtual CommHandle all_reduce_async(void* buf, int64_t count, DataType dtype,
-                                      ReduceOp op = ReduceOp::kSum) = 0;
+  // rank, size, all_reduce and all_reduce_async: ops::Collectives.
   // Every rank's buf becomes a copy of rank `root`'s buf.
   virtual void broadcast(void* buf, int64_t count, DataType dtype, int root) = 0;
   // recv (count * size() elements) = send of rank 0, send of rank 1, ...

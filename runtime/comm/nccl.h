@@ -67,7 +67,11 @@ class NcclCommunicator final : public Communicator {
                       ReduceOp op = ReduceOp::kSum) override;
   void barrier() override;
 
-  // For the CUDA AllReduce kernel, which enqueues ncclAllReduce itself, ordered by events.
+  // For the CUDA AllReduce kernel (ops/cuda/all_reduce.cu), which enqueues ncclAllReduce
+  // itself on comm_stream(), ordered by events: kind kNccl, device, comm and stream.
+  ops::NativeCollectives native() const override {
+    return {ops::NativeCollectives::Kind::kNccl, device_, comm_, stream_};
+  }
   int device() const { return device_; }
   cudaStream_t comm_stream() const { return stream_; }
   ncclComm_t comm() const { return comm_; }

@@ -59,7 +59,7 @@ ONNXTRAIN_REGISTER_OP(test_scale_in_place) {
   return s;
 }
 
-// test.AddOneLater(x) = x + 1, written only when the executor completes it (defer_completion),
+// test.AddOneLater(x) = x + 1, written only when the executor completes it (KernelContext::defer_completion),
 // as an asynchronous collective would.
 class AddOneLaterKernel : public ops::Kernel {
  public:
@@ -68,7 +68,7 @@ class AddOneLaterKernel : public ops::Kernel {
     const ops::TensorView& x = *ctx.input(0);
     std::vector<float> v(x.as<float>(), x.as<float>() + x.numel());
     float* y = ctx.output(0).as<float>();
-    defer_completion(ctx, [v, y, name = ctx.node().name] {
+    ctx.defer_completion([v, y, name = ctx.node().name] {
       g_log.push_back("finish " + name);
       for (size_t i = 0; i < v.size(); ++i) y[i] = v[i] + 1;
     });

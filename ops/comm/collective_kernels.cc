@@ -1,32 +1,28 @@
-// The collective kernels (collective_kernels.h).
-#include "runtime/collective_kernels.h"
-
+// CPU kernels of the ops that talk to other replicas: ai.onnxtrain AllReduce,
+// SyncBatchNormalization and SyncBatchNormalizationGrad (schemas: ops/comm/collective_ops.cc,
+// ops/nn/sync_batch_norm.cc). They reach the replica's communicator through
+// KernelContext::collectives(); AllReduce finishes through KernelContext::defer_completion.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/error.h"
+#include "ops/collectives.h"
 #include "ops/op_api.h"
-#include "runtime/comm/communicator.h"
-#include "runtime/session.h"
 
-namespace onnxtrain::runtime {
+namespace onnxtrain::ops::comm {
 namespace {
 
 using graph::DataType;
 using graph::Node;
 
-Communicator& comm_of(ops::KernelContext& ctx) {
-  Communicator* c = communicator_of(ctx);
-  OT_CHECK(c, ctx.node().describe(), ": no communicator (collective ops run only in a DataParallelSession)");
-  return *c;
-}
-
-double at(const ops::TensorView& v, int64_t i) {
+double at(const TensorView& v, int64_t i) {
   return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
 }
-void put(ops::TensorView& v, int64_t i, double x) {
+void put(TensorView& v, int64_t i, double x) {
   if (v.dtype == DataType::kDouble)
     v.as<double>()[i] = x;
   else
@@ -36,17 +32,17 @@ void put(ops::TensorView& v, int64_t i, double x) {
 // One replica's share of ai.onnxtrain.AllReduce: its G inputs (the other replicas' slots are
 // omitted) are packed into one buffer, reduced across the replicas in place, and unpacked.
 //   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
-class AllReduceKernel final : public ops::Kernel {
+class AllReduceKernel final : public Kernel {
  public:
   explicit AllReduceKernel(const Node& n) : mean_(n.attr_string("reduction", "sum") == "mean") {}
-  void run(ops::KernelContext& ctx) override {
-    Communicator& comm = comm_of(ctx);
+  void run(KernelContext& ctx) override {
+    Collectives& comm = ctx.require_collectives();
     const std::string where = ctx.node().describe();
     std::vector<int> slots;
     int64_t total = 0;
     DataType dt = DataType::kUndefined;
     for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const ops::TensorView* in = ctx.input(i);
+      const TensorView* in = ctx.input(i);
       if (!in) continue;
       OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
                ": inputs of one AllReduce must share a dtype");
@@ -55,27 +51,28 @@ class AllReduceKernel final : public ops::Kernel {
       total += in->numel();
     }
     if (slots.empty()) return;
-    OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where, ": AllReduce supports float32/float64");
+    OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
+             ": AllReduce supports float32/float64");
     const size_t es = dt == DataType::kDouble ? 8 : 4;
     auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
     size_t off = 0;
     for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
+      const TensorView* in = ctx.input(i);
       if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
       off += in->nbytes();
     }
     // Asynchronous: the reduction runs on the communicator's worker while this replica's
     // backward continues; the outputs are unpacked when the first reader (an optimizer
     // update) needs them. Output buffers are fixed for the run, so their addresses are taken now.
-    CommHandle handle = comm.all_reduce_async(buf, total, dt);
+    CollectiveHandle handle = comm.all_reduce_async(buf, total, dt);
     std::vector<std::pair<std::byte*, size_t>> dst;
     for (int i : slots) {
-      const ops::TensorView* in = ctx.input(i);
-      ops::TensorView& out = ctx.output(i, in->dims);
+      const TensorView* in = ctx.input(i);
+      TensorView& out = ctx.output(i, in->dims);
       dst.emplace_back(static_cast<std::byte*>(out.data), in->nbytes());
     }
     const double scale = mean_ ? 1.0 / comm.size() : 1.0;
-    defer_completion(ctx, [handle, buf, total, dt, scale, dst = std::move(dst)] {
+    ctx.defer_completion([handle, buf, total, dt, scale, dst = std::move(dst)] {
       handle.wait();
       if (scale != 1.0) {
         if (dt == DataType::kDouble)
@@ -100,7 +97,7 @@ class AllReduceKernel final : public ops::Kernel {
 struct BnDims {
   int64_t n = 0, c = 0, inner = 1;
 };
-BnDims bn_dims(const ops::TensorView& x, const std::string& where) {
+BnDims bn_dims(const TensorView& x, const std::string& where) {
   OT_CHECK(x.rank() >= 2, where, ": X must have rank >= 2 (N, C, ...), got rank ", x.rank());
   BnDims d{x.dims[0], x.dims[1], 1};
   for (int64_t k = 2; k < x.rank(); ++k) d.inner *= x.dims[k];
@@ -109,9 +106,9 @@ BnDims bn_dims(const ops::TensorView& x, const std::string& where) {
 
 // Global batch mean and biased variance per channel: local sums of x and x^2 and the element
 // count, summed over the replicas in float64.
-void global_stats(Communicator& comm, const ops::TensorView& x, const BnDims& d,
+void global_stats(Collectives& comm, const TensorView& x, const BnDims& d,
                   std::vector<double>& mean, std::vector<double>& var, double& count,
-                  const ops::KernelContext& ctx) {
+                  const KernelContext& ctx) {
   std::vector<double> buf(static_cast<size_t>(2 * d.c + 1), 0.0);
   ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
@@ -142,19 +139,19 @@ void global_stats(Communicator& comm, const ops::TensorView& x, const BnDims& d,
 
 // x: (N,C,D...), scale/B/running_mean/running_var: (C) -> y: (N,C,D...), running_mean',
 // running_var': (C) with the global batch statistics (momentum as BatchNormalization).
-class SyncBatchNormKernel final : public ops::Kernel {
+class SyncBatchNormKernel final : public Kernel {
  public:
   explicit SyncBatchNormKernel(const Node& n)
       : eps_(n.attr_float("epsilon", 1e-5f)), momentum_(n.attr_float("momentum", 0.9f)) {}
-  void run(ops::KernelContext& ctx) override {
+  void run(KernelContext& ctx) override {
     const std::string where = ctx.node().describe();
-    const ops::TensorView& x = *ctx.input(0);
-    const ops::TensorView &scale = *ctx.input(1), &bias = *ctx.input(2);
+    const TensorView& x = *ctx.input(0);
+    const TensorView &scale = *ctx.input(1), &bias = *ctx.input(2);
     const BnDims d = bn_dims(x, where);
     std::vector<double> mean, var;
     double count = 0;
-    global_stats(comm_of(ctx), x, d, mean, var, count, ctx);
-    ops::TensorView& y = ctx.output(0, x.dims);
+    global_stats(ctx.require_collectives(), x, d, mean, var, count, ctx);
+    TensorView& y = ctx.output(0, x.dims);
     ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
         const double inv = 1.0 / std::sqrt(var[c] + eps_);
@@ -168,8 +165,8 @@ class SyncBatchNormKernel final : public ops::Kernel {
     const std::vector<int64_t> cdims{d.c};
     for (int k = 1; k <= 2 && k < ctx.num_outputs(); ++k) {
       if (!ctx.has_output(k)) continue;
-      const ops::TensorView& running = *ctx.input(k + 2);
-      ops::TensorView& out = ctx.output(k, cdims);
+      const TensorView& running = *ctx.input(k + 2);
+      TensorView& out = ctx.output(k, cdims);
       const std::vector<double>& batch = k == 1 ? mean : var;
       for (int64_t c = 0; c < d.c; ++c)
         put(out, c, at(running, c) * momentum_ + batch[c] * (1.0 - momentum_));
@@ -182,13 +179,13 @@ class SyncBatchNormKernel final : public ops::Kernel {
 
 // dy, x: (N,C,D...), scale: (C) -> dx: (N,C,D...), dscale, dB: (C) (this replica's share).
 //   dx = scale * inv / M * (M dy - sum_g(dy) - xhat sum_g(dy xhat)), M and sum_g over all replicas.
-class SyncBatchNormGradKernel final : public ops::Kernel {
+class SyncBatchNormGradKernel final : public Kernel {
  public:
   explicit SyncBatchNormGradKernel(const Node& n) : eps_(n.attr_float("epsilon", 1e-5f)) {}
-  void run(ops::KernelContext& ctx) override {
+  void run(KernelContext& ctx) override {
     const std::string where = ctx.node().describe();
-    Communicator& comm = comm_of(ctx);
-    const ops::TensorView &dy = *ctx.input(0), &x = *ctx.input(1), &scale = *ctx.input(2);
+    Collectives& comm = ctx.require_collectives();
+    const TensorView &dy = *ctx.input(0), &x = *ctx.input(1), &scale = *ctx.input(2);
     const BnDims d = bn_dims(x, where);
     std::vector<double> mean, var;
     double count = 0;
@@ -214,7 +211,7 @@ class SyncBatchNormGradKernel final : public ops::Kernel {
     comm.all_reduce(global.data(), static_cast<int64_t>(global.size()), DataType::kDouble);
     const std::vector<int64_t> cdims{d.c};
     if (ctx.has_output(0)) {
-      ops::TensorView& dx = ctx.output(0, x.dims);
+      TensorView& dx = ctx.output(0, x.dims);
       ctx.parallel_for(d.c, 1, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) {
           const double inv = 1.0 / std::sqrt(var[c] + eps_);
@@ -223,7 +220,8 @@ class SyncBatchNormGradKernel final : public ops::Kernel {
             const int64_t base = (i * d.c + c) * d.inner;
             for (int64_t j = 0; j < d.inner; ++j) {
               const double xhat = (at(x, base + j) - mean[c]) * inv;
-              put(dx, base + j, k * (count * at(dy, base + j) - global[c] - xhat * global[d.c + c]));
+              put(dx, base + j,
+                  k * (count * at(dy, base + j) - global[c] - xhat * global[d.c + c]));
             }
           }
         }
@@ -231,7 +229,7 @@ class SyncBatchNormGradKernel final : public ops::Kernel {
     }
     for (int k = 1; k <= 2 && k < ctx.num_outputs(); ++k) {
       if (!ctx.has_output(k)) continue;
-      ops::TensorView& out = ctx.output(k, cdims);
+      TensorView& out = ctx.output(k, cdims);
       for (int64_t c = 0; c < d.c; ++c) put(out, c, local[(k == 1 ? d.c : 0) + c]);
     }
   }
@@ -240,25 +238,17 @@ class SyncBatchNormGradKernel final : public ops::Kernel {
   double eps_;
 };
 
-template <typename K>
-void install(const char* op) {
-  ops::OpSchema* s = ops::OpRegistry::global().mutable_find(ops::kOnnxtrainDomain, op, 1);
-  OT_CHECK(s, "the op registry has no ai.onnxtrain.", op);
-  s->cpu_kernel = [](const Node& n) { return std::make_unique<K>(n); };
-}
-
 }  // namespace
 
-void register_collective_kernels() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    install<AllReduceKernel>("AllReduce");
-    install<SyncBatchNormKernel>("SyncBatchNormalization");
-    install<SyncBatchNormGradKernel>("SyncBatchNormalizationGrad");
-#if ONNXTRAIN_WITH_CUDA
-    install_collective_cuda_kernels();
-#endif
-  });
+ONNXTRAIN_REGISTER_KERNEL(all_reduce_cpu, kOnnxtrainDomain, "AllReduce", kCpu) {
+  return std::make_unique<AllReduceKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_cpu, kOnnxtrainDomain, "SyncBatchNormalization", kCpu) {
+  return std::make_unique<SyncBatchNormKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_grad_cpu, kOnnxtrainDomain, "SyncBatchNormalizationGrad",
+                          kCpu) {
+  return std::make_unique<SyncBatchNormGradKernel>(n);
 }
 
-}  // namespace onnxtrain::runtime
+}  // namespace onnxtrain::ops::comm
