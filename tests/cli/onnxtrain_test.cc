@@ -392,12 +392,12 @@ TEST_F(OnnxtrainTest, SyncBatchnormOnTwoReplicasMatchesOneReplicaOnTheGlobalBatc
 TEST_F(OnnxtrainTest, StepsMakeAPartialLastEpochInProcess) {
   const std::string model = small_mlp();
   tools::TrainConfig c;
-  c.model_path = model;
-  c.data = "synthetic:200";
-  c.val_data = "none";
-  c.batch_size = 32;  // 7 steps per epoch
-  c.steps = 10;
-  c.threads = 1;
+  c.train.model.path = model;
+  c.train.data.train = "synthetic:200";
+  c.train.data.val = "none";
+  c.train.data.batch_size = 32;  // 7 steps per epoch
+  c.train.schedule.steps = 10;
+  c.train.parallel.threads = 1;
   std::FILE* log = std::tmpfile();
   ASSERT_NE(log, nullptr);
   c.log = log;
