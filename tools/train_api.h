@@ -17,8 +17,8 @@
 namespace onnxtrain::tools {
 
 struct TrainerOptions {
-  passes::TrainingOptions graph;     // trainable set, output, loss, optimizer (replicas: 1)
-  runtime::SessionOptions session;   // threads, profile, device
+  passes::TrainingOptions graph;    // trainable set, output, loss, optimizer (replicas: 1)
+  runtime::SessionOptions session;  // threads, profile, device
 };
 
 class Trainer {
@@ -37,7 +37,9 @@ class Trainer {
 
   const std::vector<std::string>& parameters() const { return trainer_->parameters(); }
   const graph::Tensor& parameter(const std::string& name) const { return session().state(name); }
-  void set_parameter(const std::string& name, graph::Tensor v) { session().set_state(name, std::move(v)); }
+  void set_parameter(const std::string& name, graph::Tensor v) {
+    session().set_state(name, std::move(v));
+  }
   // Writes the original inference graph with the trained weights and BN running statistics.
   void export_model(const std::string& path) const { trainer_->export_model(path); }
   std::unique_ptr<graph::Model> trained_model() const { return trainer_->trained_model(); }
@@ -47,9 +49,7 @@ class Trainer {
   const passes::TrainingGraphInfo& info() const { return trainer_->info(); }
   // The one replica's session.
   runtime::TrainingSession& session() { return trainer_->session().replica_session(0); }
-  const runtime::TrainingSession& session() const {
-    return trainer_->session().replica_session(0);
-  }
+  const runtime::TrainingSession& session() const { return trainer_->session().replica_session(0); }
   train::Trainer& trainer() { return *trainer_; }
 
  private:

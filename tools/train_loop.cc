@@ -23,7 +23,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using FilePtr = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
 
-int close_file(std::FILE* f) { return f ? std::fclose(f) : 0; }
+int close_file(std::FILE* f) {
+  return f ? std::fclose(f) : 0;
+}
 
 // Same file, also when one of them does not exist yet (then compared as absolute paths).
 bool same_path(const std::string& a, const std::string& b) {
@@ -36,8 +38,8 @@ void check_config(const TrainConfig& c) {
   const train::Options& o = c.train;
   const std::string& model = o.model.path;
   OT_CHECK(o.parallel.replicas >= 1, "--replicas must be >= 1, got ", o.parallel.replicas);
-  OT_CHECK(model.empty() || c.output.empty() || !same_path(model, c.output), "--output '",
-           c.output, "' is the input model; choose another file");
+  OT_CHECK(model.empty() || c.output.empty() || !same_path(model, c.output), "--output '", c.output,
+           "' is the input model; choose another file");
   OT_CHECK(model.empty() || c.save_graph.empty() || !same_path(model, c.save_graph),
            "--save-graph '", c.save_graph, "' is the input model; choose another file");
   for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--output", c.output},

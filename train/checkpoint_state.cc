@@ -65,7 +65,9 @@ std::string exact(T v) {
   return std::string(buf, end);
 }
 
-const char* yes_no(bool b) { return b ? "true" : "false"; }
+const char* yes_no(bool b) {
+  return b ? "true" : "false";
+}
 
 // Reads fields of one checkpoint's metadata; every error names the file and the field.
 class Reader {
@@ -111,21 +113,33 @@ constexpr const char* kIdentityPrefix = "opt.";
 
 }  // namespace
 
-std::string_view optimizer_kind_name(passes::OptimizerKind k) { return name_in(kOptimizers, k); }
+std::string_view optimizer_kind_name(passes::OptimizerKind k) {
+  return name_in(kOptimizers, k);
+}
 std::optional<passes::OptimizerKind> optimizer_kind_from_name(std::string_view name) {
   return value_in(kOptimizers, name);
 }
-std::string optimizer_kind_names() { return names_in(kOptimizers); }
-std::string_view loss_kind_name(passes::LossKind k) { return name_in(kLosses, k); }
+std::string optimizer_kind_names() {
+  return names_in(kOptimizers);
+}
+std::string_view loss_kind_name(passes::LossKind k) {
+  return name_in(kLosses, k);
+}
 std::optional<passes::LossKind> loss_kind_from_name(std::string_view name) {
   return value_in(kLosses, name);
 }
-std::string loss_kind_names() { return names_in(kLosses); }
-std::string_view schedule_kind_name(runtime::LrSchedule::Kind k) { return name_in(kSchedules, k); }
+std::string loss_kind_names() {
+  return names_in(kLosses);
+}
+std::string_view schedule_kind_name(runtime::LrSchedule::Kind k) {
+  return name_in(kSchedules, k);
+}
 std::optional<runtime::LrSchedule::Kind> schedule_kind_from_name(std::string_view name) {
   return value_in(kSchedules, name);
 }
-std::string schedule_kind_names() { return names_in(kSchedules); }
+std::string schedule_kind_names() {
+  return names_in(kSchedules);
+}
 
 uint64_t fnv1a64(std::string_view bytes, uint64_t h) {
   for (unsigned char c : bytes) {
@@ -166,8 +180,8 @@ std::string identity_difference(const RunIdentity& was, const RunIdentity& now) 
   std::string diff;
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i].second != b[i].second)
-      diff += cat(diff.empty() ? "" : ", ", a[i].first, " '", a[i].second, "' -> '", b[i].second,
-                  "'");
+      diff +=
+          cat(diff.empty() ? "" : ", ", a[i].first, " '", a[i].second, "' -> '", b[i].second, "'");
   return diff;
 }
 

@@ -42,10 +42,10 @@ struct RunIdentity {
   runtime::LrSchedule::Kind schedule_kind = runtime::LrSchedule::Kind::kConstant;
   std::string schedule;  // the --lr-schedule spec
   int64_t global_batch = 0;
-  int replicas = 1;   // per process
+  int replicas = 1;  // per process
   int processes = 1;
   uint64_t seed = 0;
-  std::string data;           // the training data spec
+  std::string data;  // the training data spec
   double val_split = 0;
   std::string normalization;  // "default" or "mean=A,B std=C,D"
   passes::LossKind loss = passes::LossKind::kAuto;

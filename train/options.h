@@ -64,8 +64,8 @@ struct ParallelOptions {
 };
 
 struct CheckpointOptions {
-  std::string dir;     // "" = no checkpoints
-  int64_t every = 0;   // steps; 0 = at the end of every epoch
+  std::string dir;    // "" = no checkpoints
+  int64_t every = 0;  // steps; 0 = at the end of every epoch
   bool resume = false;
 };
 

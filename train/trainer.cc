@@ -112,17 +112,17 @@ void check_same(runtime::ProcessWorld& w,
   w.all_gather(&count, counts.data(), 1, graph::DataType::kInt64, "setup check");
   for (int r = 1; r < p; ++r)
     if (counts[r] != counts[0])
-      throw runtime::WorldConsistentError(
-          cat("processes disagree ", when, ": rank ", r, " compares ", counts[r],
-              " setup items, rank 0 ", counts[0], " (different onnxtrain versions?)"));
+      throw runtime::WorldConsistentError(cat("processes disagree ", when, ": rank ", r,
+                                              " compares ", counts[r], " setup items, rank 0 ",
+                                              counts[0], " (different onnxtrain versions?)"));
   std::vector<int64_t> all(static_cast<size_t>(count * p));
   w.all_gather(mine.data(), all.data(), count, graph::DataType::kInt64, "setup check");
   std::string diff;
   for (int r = 1; r < p; ++r)
     for (int64_t i = 0; i < count; ++i)
       if (all[static_cast<size_t>(r * count + i)] != all[static_cast<size_t>(i)])
-        diff += cat(diff.empty() ? "" : ", ", "rank ", r, " differs from rank 0 in ",
-                    items[i].first);
+        diff +=
+            cat(diff.empty() ? "" : ", ", "rank ", r, " differs from rank 0 in ", items[i].first);
   if (!diff.empty())
     throw runtime::WorldConsistentError(
         cat("processes disagree ", when, " (", diff,
@@ -136,7 +136,8 @@ std::vector<std::shared_ptr<runtime::Device>> replica_devices(const ParallelOpti
   std::vector<std::shared_ptr<runtime::Device>> out;
   if (spec == "cuda") {
     const int gpus = runtime::cuda_device_count();
-    OT_CHECK(runtime::cuda_built(), "--device cuda: this onnxtrain was built without the CUDA "
+    OT_CHECK(runtime::cuda_built(),
+             "--device cuda: this onnxtrain was built without the CUDA "
              "backend (use --device cpu)");
     const int first = p.local_rank * p.replicas;
     OT_CHECK(gpus >= first + p.replicas, "--device cuda: ", p.replicas, " replica",
@@ -262,8 +263,7 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
     // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
     // split these rows over R by the same rule, which reproduces the global split.
     const int r = opts_.parallel.replicas;
-    const auto [start, rows] =
-        runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
+    const auto [start, rows] = runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
     b.inputs = runtime::slice_rows(b.inputs, start, rows);
     b.targets = runtime::slice_rows(b.targets, start, rows);
   }
@@ -272,8 +272,8 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
   feeds[batch_input().name] = std::move(b.inputs);
   feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
                                          : graph::InputRole::kTargets)] = std::move(b.targets);
-  const uint64_t step_seed = runtime::DataParallelSession::mix_seed(opts_.data.seed,
-                                                                    static_cast<uint64_t>(s));
+  const uint64_t step_seed =
+      runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
   return session().step(feeds, runtime::lr_at(schedule_, s), 1.0f / static_cast<float>(n),
                         step_seed);
 }
@@ -292,8 +292,8 @@ TrainingData Trainer::load_data() const {
                "cross-entropy on '", out, "' (give --loss mse)");
       set->check_labels(classes_);
     } else {
-      OT_CHECK(!set->has_labels(), set->name(), ": has class labels but the loss is mse on '",
-               out, "' (give --loss cross-entropy, or float targets)");
+      OT_CHECK(!set->has_labels(), set->name(), ": has class labels but the loss is mse on '", out,
+               "' (give --loss cross-entropy, or float targets)");
       OT_CHECK(output_dims_.empty() || set->target_shape() == output_dims_, set->name(),
                ": target shape does not match output '", out, "'");
     }
@@ -315,8 +315,8 @@ const RunLength& Trainer::plan_length(int64_t train_examples) {
   OT_CHECK(l.global_batch >= all_replicas, "--global-batch-size ", l.global_batch,
            " is smaller than the ", all_replicas, " replicas of ", processes(), " processes");
   l.steps_per_epoch = runtime::steps_per_epoch(train_examples, l.global_batch);
-  l.total_steps = opts_.schedule.steps > 0 ? opts_.schedule.steps
-                                           : opts_.schedule.epochs * l.steps_per_epoch;
+  l.total_steps =
+      opts_.schedule.steps > 0 ? opts_.schedule.steps : opts_.schedule.epochs * l.steps_per_epoch;
   l.epochs = (l.total_steps + l.steps_per_epoch - 1) / l.steps_per_epoch;
   if (schedule_.kind == runtime::LrSchedule::Kind::kCosine && schedule_.total_steps == 0)
     schedule_.total_steps = l.total_steps;
@@ -346,8 +346,8 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   feeds[input_named(sig, graph::InputRole::kLossScale)] =
       Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
   const std::string& input_name = input_named(sig, graph::InputRole::kBatch);
-  const std::string& truth_name = input_named(
-      sig, cross_entropy() ? graph::InputRole::kLabels : graph::InputRole::kTargets);
+  const std::string& truth_name =
+      input_named(sig, cross_entropy() ? graph::InputRole::kLabels : graph::InputRole::kTargets);
   int loss_at = -1, correct_at = -1;
   const auto& outs = s.model().graph->outputs();
   for (size_t i = 0; i < outs.size(); ++i)
@@ -459,8 +459,8 @@ RunPosition Trainer::resume() {
     pos = RunPosition{ints[0], ints[1], reals[0], reals[1], reals[2], ints[2], ints[3]};
     std::map<std::string, Tensor> state = session().state();
     for (auto& [name, t] : state)
-      world_->broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()),
-                        graph::DataType::kUInt8, 0, "resume state");
+      world_->broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()), graph::DataType::kUInt8,
+                        0, "resume state");
     session().set_state(state);
   }
   return pos;
@@ -475,8 +475,7 @@ void Trainer::check_setup(bool resume) const {
     for (const std::string& p : info_.buckets.params[b]) buckets += p + ",";
     buckets += ";";
   }
-  setup.emplace_back("training graph",
-                     cat(fnv1a64(graph::export_onnx_bytes(*training_graph_))));
+  setup.emplace_back("training graph", cat(fnv1a64(graph::export_onnx_bytes(*training_graph_))));
   setup.emplace_back("bucket layout", buckets);
   setup.emplace_back("steps", cat(length_.total_steps, " of ", length_.steps_per_epoch,
                                   " per epoch, ", length_.train_examples, " examples"));

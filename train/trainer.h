@@ -105,7 +105,9 @@ class Trainer {
   const std::vector<std::string>& parameters() const { return info_.prepared.params; }
   std::map<std::string, graph::Tensor> state() const { return session_->state(); }
   void set_state(const std::map<std::string, graph::Tensor>& state) { session_->set_state(state); }
-  std::unique_ptr<graph::Model> trained_model() const { return session_->trained_model(*original_); }
+  std::unique_ptr<graph::Model> trained_model() const {
+    return session_->trained_model(*original_);
+  }
   // Writes the original inference graph with the trained weights and BN running statistics.
   void export_model(const std::string& path) const;
 
@@ -127,7 +129,7 @@ class Trainer {
   int threads() const { return threads_; }
   int processes() const { return world_ ? world_->size() : 1; }
   bool lead() const { return !world_ || world_->rank() == 0; }  // prints, validates, writes
-  std::string devices_text() const;  // "cpu" or "cuda:0, cuda:1"
+  std::string devices_text() const;                             // "cpu" or "cuda:0, cuda:1"
 
  private:
   void build(std::string model_bytes);
@@ -137,7 +139,7 @@ class Trainer {
   std::unique_ptr<graph::Model> original_;
   std::string model_hash_;
   BatchInput input_;
-  std::string input_error_;  // why input_ is empty
+  std::string input_error_;           // why input_ is empty
   std::vector<int64_t> output_dims_;  // the trained output's dims past the batch (may be empty)
   int64_t classes_ = 0;
   std::unique_ptr<graph::Model> training_graph_;

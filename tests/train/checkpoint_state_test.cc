@@ -1,6 +1,8 @@
 // The checkpoint state's serializer (train/checkpoint_state.h): a state survives the metadata
 // round trip bit for bit, and another version, an unknown enum name, a missing field or a bad
 // number is a one-line error naming the file and the field.
+#include "train/checkpoint_state.h"
+
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -8,7 +10,6 @@
 #include <string>
 
 #include "graph/error.h"
-#include "train/checkpoint_state.h"
 
 namespace onnxtrain::train {
 namespace {
@@ -76,9 +77,9 @@ TEST(CheckpointState, EnumsAreWrittenByName) {
   EXPECT_EQ(m.at("opt.loss"), "cross-entropy");
   EXPECT_EQ(m.at("opt.lr_schedule_kind"), "cosine");
   EXPECT_EQ(m.at("opt.lr"), "0.01");
-  for (passes::OptimizerKind k : {passes::OptimizerKind::kSgd, passes::OptimizerKind::kMomentum,
-                                  passes::OptimizerKind::kAdam, passes::OptimizerKind::kAdamW,
-                                  passes::OptimizerKind::kAdagrad})
+  for (passes::OptimizerKind k :
+       {passes::OptimizerKind::kSgd, passes::OptimizerKind::kMomentum, passes::OptimizerKind::kAdam,
+        passes::OptimizerKind::kAdamW, passes::OptimizerKind::kAdagrad})
     EXPECT_EQ(optimizer_kind_from_name(optimizer_kind_name(k)), k);
   for (passes::LossKind k :
        {passes::LossKind::kAuto, passes::LossKind::kCrossEntropy, passes::LossKind::kMse})
