@@ -173,25 +173,25 @@ int default_threads(int local_processes) {
 Trainer::Trainer(const Options& opts) : opts_(opts) {
   // Custom ops first: the importer and everything after it look ops up in the registry.
   for (const std::string& lib : opts_.model.custom_op_libs) ops::load_op_library(lib);
-  std::string bytes = read_model_bytes(opts_.model.path);
+  const std::string bytes = read_model_bytes(opts_.model.path);
   original_ = graph::import_onnx_bytes(bytes, opts_.model.path,
                                        fs::path(opts_.model.path).parent_path().string());
-  build(std::move(bytes));
+  model_hash_ = hex16(fnv1a64(bytes));
+  build();
 }
 
 Trainer::Trainer(std::unique_ptr<graph::Model> model, const Options& opts)
     : opts_(opts), original_(std::move(model)) {
-  build(graph::export_onnx_bytes(*original_));
+  build();
   start();
 }
 
 Trainer::~Trainer() = default;
 
-void Trainer::build(std::string model_bytes) {
+void Trainer::build() {
   const ParallelOptions& p = opts_.parallel;
   OT_CHECK(p.replicas >= 1, "--replicas must be >= 1, got ", p.replicas);
   world_ = p.world && p.world->size() > 1 ? p.world : nullptr;
-  model_hash_ = hex16(fnv1a64(model_bytes));
   schedule_ = runtime::parse_lr_schedule(opts_.schedule.lr_schedule, opts_.schedule.lr);
   const std::string& path = opts_.model.path.empty() ? std::string("model") : opts_.model.path;
   runtime::require_supported_ops(*original_, path);
@@ -378,7 +378,9 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
 RunIdentity Trainer::identity() const {
   const DataOptions& d = opts_.data;
   RunIdentity id;
-  id.model_hash = model_hash_;
+  // A model handed over in memory is hashed as exported (only checkpoints need it).
+  id.model_hash =
+      model_hash_.empty() ? hex16(fnv1a64(graph::export_onnx_bytes(*original_))) : model_hash_;
   id.optimizer = opts_.optimizer.kind;
   id.momentum = opts_.optimizer.momentum;
   id.nesterov = opts_.optimizer.nesterov;

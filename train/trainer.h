@@ -132,12 +132,12 @@ class Trainer {
   std::string devices_text() const;                             // "cpu" or "cuda:0, cuda:1"
 
  private:
-  void build(std::string model_bytes);
+  void build();
 
   Options opts_;
   runtime::ProcessWorld* world_ = nullptr;  // nullptr: this process alone
   std::unique_ptr<graph::Model> original_;
-  std::string model_hash_;
+  std::string model_hash_;  // of the model file; "" for a model handed over in memory
   BatchInput input_;
   std::string input_error_;           // why input_ is empty
   std::vector<int64_t> output_dims_;  // the trained output's dims past the batch (may be empty)
