@@ -44,8 +44,8 @@ cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph
   passes_signature passes_dce optim dataset comm checkpoint checkpoint_state nccl_stub plugin device data_parallel sync_bn trainer
 # (The ASan build has no CUDA backend: nccl_stub, not nccl, is its NCCL test. Every test labelled
 # unit/hostile/backend must be in this list, or ctest reports it "Not Run".)
-# Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel
-# and sync_bn (label train): they join the sanitized set by name.
+# Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel,
+# sync_bn and trainer (label train): they join the sanitized set by name.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
