@@ -1,13 +1,14 @@
 // onnxtrain: trains an ONNX model with synchronous data parallelism. This file only parses the
-// command line into a TrainConfig; tools/train_loop.cc and train/ do the work. Usage errors exit with 2.
+// command line into a TrainConfig; tools/train_loop.cc and train/ do the work. Usage errors exit
+// with 2.
 #include <unistd.h>
 
 #include <charconv>
 #include <chrono>
-#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -141,7 +142,8 @@ struct Args {
 
 passes::OptimizerKind optimizer_kind(const std::string& s) {
   std::optional<passes::OptimizerKind> k = train::optimizer_kind_from_name(s);
-  if (!k) usage_fail("--optimizer: unknown '", s, "' (expected ", train::optimizer_kind_names(), ")");
+  if (!k)
+    usage_fail("--optimizer: unknown '", s, "' (expected ", train::optimizer_kind_names(), ")");
   return *k;
 }
 
@@ -177,7 +179,8 @@ Args parse_args(int argc, char** argv) {
     };
     if (only_positional || arg.empty() || arg[0] != '-' || arg == "-") {
       if (!c.train.model.path.empty())
-        usage_fail("unexpected argument '", arg, "' (the model is already '", c.train.model.path, "')");
+        usage_fail("unexpected argument '", arg, "' (the model is already '", c.train.model.path,
+                   "')");
       if (arg.empty()) usage_fail("empty model path");
       c.train.model.path = arg;
     } else if (arg == "--") {
@@ -195,12 +198,14 @@ Args parse_args(int argc, char** argv) {
       c.train.parallel.tf32 = false;
     } else if (arg == "--replicas") {
       c.train.parallel.replicas = static_cast<int>(parse_int(arg, value(), 1));
-      if (c.train.parallel.replicas > 1024) usage_fail("--replicas: at most 1024, got ", c.train.parallel.replicas);
+      if (c.train.parallel.replicas > 1024)
+        usage_fail("--replicas: at most 1024, got ", c.train.parallel.replicas);
     } else if (arg == "--data") {
       c.train.data.train = value();
     } else if (arg == "--val-data") {
       c.train.data.val = value();
-      if (c.train.data.val.empty()) usage_fail("--val-data: empty spec (use 'none' for no validation)");
+      if (c.train.data.val.empty())
+        usage_fail("--val-data: empty spec (use 'none' for no validation)");
     } else if (arg == "--val-split") {
       c.train.data.val_split = parse_float(arg, value(), 0);
       if (c.train.data.val_split >= 1)
@@ -281,10 +286,12 @@ Args parse_args(int argc, char** argv) {
   if (a.batch_given && a.global_batch_given)
     usage_fail("give either --batch-size or --global-batch-size, not both");
   if (c.train.data.global_batch > 0 && c.train.data.global_batch < c.train.parallel.replicas)
-    usage_fail("--global-batch-size ", c.train.data.global_batch, " is smaller than --replicas ", c.train.parallel.replicas);
+    usage_fail("--global-batch-size ", c.train.data.global_batch, " is smaller than --replicas ",
+               c.train.parallel.replicas);
   if (c.train.data.val_split > 0 && !c.train.data.val.empty())
     usage_fail("give either --val-data or --val-split, not both");
-  if (c.train.checkpoint.resume && c.train.checkpoint.dir.empty()) usage_fail("--resume needs --checkpoint-dir");
+  if (c.train.checkpoint.resume && c.train.checkpoint.dir.empty())
+    usage_fail("--resume needs --checkpoint-dir");
   if (c.train.checkpoint.every > 0 && c.train.checkpoint.dir.empty())
     usage_fail("--checkpoint-every needs --checkpoint-dir");
   if (a.mean.empty() != a.std.empty()) usage_fail("give --mean and --std together");
@@ -307,7 +314,8 @@ Args parse_args(int argc, char** argv) {
   try {
     runtime::parse_lr_schedule(c.train.schedule.lr_schedule, c.train.schedule.lr);
     runtime::parse_data_spec(c.train.data.train);
-    if (!c.train.data.val.empty() && c.train.data.val != "none") runtime::parse_data_spec(c.train.data.val);
+    if (!c.train.data.val.empty() && c.train.data.val != "none")
+      runtime::parse_data_spec(c.train.data.val);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {

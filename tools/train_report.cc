@@ -57,7 +57,8 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   const TrainResult& r = p.result;
   const int all = o.parallel.replicas * p.processes;
   std::string devices;
-  for (int k = 0; k < o.parallel.replicas; ++k) devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
+  for (int k = 0; k < o.parallel.replicas; ++k)
+    devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
   std::string per_replica = std::to_string(r.global_batch / all);
   if (r.global_batch % all != 0) per_replica += "-" + std::to_string(r.global_batch / all + 1);
   std::fprintf(f, "model       %s (input '%s' %s, output '%s'%s)\n", p.model_path.c_str(),
@@ -79,11 +80,11 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                r.start_step > 0 ? cat(" (resuming after step ", r.start_step, ")").c_str() : "");
   std::fprintf(f, "parameters  %s trainable in %zu tensors\n",
                grouped(r.trainable_parameters).c_str(), p.info.prepared.params.size());
-  std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n", 
+  std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n",
                std::string(train::optimizer_kind_name(o.optimizer.kind)).c_str(),
                static_cast<double>(o.schedule.lr), o.schedule.lr_schedule.c_str());
-  std::fprintf(f, "loss        %s on '%s'\n", std::string(train::loss_kind_name(p.info.loss.kind)).c_str(),
-               p.output_name.c_str());
+  std::fprintf(f, "loss        %s on '%s'\n",
+               std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (all > 1) {
