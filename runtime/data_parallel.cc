@@ -263,6 +263,15 @@ std::unique_ptr<graph::Model> DataParallelSession::trained_model(const graph::Mo
   return m;
 }
 
+TrainingSession& DataParallelSession::replica_session(int k) {
+  OT_CHECK(k >= 0 && k < replicas_, "data parallel: no replica ", k, " (", replicas_, " replicas)");
+  return *impl_->replicas[static_cast<size_t>(k)]->session;
+}
+
+const TrainingSession& DataParallelSession::replica_session(int k) const {
+  return const_cast<DataParallelSession*>(this)->replica_session(k);
+}
+
 bool DataParallelSession::replicas_identical() const {
   const auto& reps = impl_->replicas;
   const std::map<std::string, graph::Tensor> first = state();

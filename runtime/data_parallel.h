@@ -59,6 +59,9 @@ class DataParallelSession {
   std::unique_ptr<graph::Model> trained_model(const graph::Model& original) const;
   // True when every replica's state is bit-identical to replica 0's.
   bool replicas_identical() const;
+  // Replica k's session (0 <= k < replicas()): its plan, its state by replica name.
+  TrainingSession& replica_session(int k);
+  const TrainingSession& replica_session(int k) const;
   // A well-mixed non-zero seed from `a` and `b` (DataRng's SplitMix64), for per-step and
   // per-replica seeds.
   static uint64_t mix_seed(uint64_t a, uint64_t b);

@@ -40,16 +40,17 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DONNXTRAIN_CUDA=OFF "${launcher[@]}" \
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
-  backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training passes_replicate \
-  passes_signature passes_dce optim dataset comm checkpoint nccl_stub plugin device data_parallel sync_bn
+  backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training \
+  passes_replicate passes_signature passes_dce optim dataset comm checkpoint checkpoint_state \
+  nccl_stub plugin device data_parallel sync_bn trainer
 # (The ASan build has no CUDA backend: nccl_stub, not nccl, is its NCCL test. Every test labelled
 # unit/hostile/backend must be in this list, or ctest reports it "Not Run".)
-# Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel
-# and sync_bn (label train): they join the sanitized set by name.
+# Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel,
+# sync_bn and trainer (label train): they join the sanitized set by name.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn)$"
+  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn|trainer)$"
 
 if [ "${FUZZ_SECONDS:-60}" != "0" ]; then
   echo "== libFuzzer on the loader (${FUZZ_SECONDS:-60}s)"

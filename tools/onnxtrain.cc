@@ -1,13 +1,14 @@
 // onnxtrain: trains an ONNX model with synchronous data parallelism. This file only parses the
-// command line into a TrainConfig; tools/train_loop.cc does the work. Usage errors exit with 2.
+// command line into a TrainConfig; tools/train_loop.cc and train/ do the work. Usage errors exit
+// with 2.
 #include <unistd.h>
 
 #include <charconv>
 #include <chrono>
-#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include "runtime/lr_schedule.h"
 #include "tools/cli_main.h"
 #include "tools/train_loop.h"
+#include "train/checkpoint_state.h"
 
 #ifndef ONNXTRAIN_VERSION
 #define ONNXTRAIN_VERSION "0.1.0"
@@ -139,19 +141,16 @@ struct Args {
 };
 
 passes::OptimizerKind optimizer_kind(const std::string& s) {
-  if (s == "sgd") return passes::OptimizerKind::kSgd;
-  if (s == "momentum") return passes::OptimizerKind::kMomentum;
-  if (s == "adam") return passes::OptimizerKind::kAdam;
-  if (s == "adamw") return passes::OptimizerKind::kAdamW;
-  if (s == "adagrad") return passes::OptimizerKind::kAdagrad;
-  usage_fail("--optimizer: unknown '", s, "' (expected sgd, momentum, adam, adamw or adagrad)");
+  std::optional<passes::OptimizerKind> k = train::optimizer_kind_from_name(s);
+  if (!k)
+    usage_fail("--optimizer: unknown '", s, "' (expected ", train::optimizer_kind_names(), ")");
+  return *k;
 }
 
 passes::LossKind loss_kind(const std::string& s) {
-  if (s == "auto") return passes::LossKind::kAuto;
-  if (s == "cross-entropy") return passes::LossKind::kCrossEntropy;
-  if (s == "mse") return passes::LossKind::kMse;
-  usage_fail("--loss: unknown '", s, "' (expected auto, cross-entropy or mse)");
+  std::optional<passes::LossKind> k = train::loss_kind_from_name(s);
+  if (!k) usage_fail("--loss: unknown '", s, "' (expected ", train::loss_kind_names(), ")");
+  return *k;
 }
 
 Args parse_args(int argc, char** argv) {
@@ -179,10 +178,11 @@ Args parse_args(int argc, char** argv) {
       if (inline_value) usage_fail(arg, " takes no value");
     };
     if (only_positional || arg.empty() || arg[0] != '-' || arg == "-") {
-      if (!c.model_path.empty())
-        usage_fail("unexpected argument '", arg, "' (the model is already '", c.model_path, "')");
+      if (!c.train.model.path.empty())
+        usage_fail("unexpected argument '", arg, "' (the model is already '", c.train.model.path,
+                   "')");
       if (arg.empty()) usage_fail("empty model path");
-      c.model_path = arg;
+      c.train.model.path = arg;
     } else if (arg == "--") {
       only_positional = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -192,61 +192,62 @@ Args parse_args(int argc, char** argv) {
       no_value();
       a.version = true;
     } else if (arg == "--device") {
-      c.device = value();
+      c.train.parallel.device = value();
     } else if (arg == "--no-tf32") {
       no_value();
-      c.tf32 = false;
+      c.train.parallel.tf32 = false;
     } else if (arg == "--replicas") {
-      c.replicas = static_cast<int>(parse_int(arg, value(), 1));
-      if (c.replicas > 1024) usage_fail("--replicas: at most 1024, got ", c.replicas);
+      c.train.parallel.replicas = static_cast<int>(parse_int(arg, value(), 1));
+      if (c.train.parallel.replicas > 1024)
+        usage_fail("--replicas: at most 1024, got ", c.train.parallel.replicas);
     } else if (arg == "--data") {
-      c.data = value();
+      c.train.data.train = value();
     } else if (arg == "--val-data") {
-      c.val_data = value();
-      if (c.val_data.empty()) usage_fail("--val-data: empty spec (use 'none' for no validation)");
+      c.train.data.val = value();
+      if (c.train.data.val.empty())
+        usage_fail("--val-data: empty spec (use 'none' for no validation)");
     } else if (arg == "--val-split") {
-      c.val_split = parse_float(arg, value(), 0);
-      if (c.val_split >= 1)
-        usage_fail("--val-split: expected a fraction in [0, 1), got ", c.val_split);
+      c.train.data.val_split = parse_float(arg, value(), 0);
+      if (c.train.data.val_split >= 1)
+        usage_fail("--val-split: expected a fraction in [0, 1), got ", c.train.data.val_split);
     } else if (arg == "--epochs") {
-      c.epochs = parse_int(arg, value(), 1);
+      c.train.schedule.epochs = parse_int(arg, value(), 1);
       a.epochs_given = true;
     } else if (arg == "--steps") {
-      c.steps = parse_int(arg, value(), 1);
+      c.train.schedule.steps = parse_int(arg, value(), 1);
       a.steps_given = true;
     } else if (arg == "--batch-size") {
-      c.batch_size = parse_int(arg, value(), 1);
+      c.train.data.batch_size = parse_int(arg, value(), 1);
       a.batch_given = true;
     } else if (arg == "--global-batch-size") {
-      c.global_batch = parse_int(arg, value(), 1);
+      c.train.data.global_batch = parse_int(arg, value(), 1);
       a.global_batch_given = true;
     } else if (arg == "--optimizer") {
-      c.optimizer_name = value();
-      c.graph.optimizer.kind = optimizer_kind(c.optimizer_name);
+      c.train.optimizer.kind = optimizer_kind(value());
     } else if (arg == "--lr") {
-      c.lr = static_cast<float>(parse_float(arg, value(), 0, false));
+      c.train.schedule.lr = static_cast<float>(parse_float(arg, value(), 0, false));
     } else if (arg == "--momentum") {
-      c.graph.optimizer.momentum = static_cast<float>(parse_float(arg, value(), 0));
-      if (c.graph.optimizer.momentum >= 1) usage_fail("--momentum: expected a value in [0, 1)");
+      c.train.optimizer.momentum = static_cast<float>(parse_float(arg, value(), 0));
+      if (c.train.optimizer.momentum >= 1) usage_fail("--momentum: expected a value in [0, 1)");
       a.momentum_given = true;
     } else if (arg == "--weight-decay") {
-      c.graph.optimizer.weight_decay = static_cast<float>(parse_float(arg, value(), 0));
+      c.train.optimizer.weight_decay = static_cast<float>(parse_float(arg, value(), 0));
     } else if (arg == "--lr-schedule") {
-      c.lr_schedule = value();
+      c.train.schedule.lr_schedule = value();
     } else if (arg == "--clip-norm") {
-      c.graph.optimizer.clip_global_norm = static_cast<float>(parse_float(arg, value(), 0, false));
+      c.train.optimizer.clip_global_norm = static_cast<float>(parse_float(arg, value(), 0, false));
     } else if (arg == "--loss") {
-      c.graph.loss = loss_kind(value());
+      c.train.model.loss = loss_kind(value());
     } else if (arg == "--output-name") {
-      c.graph.output = value();
+      c.train.model.output = value();
     } else if (arg == "--freeze") {
-      c.graph.trainable.freeze_regex = value();
+      c.train.model.trainable.freeze_regex = value();
     } else if (arg == "--trainable") {
-      c.graph.trainable.trainable_regex = value();
+      c.train.model.trainable.trainable_regex = value();
     } else if (arg == "--threads") {
-      c.threads = static_cast<int>(parse_int(arg, value(), 1));
+      c.train.parallel.threads = static_cast<int>(parse_int(arg, value(), 1));
     } else if (arg == "--seed") {
-      c.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
+      c.train.data.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
     } else if (arg == "--mean") {
       a.mean = value();
     } else if (arg == "--std") {
@@ -256,63 +257,65 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--save-graph") {
       c.save_graph = path();
     } else if (arg == "--custom-op-lib") {
-      c.custom_op_libs.push_back(path());
+      c.train.model.custom_op_libs.push_back(path());
     } else if (arg == "--checkpoint-dir") {
-      c.checkpoint_dir = path();
+      c.train.checkpoint.dir = path();
     } else if (arg == "--checkpoint-every") {
-      c.checkpoint_every = parse_int(arg, value(), 1);
+      c.train.checkpoint.every = parse_int(arg, value(), 1);
     } else if (arg == "--resume") {
       no_value();
-      c.resume = true;
+      c.train.checkpoint.resume = true;
     } else if (arg == "--metrics-json") {
       c.metrics_json = path();
     } else if (arg == "--profile") {
-      c.profile = path();
+      c.train.parallel.profile = path();
     } else if (arg == "--sync-batchnorm") {
       no_value();
-      c.sync_batchnorm = true;
+      c.train.parallel.sync_batchnorm = true;
     } else if (arg == "--collective-timeout") {
       a.collective_timeout = parse_float(arg, value(), 0, false);
     } else if (arg == "--bucket-mb") {
-      c.bucket_mb = parse_float(arg, value(), 0, false);
+      c.train.parallel.bucket_mb = parse_float(arg, value(), 0, false);
     } else {
       usage_fail("unknown option '", arg, "'");
     }
   }
   if (a.help || a.version) return a;
-  if (c.model_path.empty()) usage_fail("no model given");
+  if (c.train.model.path.empty()) usage_fail("no model given");
   if (a.epochs_given && a.steps_given) usage_fail("give either --epochs or --steps, not both");
   if (a.batch_given && a.global_batch_given)
     usage_fail("give either --batch-size or --global-batch-size, not both");
-  if (c.global_batch > 0 && c.global_batch < c.replicas)
-    usage_fail("--global-batch-size ", c.global_batch, " is smaller than --replicas ", c.replicas);
-  if (c.val_split > 0 && !c.val_data.empty())
+  if (c.train.data.global_batch > 0 && c.train.data.global_batch < c.train.parallel.replicas)
+    usage_fail("--global-batch-size ", c.train.data.global_batch, " is smaller than --replicas ",
+               c.train.parallel.replicas);
+  if (c.train.data.val_split > 0 && !c.train.data.val.empty())
     usage_fail("give either --val-data or --val-split, not both");
-  if (c.resume && c.checkpoint_dir.empty()) usage_fail("--resume needs --checkpoint-dir");
-  if (c.checkpoint_every > 0 && c.checkpoint_dir.empty())
+  if (c.train.checkpoint.resume && c.train.checkpoint.dir.empty())
+    usage_fail("--resume needs --checkpoint-dir");
+  if (c.train.checkpoint.every > 0 && c.train.checkpoint.dir.empty())
     usage_fail("--checkpoint-every needs --checkpoint-dir");
   if (a.mean.empty() != a.std.empty()) usage_fail("give --mean and --std together");
   if (!a.mean.empty()) {
     try {
-      c.normalization = runtime::parse_normalization(a.mean, a.std);
+      c.train.data.normalization = runtime::parse_normalization(a.mean, a.std);
     } catch (const Error& e) {
       usage_fail(e.what());
     }
   }
   // `sgd` is plain SGD (momentum 0); an explicit --momentum > 0 makes it the momentum optimizer.
-  if (c.graph.optimizer.kind == passes::OptimizerKind::kSgd) {
-    if (a.momentum_given && c.graph.optimizer.momentum > 0) {
-      c.graph.optimizer.kind = passes::OptimizerKind::kMomentum;
-      c.optimizer_name = "momentum";
+  if (c.train.optimizer.kind == passes::OptimizerKind::kSgd) {
+    if (a.momentum_given && c.train.optimizer.momentum > 0) {
+      c.train.optimizer.kind = passes::OptimizerKind::kMomentum;
     } else {
-      c.graph.optimizer.momentum = 0;
+      c.train.optimizer.momentum = 0;
     }
   }
   // Pure syntax of the specs: a malformed one is a usage error like a bad number.
   try {
-    runtime::parse_lr_schedule(c.lr_schedule, c.lr);
-    runtime::parse_data_spec(c.data);
-    if (!c.val_data.empty() && c.val_data != "none") runtime::parse_data_spec(c.val_data);
+    runtime::parse_lr_schedule(c.train.schedule.lr_schedule, c.train.schedule.lr);
+    runtime::parse_data_spec(c.train.data.train);
+    if (!c.train.data.val.empty() && c.train.data.val != "none")
+      runtime::parse_data_spec(c.train.data.val);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
@@ -348,9 +351,9 @@ int run(int argc, char** argv) {
              "and rebuild with -DONNXTRAIN_MPI=ON)");
     world = std::make_unique<runtime::MpiWorld>(std::chrono::milliseconds(
         static_cast<int64_t>(a.collective_timeout * 1000)));
-    a.config.world = world.get();
-    a.config.local_processes = runtime::mpi_local_size();
-    a.config.local_rank = runtime::mpi_local_rank();
+    a.config.train.parallel.world = world.get();
+    a.config.train.parallel.local_processes = runtime::mpi_local_size();
+    a.config.train.parallel.local_rank = runtime::mpi_local_rank();
     // mpirun hands ranks a terminal even when its own output goes to a file: epoch lines only.
     a.config.live = false;
   }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/error.h"
+#include "train/checkpoint_state.h"
 
 namespace onnxtrain::tools {
 namespace {
@@ -38,10 +39,6 @@ std::string mib(int64_t bytes) {
   return fmt("%.3g MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
-std::string loss_name(passes::LossKind k) {
-  return k == passes::LossKind::kCrossEntropy ? "cross-entropy" : "mse";
-}
-
 std::string json_number(std::optional<double> v) {
   if (!v || !std::isfinite(*v)) return "null";
   return fmt("%.9g", *v);
@@ -56,10 +53,12 @@ double ring_allreduce_seconds(int64_t bytes, int n, double gbit_per_s) {
 
 void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::FILE* f = c.log;
+  const train::Options& o = c.train;
   const TrainResult& r = p.result;
-  const int all = c.replicas * p.processes;
+  const int all = o.parallel.replicas * p.processes;
   std::string devices;
-  for (int k = 0; k < c.replicas; ++k) devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
+  for (int k = 0; k < o.parallel.replicas; ++k)
+    devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
   std::string per_replica = std::to_string(r.global_batch / all);
   if (r.global_batch % all != 0) per_replica += "-" + std::to_string(r.global_batch / all + 1);
   std::fprintf(f, "model       %s (input '%s' %s, output '%s'%s)\n", p.model_path.c_str(),
@@ -67,9 +66,9 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                p.classes > 0 ? cat(", ", p.classes, " classes").c_str() : "");
   if (p.processes > 1)
     std::fprintf(f, "replicas    %d = %d processes (MPI) x %d (%s each)\n", all, p.processes,
-                 c.replicas, devices.c_str());
+                 o.parallel.replicas, devices.c_str());
   else
-    std::fprintf(f, "replicas    %d (%s)\n", c.replicas, devices.c_str());
+    std::fprintf(f, "replicas    %d (%s)\n", o.parallel.replicas, devices.c_str());
   std::fprintf(f, "batch       %s per replica, %lld global\n", per_replica.c_str(),
                static_cast<long long>(r.global_batch));
   std::fprintf(f, "data        %s: %lld examples%s%s\n", p.train_name.c_str(),
@@ -81,10 +80,11 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                r.start_step > 0 ? cat(" (resuming after step ", r.start_step, ")").c_str() : "");
   std::fprintf(f, "parameters  %s trainable in %zu tensors\n",
                grouped(r.trainable_parameters).c_str(), p.info.prepared.params.size());
-  std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n", c.optimizer_name.c_str(),
-               static_cast<double>(c.lr), c.lr_schedule.c_str());
-  std::fprintf(f, "loss        %s on '%s'\n", loss_name(p.info.loss.kind).c_str(),
-               p.output_name.c_str());
+  std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n",
+               std::string(train::optimizer_kind_name(o.optimizer.kind)).c_str(),
+               static_cast<double>(o.schedule.lr), o.schedule.lr_schedule.c_str());
+  std::fprintf(f, "loss        %s on '%s'\n",
+               std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (all > 1) {
@@ -92,8 +92,8 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     for (int64_t b : p.info.buckets.bytes) bytes += b;
     std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
                  p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
-                 mib(bytes).c_str(), c.bucket_mb);
-    if (c.sync_batchnorm)
+                 mib(bytes).c_str(), o.parallel.bucket_mb);
+    if (o.parallel.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
   // What the network between machines must carry (README "Several machines"): replicas of one

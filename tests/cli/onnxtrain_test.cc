@@ -392,12 +392,12 @@ TEST_F(OnnxtrainTest, SyncBatchnormOnTwoReplicasMatchesOneReplicaOnTheGlobalBatc
 TEST_F(OnnxtrainTest, StepsMakeAPartialLastEpochInProcess) {
   const std::string model = small_mlp();
   tools::TrainConfig c;
-  c.model_path = model;
-  c.data = "synthetic:200";
-  c.val_data = "none";
-  c.batch_size = 32;  // 7 steps per epoch
-  c.steps = 10;
-  c.threads = 1;
+  c.train.model.path = model;
+  c.train.data.train = "synthetic:200";
+  c.train.data.val = "none";
+  c.train.data.batch_size = 32;  // 7 steps per epoch
+  c.train.schedule.steps = 10;
+  c.train.parallel.threads = 1;
   std::FILE* log = std::tmpfile();
   ASSERT_NE(log, nullptr);
   c.log = log;
@@ -731,6 +731,40 @@ TEST_F(OnnxtrainTest, ResumeErrors) {
   // A corrupt newest checkpoint is skipped in favour of none: the error says what was skipped.
   fs::resize_file(path("ck/ckpt-1.otck"), 40);
   expect_error(train(with({"--lr", "0.01", "--resume"})), 1, "no readable checkpoint.*skipped");
+}
+
+// The checkpoint state is versioned and typed (train/checkpoint_state.h): enums are stored by
+// name, and a checkpoint of another version or with an unknown name is refused naming the file
+// and the field.
+TEST_F(OnnxtrainTest, ResumeRefusesOtherVersionsAndUnknownNames) {
+  const std::string model = small_mlp();
+  const std::vector<std::string> args = {
+      model, "--data",      "synthetic:64", "--val-data",       "none",    "--threads",
+      "1",   "--optimizer", "adamw",        "--checkpoint-dir", path("ck")};
+  RunResult r = train(args);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string file = path("ck/ckpt-1.otck");
+  const runtime::Checkpoint good = runtime::read_checkpoint(file);
+  EXPECT_EQ(good.meta("format"), "onnxtrain-checkpoint/2");
+  EXPECT_EQ(good.meta("opt.optimizer"), "adamw");
+  EXPECT_EQ(good.meta("opt.loss"), "auto");
+  std::vector<std::string> resume = args;
+  resume.push_back("--resume");
+  auto with_meta = [&](const std::string& key, const std::string& value) {
+    runtime::Checkpoint c = good;
+    c.metadata[key] = value;
+    runtime::write_checkpoint(file, c);
+  };
+  with_meta("format", "onnxtrain-checkpoint/1");
+  expect_error(train(resume), 1,
+               "ckpt-1\\.otck: checkpoint field 'format' is 'onnxtrain-checkpoint/1', this "
+               "onnxtrain reads 'onnxtrain-checkpoint/2' only");
+  with_meta("opt.optimizer", "2");
+  expect_error(train(resume), 1,
+               "ckpt-1\\.otck: checkpoint field 'opt.optimizer': unknown optimizer '2'");
+  runtime::write_checkpoint(file, good);
+  r = train(resume);
+  EXPECT_EQ(r.rc, 0) << r.err;
 }
 
 // ---------------------------------------------------------------- errors

@@ -1,0 +1,81 @@
+// What a training run is made of, one struct per concern: the model and what of it is trained,
+// the data and batch, the optimizer, the schedule and length, the parallel layout, and the
+// checkpoints. The CLI (tools/onnxtrain.cc) fills these; nothing here is repeated elsewhere.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "passes/passes.h"
+#include "runtime/comm/process_world.h"
+#include "runtime/data/dataset.h"
+
+namespace onnxtrain::train {
+
+struct ModelOptions {
+  std::string path;  // the inference model ("" for a model handed over in memory)
+  // --custom-op-lib: loaded (ops::load_op_library) in this order before the model is imported.
+  std::vector<std::string> custom_op_libs;
+  passes::TrainableOptions trainable;
+  std::string output;  // model output to train ("" = auto)
+  passes::LossKind loss = passes::LossKind::kAuto;
+};
+
+struct DataOptions {
+  // runtime/data specs; val "" = val_split if > 0, else the dataset's test split; "none" = none.
+  std::string train = "fashion-mnist";
+  std::string val;
+  double val_split = 0;
+  std::optional<runtime::Normalization> normalization;  // nullopt = the dataset's defaults
+  uint64_t seed = 0;  // shuffle order, synthetic data, holdout, the steps' random numbers
+  // global_batch > 0 wins; otherwise batch_size per replica x replicas x processes.
+  int64_t batch_size = 64;
+  int64_t global_batch = 0;
+};
+
+using OptimizerOptions = passes::OptimizerOptions;
+
+struct ScheduleOptions {
+  float lr = 1e-4f;
+  std::string lr_schedule = "constant";  // runtime/lr_schedule.h spec
+  // `steps` > 0 wins over `epochs` (the last epoch may then be partial).
+  int64_t epochs = 1;
+  int64_t steps = 0;
+};
+
+struct ParallelOptions {
+  int replicas = 1;  // per process
+  // Other processes (MPI; not owned). nullptr or size 1: this process alone. With P > 1 every
+  // process loads the same shuffled global batch and keeps the rows of its R replicas; rank 0
+  // alone reads checkpoints and validates; all compare their setup before step 1.
+  runtime::ProcessWorld* world = nullptr;
+  int local_processes = 1;  // processes of the launch on this machine (threads default to a share)
+  int local_rank = 0;       // this process's index on its machine (mpirun), for its GPUs
+  // cpu | cuda (replica k of local process l on GPU l*R+k) | cuda:N (one replica) | sim (tests);
+  // "" = cuda when a GPU is present, else cpu. tf32: TF32 math for float32 matmul/conv on GPUs.
+  std::string device;
+  bool tf32 = true;
+  int threads = 0;  // total budget; 0 = all cores (a share of them per local process)
+  bool sync_batchnorm = false;
+  double bucket_mb = 25;
+  std::string profile;  // Chrome trace of the executed kernels ("" = none)
+};
+
+struct CheckpointOptions {
+  std::string dir;    // "" = no checkpoints
+  int64_t every = 0;  // steps; 0 = at the end of every epoch
+  bool resume = false;
+};
+
+struct Options {
+  ModelOptions model;
+  DataOptions data;
+  OptimizerOptions optimizer;
+  ScheduleOptions schedule;
+  ParallelOptions parallel;
+  CheckpointOptions checkpoint;
+};
+
+}  // namespace onnxtrain::train

@@ -1,0 +1,531 @@
+// train::Trainer (trainer.h): model -> training graph -> DataParallelSession, with the data,
+// evaluation, checkpoints and the multi-process setup check around it.
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "graph/error.h"
+#include "graph/onnx_io.h"
+#include "ops/plugin.h"
+#include "runtime/checkpoint.h"
+
+namespace onnxtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using graph::Tensor;
+
+constexpr int kKeepCheckpoints = 3;
+
+std::string read_model_bytes(const std::string& path) {
+  std::error_code ec;
+  OT_CHECK(fs::is_regular_file(path, ec), "model file '", path,
+           "' does not exist or is not a file");
+  std::ifstream in(path, std::ios::binary);
+  OT_CHECK(in, "cannot open model file '", path, "': ", std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  OT_CHECK(!in.bad(), "cannot read model file '", path, "'");
+  return s.str();
+}
+
+BatchInput batch_input_of(const graph::Model& m, const std::string& path) {
+  for (const graph::Value* v : m.graph->inputs()) {
+    if (v->has_initializer()) continue;
+    OT_CHECK(v->type.is_tensor() && v->shape() && !v->shape()->empty(), path, ": input '",
+             v->name(), "' needs a tensor type with a batch dimension");
+    BatchInput in{v->name(), {}};
+    for (size_t i = 1; i < v->shape()->size(); ++i) {
+      const graph::Dim& d = (*v->shape())[i];
+      OT_CHECK(d.is_known(), path, ": input '", v->name(), "' dimension ", i,
+               " is not a fixed size (onnxtrain needs one example shape)");
+      in.dims.push_back(d.value);
+    }
+    return in;
+  }
+  fail(path, ": the model has no input to feed (every graph input has an initializer)");
+}
+
+// Dims past the batch of `name` in a typed model; empty when unknown.
+std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name) {
+  const graph::Value* v = m.graph->find_value(name);
+  std::vector<int64_t> dims;
+  if (!v || !v->shape()) return dims;
+  for (size_t i = 1; i < v->shape()->size(); ++i) {
+    if (!(*v->shape())[i].is_known()) return {};
+    dims.push_back((*v->shape())[i].value);
+  }
+  return dims;
+}
+
+// The input of `role` in a graph's training signature (one the passes always create).
+const std::string& input_named(const graph::TrainingSignature& sig, graph::InputRole role) {
+  const graph::InputBinding* b = sig.find_input(role);
+  OT_CHECK(b, "training graph: its signature has no ", graph::input_role_name(role), " input");
+  return b->name;
+}
+
+passes::TrainingOptions graph_options(const Options& o) {
+  passes::TrainingOptions t;
+  t.trainable = o.model.trainable;
+  t.output = o.model.output;
+  t.loss = o.model.loss;
+  t.optimizer = o.optimizer;
+  return t;
+}
+
+std::string hex16(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// A run killed while writing a checkpoint leaves its temporary file (ckpt-<step>.otck.tmp.<pid>);
+// the resumed run owns the folder, so those go.
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("ckpt-") && name.find(".otck.tmp.") != std::string::npos)
+      fs::remove(e.path(), ec);
+  }
+}
+
+// Every process hashes each item and compares with rank 0; a difference is the same one-line
+// error on every process ("processes disagree <when> (rank 1 differs from rank 0 in lr)").
+void check_same(runtime::ProcessWorld& w,
+                const std::vector<std::pair<std::string, std::string>>& items,
+                const std::string& when) {
+  std::vector<int64_t> mine;
+  for (const auto& [k, v] : items)
+    mine.push_back(static_cast<int64_t>(fnv1a64(v, fnv1a64(k + "="))));
+  const int p = w.size();
+  int64_t count = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> counts(static_cast<size_t>(p));
+  w.all_gather(&count, counts.data(), 1, graph::DataType::kInt64, "setup check");
+  for (int r = 1; r < p; ++r)
+    if (counts[r] != counts[0])
+      throw runtime::WorldConsistentError(cat("processes disagree ", when, ": rank ", r,
+                                              " compares ", counts[r], " setup items, rank 0 ",
+                                              counts[0], " (different onnxtrain versions?)"));
+  std::vector<int64_t> all(static_cast<size_t>(count * p));
+  w.all_gather(mine.data(), all.data(), count, graph::DataType::kInt64, "setup check");
+  std::string diff;
+  for (int r = 1; r < p; ++r)
+    for (int64_t i = 0; i < count; ++i)
+      if (all[static_cast<size_t>(r * count + i)] != all[static_cast<size_t>(i)])
+        diff +=
+            cat(diff.empty() ? "" : ", ", "rank ", r, " differs from rank 0 in ", items[i].first);
+  if (!diff.empty())
+    throw runtime::WorldConsistentError(
+        cat("processes disagree ", when, " (", diff,
+            "); every process must run the same model, data and options"));
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<runtime::Device>> replica_devices(const ParallelOptions& p) {
+  const std::string spec = p.device.empty() ? runtime::default_device_spec() : p.device;
+  std::vector<std::shared_ptr<runtime::Device>> out;
+  if (spec == "cuda") {
+    const int gpus = runtime::cuda_device_count();
+    OT_CHECK(runtime::cuda_built(),
+             "--device cuda: this onnxtrain was built without the CUDA "
+             "backend (use --device cpu)");
+    const int first = p.local_rank * p.replicas;
+    OT_CHECK(gpus >= first + p.replicas, "--device cuda: ", p.replicas, " replica",
+             p.replicas == 1 ? "" : "s",
+             p.local_rank > 0 ? cat(" of local process ", p.local_rank) : std::string(),
+             " need GPU",
+             p.replicas == 1 ? cat(" ", first) : cat("s ", first, "..", first + p.replicas - 1),
+             ", this machine has ", gpus);
+    for (int k = 0; k < p.replicas; ++k)
+      out.push_back(runtime::make_device(cat("cuda:", first + k)));
+  } else if (spec.rfind("cuda:", 0) == 0) {
+    OT_CHECK(p.replicas == 1, "--device ", spec, " names one GPU; with --replicas ", p.replicas,
+             " use --device cuda (replica k on GPU k)");
+    out.push_back(runtime::make_device(spec));
+  } else if (spec == "cpu" || spec == "sim") {
+    // One device object per replica: "sim" (tests) keeps per-replica memory like GPUs do.
+    for (int k = 0; k < p.replicas; ++k) out.push_back(runtime::make_device(spec));
+  } else {
+    fail("--device '", spec, "': expected cpu, cuda or cuda:N");
+  }
+  runtime::set_cuda_tf32(p.tf32);
+  return out;
+}
+
+int default_threads(int local_processes) {
+  int cpus = static_cast<int>(runtime::allowed_cpus().size());
+  const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cpus <= 0) cpus = machine;
+  if (local_processes > 1 && cpus >= machine) cpus /= local_processes;
+  return std::max(1, cpus);
+}
+
+Trainer::Trainer(const Options& opts) : opts_(opts) {
+  // Custom ops first: the importer and everything after it look ops up in the registry.
+  for (const std::string& lib : opts_.model.custom_op_libs) ops::load_op_library(lib);
+  const std::string bytes = read_model_bytes(opts_.model.path);
+  original_ = graph::import_onnx_bytes(bytes, opts_.model.path,
+                                       fs::path(opts_.model.path).parent_path().string());
+  model_hash_ = hex16(fnv1a64(bytes));
+  build();
+}
+
+Trainer::Trainer(std::unique_ptr<graph::Model> model, const Options& opts)
+    : opts_(opts), original_(std::move(model)) {
+  build();
+  start();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build() {
+  const ParallelOptions& p = opts_.parallel;
+  OT_CHECK(p.replicas >= 1, "--replicas must be >= 1, got ", p.replicas);
+  world_ = p.world && p.world->size() > 1 ? p.world : nullptr;
+  schedule_ = runtime::parse_lr_schedule(opts_.schedule.lr_schedule, opts_.schedule.lr);
+  const std::string& path = opts_.model.path.empty() ? std::string("model") : opts_.model.path;
+  runtime::require_supported_ops(*original_, path);
+  try {
+    input_ = batch_input_of(*original_, path);
+  } catch (const Error& e) {
+    input_error_ = e.what();
+  }
+  devices_ = replica_devices(p);
+  passes::TrainingOptions topts = graph_options(opts_);
+  topts.replicas = p.replicas;
+  // Placement for people reading the graph (partitions follow the recorded replica index).
+  for (const auto& d : devices_) topts.devices.push_back(d->name());
+  topts.bucket_mb = p.bucket_mb;
+  topts.sync_batchnorm = p.sync_batchnorm;  // with 1 replica there is nothing to sync
+  topts.collectives = world_ != nullptr;    // R == 1 too: the AllReduce spans the processes
+  training_graph_ = original_->clone();
+  info_ = passes::build_training_graph(*training_graph_, topts);
+  // The trained output's dims from the typed inference model (replicated graphs rename it).
+  std::unique_ptr<graph::Model> typed = original_->clone();
+  passes::infer_shapes(*typed);
+  output_dims_ = output_dims(*typed, info_.prepared.logits);
+  classes_ = cross_entropy() && !output_dims_.empty() ? output_dims_.back() : 0;
+  threads_ = p.threads > 0 ? p.threads : default_threads(world_ ? p.local_processes : 1);
+}
+
+void Trainer::start() {
+  if (session_) return;
+  runtime::SessionOptions so;
+  so.threads = threads_;
+  so.profile_path = opts_.parallel.profile;
+  so.replica_devices = devices_;
+  session_ = std::make_unique<runtime::DataParallelSession>(
+      passes::partition_replicas(*training_graph_), so, world_);
+}
+
+const BatchInput& Trainer::batch_input() const {
+  OT_CHECK(input_error_.empty(), input_error_);
+  return input_;
+}
+
+runtime::DataParallelSession& Trainer::session() {
+  OT_CHECK(session_, "train::Trainer: start() was not called");
+  return *session_;
+}
+const runtime::DataParallelSession& Trainer::session() const {
+  OT_CHECK(session_, "train::Trainer: start() was not called");
+  return *session_;
+}
+
+runtime::StepResult Trainer::step(const std::map<std::string, Tensor>& batch, float lr,
+                                  float loss_scale, uint64_t seed) {
+  if (loss_scale <= 0) {
+    const graph::TrainingSignature& sig = training_graph_->training;
+    const graph::InputBinding* truth = sig.find_input(graph::InputRole::kLabels);
+    if (!truth) truth = sig.find_input(graph::InputRole::kTargets);
+    auto it = truth ? batch.find(truth->name) : batch.end();
+    OT_CHECK(it != batch.end() && it->second.rank() >= 1, "Trainer::step: the batch has no '",
+             truth ? truth->name : "labels", "' (the training graph's labels or targets)");
+    OT_CHECK(it->second.dims()[0] > 0, "Trainer::step: empty batch");
+    loss_scale = 1.0f / static_cast<float>(it->second.dims()[0]);
+  }
+  return session().step(batch, lr, loss_scale, seed);
+}
+
+runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
+  const int64_t n = b.size();
+  if (world_) {
+    // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
+    // split these rows over R by the same rule, which reproduces the global split.
+    const int r = opts_.parallel.replicas;
+    const auto [start, rows] = runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
+    b.inputs = runtime::slice_rows(b.inputs, start, rows);
+    b.targets = runtime::slice_rows(b.targets, start, rows);
+  }
+  const graph::TrainingSignature& sig = training_graph_->training;
+  std::map<std::string, Tensor> feeds;
+  feeds[batch_input().name] = std::move(b.inputs);
+  feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
+                                         : graph::InputRole::kTargets)] = std::move(b.targets);
+  const uint64_t step_seed =
+      runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
+  return session().step(feeds, runtime::lr_at(schedule_, s), 1.0f / static_cast<float>(n),
+                        step_seed);
+}
+
+TrainingData Trainer::load_data() const {
+  const DataOptions& d = opts_.data;
+  const BatchInput& input = batch_input();
+  runtime::DataConfig dc{d.train, d.val, d.val_split, d.seed};
+  runtime::LoadOptions lo{input.dims, classes_, d.seed};
+  runtime::TrainValData sets = runtime::load_train_val(dc, lo);
+  const std::string& out = info_.prepared.logits;
+  for (const runtime::Dataset* set : {&sets.train, sets.val ? &*sets.val : nullptr}) {
+    if (!set) continue;
+    if (cross_entropy()) {
+      OT_CHECK(set->has_labels(), set->name(), ": has float targets but the loss is ",
+               "cross-entropy on '", out, "' (give --loss mse)");
+      set->check_labels(classes_);
+    } else {
+      OT_CHECK(!set->has_labels(), set->name(), ": has class labels but the loss is mse on '", out,
+               "' (give --loss cross-entropy, or float targets)");
+      OT_CHECK(output_dims_.empty() || set->target_shape() == output_dims_, set->name(),
+               ": target shape does not match output '", out, "'");
+    }
+  }
+  runtime::InputAdapter adapter =
+      runtime::InputAdapter::for_dataset(sets.train, input.dims, d.normalization);
+  std::optional<runtime::InputAdapter> val_adapter;
+  if (sets.val)
+    val_adapter = runtime::InputAdapter::for_dataset(*sets.val, input.dims, d.normalization);
+  return TrainingData{std::move(sets), std::move(adapter), std::move(val_adapter)};
+}
+
+const RunLength& Trainer::plan_length(int64_t train_examples) {
+  const int all_replicas = opts_.parallel.replicas * processes();
+  const DataOptions& d = opts_.data;
+  RunLength& l = length_;
+  l.train_examples = train_examples;
+  l.global_batch = d.global_batch > 0 ? d.global_batch : d.batch_size * all_replicas;
+  OT_CHECK(l.global_batch >= all_replicas, "--global-batch-size ", l.global_batch,
+           " is smaller than the ", all_replicas, " replicas of ", processes(), " processes");
+  l.steps_per_epoch = runtime::steps_per_epoch(train_examples, l.global_batch);
+  l.total_steps =
+      opts_.schedule.steps > 0 ? opts_.schedule.steps : opts_.schedule.epochs * l.steps_per_epoch;
+  l.epochs = (l.total_steps + l.steps_per_epoch - 1) / l.steps_per_epoch;
+  if (schedule_.kind == runtime::LrSchedule::Kind::kCosine && schedule_.total_steps == 0)
+    schedule_.total_steps = l.total_steps;
+  return l;
+}
+
+// The evaluation graph's loss and correct outputs are summed over the validation set; its
+// state inputs are fed the current training state (by single-replica name).
+EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAdapter& adapter,
+                             int64_t batch) {
+  std::map<std::string, Tensor> state = session().state();
+  if (!eval_session_) {
+    runtime::SessionOptions vo;
+    vo.threads = threads_;
+    vo.device = devices_.front();  // replica 0's device (idle while evaluation runs)
+    std::vector<std::string> names;
+    for (const auto& [name, t] : state) names.push_back(name);
+    eval_session_ = std::make_unique<runtime::InferenceSession>(
+        passes::build_evaluation_graph(*original_, graph_options(opts_), info_.loss.kind, names),
+        vo);
+  }
+  runtime::InferenceSession& s = *eval_session_;
+  const graph::TrainingSignature& sig = s.model().training;
+  std::map<std::string, Tensor> feeds;
+  for (const graph::InputBinding* b : sig.inputs_with(graph::InputRole::kState))
+    feeds[b->name] = state.at(b->name);
+  feeds[input_named(sig, graph::InputRole::kLossScale)] =
+      Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
+  const std::string& input_name = input_named(sig, graph::InputRole::kBatch);
+  const std::string& truth_name =
+      input_named(sig, cross_entropy() ? graph::InputRole::kLabels : graph::InputRole::kTargets);
+  int loss_at = -1, correct_at = -1;
+  const auto& outs = s.model().graph->outputs();
+  for (size_t i = 0; i < outs.size(); ++i)
+    for (const graph::ResultBinding& r : sig.results)
+      if (r.name == outs[i]->name())
+        (r.role == graph::ResultRole::kLoss ? loss_at : correct_at) = static_cast<int>(i);
+  OT_CHECK(loss_at >= 0, "validation graph has no loss output");
+  runtime::LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = false;
+  runtime::DataLoader loader(val, adapter, lo);
+  double loss_sum = 0, correct = 0;
+  for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
+    runtime::Batch b = loader.next();
+    feeds[input_name] = std::move(b.inputs);
+    feeds[truth_name] = std::move(b.targets);
+    std::vector<Tensor> r = s.run(feeds);
+    loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]);
+    if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
+  }
+  EvalResult out;
+  const double n = static_cast<double>(val.size());
+  out.loss = loss_sum / n;
+  if (cross_entropy() && correct_at >= 0) out.accuracy = correct / n;
+  return out;
+}
+
+RunIdentity Trainer::identity() const {
+  const DataOptions& d = opts_.data;
+  RunIdentity id;
+  // A model handed over in memory is hashed as exported (only checkpoints need it).
+  id.model_hash =
+      model_hash_.empty() ? hex16(fnv1a64(graph::export_onnx_bytes(*original_))) : model_hash_;
+  id.optimizer = opts_.optimizer.kind;
+  id.momentum = opts_.optimizer.momentum;
+  id.nesterov = opts_.optimizer.nesterov;
+  id.weight_decay = opts_.optimizer.weight_decay;
+  id.clip_norm = opts_.optimizer.clip_global_norm;
+  id.lr = opts_.schedule.lr;
+  id.schedule_kind = schedule_.kind;
+  id.schedule = opts_.schedule.lr_schedule;
+  id.global_batch = length_.global_batch;
+  id.replicas = opts_.parallel.replicas;
+  id.processes = processes();
+  id.seed = d.seed;
+  id.data = d.train;
+  id.val_split = d.val_split;
+  id.normalization = "default";
+  if (d.normalization) {
+    id.normalization = "mean=";
+    for (float x : d.normalization->mean) id.normalization += cat(x, ",");
+    id.normalization += " std=";
+    for (float x : d.normalization->std) id.normalization += cat(x, ",");
+  }
+  id.loss = opts_.model.loss;
+  id.output_name = opts_.model.output;
+  id.freeze = opts_.model.trainable.freeze_regex;
+  id.trainable = opts_.model.trainable.trainable_regex;
+  id.sync_batchnorm = opts_.parallel.sync_batchnorm && opts_.parallel.replicas * processes() > 1;
+  return id;
+}
+
+void Trainer::save_checkpoint(const RunPosition& position) const {
+  if (!lead()) return;
+  const std::string& dir = opts_.checkpoint.dir;
+  runtime::Checkpoint ck;
+  ck.metadata = to_metadata(CheckpointState{identity(), position});
+  for (auto& [name, t] : session().state()) ck.add_tensor(name, std::move(t));
+  const fs::path file = fs::path(dir) / runtime::checkpoint_file_name(position.step);
+  runtime::write_checkpoint(file.string(), ck);
+  runtime::prune_checkpoints(dir, kKeepCheckpoints);
+}
+
+RunPosition Trainer::resume() {
+  RunPosition pos;
+  const std::string& dir = opts_.checkpoint.dir;
+  if (lead()) {
+    std::vector<std::string> skipped;
+    std::optional<runtime::LoadedCheckpoint> got = runtime::load_latest_checkpoint(dir, &skipped);
+    OT_CHECK(got, "--resume: no readable checkpoint (ckpt-<step>.otck) in '", dir, "'",
+             skipped.empty() ? std::string() : cat(" (skipped: ", skipped.front(), ")"));
+    const runtime::Checkpoint& ck = got->ckpt;
+    const std::string& path = got->file.path;
+    const CheckpointState saved = from_metadata(ck.metadata, path);
+    const RunIdentity now = identity();
+    if (!(saved.identity == now)) {
+      const std::string diff = identity_difference(saved.identity, now);
+      fail("--resume: ", path, " was written with different options (",
+           diff.empty() ? "options" : diff,
+           "); resume with the original options or use a new --checkpoint-dir");
+    }
+    OT_CHECK(saved.position.steps_per_epoch == length_.steps_per_epoch, path, ": written at ",
+             saved.position.steps_per_epoch, " steps per epoch, this run has ",
+             length_.steps_per_epoch);
+    std::map<std::string, Tensor> state = session().state();
+    for (auto& [name, t] : state) {
+      const Tensor* tensor = ck.find_tensor(name);
+      OT_CHECK(tensor, path, ": no tensor '", name, "' (the training graph's state)");
+      t = *tensor;
+    }
+    session().set_state(state);
+    remove_stale_temporaries(dir);
+    pos = saved.position;
+  }
+  if (world_) {
+    // Rank 0 read the checkpoint; the others get its state and position.
+    int64_t ints[4] = {pos.step, pos.steps_per_epoch, pos.epoch_examples, pos.epoch_steps};
+    double reals[3] = {pos.epoch_loss_sum, pos.epoch_correct, pos.epoch_seconds};
+    world_->broadcast(ints, 4, graph::DataType::kInt64, 0, "resume position");
+    world_->broadcast(reals, 3, graph::DataType::kDouble, 0, "resume position");
+    pos = RunPosition{ints[0], ints[1], reals[0], reals[1], reals[2], ints[2], ints[3]};
+    std::map<std::string, Tensor> state = session().state();
+    for (auto& [name, t] : state)
+      world_->broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()), graph::DataType::kUInt8,
+                        0, "resume state");
+    session().set_state(state);
+  }
+  return pos;
+}
+
+void Trainer::check_setup(bool resume) const {
+  if (!world_) return;
+  std::vector<std::pair<std::string, std::string>> setup = identity_fields(identity());
+  std::string buckets;
+  for (size_t b = 0; b < info_.buckets.num_buckets(); ++b) {
+    buckets += cat(info_.buckets.bytes[b], ":");
+    for (const std::string& p : info_.buckets.params[b]) buckets += p + ",";
+    buckets += ";";
+  }
+  setup.emplace_back("training graph", cat(fnv1a64(graph::export_onnx_bytes(*training_graph_))));
+  setup.emplace_back("bucket layout", buckets);
+  setup.emplace_back("steps", cat(length_.total_steps, " of ", length_.steps_per_epoch,
+                                  " per epoch, ", length_.train_examples, " examples"));
+  setup.emplace_back("resume", resume ? "1" : "0");
+  check_same(*world_, setup, "before step 1");
+}
+
+void Trainer::check_weights_agree() const {
+  if (!world_) return;
+  // The collectives give every replica of every process the same bytes; verify it once.
+  OT_CHECK(session().replicas_identical(), "rank ", world_->rank(),
+           ": the replicas of this process ended with different weights");
+  uint64_t h = fnv1a64("state");
+  for (const auto& [name, t] : session().state())
+    h = fnv1a64(std::string_view(reinterpret_cast<const char*>(t.data()), t.nbytes()),
+                fnv1a64(name, h));
+  check_same(*world_, {{"trained weights", cat(h)}}, "after training");
+}
+
+void Trainer::export_model(const std::string& path) const {
+  graph::export_onnx_file(*trained_model(), path);
+}
+
+int64_t Trainer::trainable_parameters() const {
+  int64_t n = 0;
+  for (const std::string& p : info_.prepared.params) {
+    const graph::Value* v = original_->graph->find_value(p);
+    if (v && v->has_initializer()) n += v->initializer().numel();
+  }
+  return n;
+}
+
+int64_t Trainer::allreduce_bytes() const {
+  int64_t n = 0;
+  for (const std::string& p : info_.prepared.params) {
+    const graph::Value* v = original_->graph->find_value(p);
+    if (v && v->has_initializer()) n += static_cast<int64_t>(v->initializer().nbytes());
+  }
+  return n;
+}
+
+std::string Trainer::devices_text() const {
+  std::string out;
+  for (const auto& d : devices_) {
+    if (d->name() == "cpu") return "cpu";
+    out += (out.empty() ? "" : ", ") + d->name();
+  }
+  return out;
+}
+
+}  // namespace onnxtrain::train

@@ -1,0 +1,163 @@
+// train::Trainer: one trainer for R replicas in each of P processes (R = P = 1 is the C++ API's
+// single-replica trainer). It loads the model, builds the training graph (passes), chooses the
+// devices, runs the DataParallelSession, the evaluation graph, the data, the checkpoints and the
+// multi-process setup check. The loop, its reporting and the output files are the caller's
+// (tools/train_loop.cc).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/ir.h"
+#include "passes/passes.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
+#include "runtime/data_parallel.h"
+#include "runtime/device/device.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/session.h"
+#include "runtime/training_session.h"
+#include "train/checkpoint_state.h"
+#include "train/options.h"
+
+namespace onnxtrain::train {
+
+// The model's batch input: the first graph input without an initializer, dims past the batch.
+struct BatchInput {
+  std::string name;
+  std::vector<int64_t> dims;
+};
+
+struct TrainingData {
+  runtime::TrainValData sets;
+  runtime::InputAdapter adapter;
+  std::optional<runtime::InputAdapter> val_adapter;  // with sets.val
+};
+
+// How long a run is for a training set: global batch, steps per epoch, steps in all, epochs.
+struct RunLength {
+  int64_t global_batch = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  int64_t epochs = 0;
+  int64_t train_examples = 0;
+};
+
+struct EvalResult {
+  double loss = 0;                 // mean over the examples
+  std::optional<double> accuracy;  // cross-entropy only
+};
+
+class Trainer {
+ public:
+  // Loads the custom-op libraries, then opts.model.path. Throws onnxtrain::Error (one line) for
+  // a bad model, option combination or device.
+  explicit Trainer(const Options& opts);
+  // A model in memory; opts.model.path (may be empty) only names it in messages.
+  Trainer(std::unique_ptr<graph::Model> model, const Options& opts);
+  ~Trainer();
+  // Creates the sessions. The in-memory constructor calls it; after Trainer(opts) the caller
+  // does, once every process agrees on the setup (check_setup): with several processes the
+  // sessions connect to the others.
+  void start();
+
+  // ---- steps
+  // One optimizer step on `batch` (this process's rows: model inputs + labels or targets).
+  // loss_scale 0 = 1/N with N the batch dim of the labels/targets (the batch's mean loss).
+  // `seed` (non-zero) fixes the step's random numbers (Dropout); 0 leaves them unseeded.
+  runtime::StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr,
+                           float loss_scale = 0, uint64_t seed = 0);
+  // Step `s` (0-based) of a run on the GLOBAL batch `b`: this process's rows, the schedule's lr,
+  // random numbers from (seed, s) so a resumed run draws what the uninterrupted one drew.
+  runtime::StepResult run_step(runtime::Batch b, int64_t s);
+
+  // ---- data, length, evaluation
+  // opts.data loaded for the model's input shape; labels or targets checked against the loss.
+  TrainingData load_data() const;
+  // Sets the length (and a cosine schedule's total) for `train_examples` examples per epoch.
+  const RunLength& plan_length(int64_t train_examples);
+  const RunLength& length() const { return length_; }
+  // The evaluation graph (passes::build_evaluation_graph) on the current state, summed over `val`.
+  EvalResult evaluate(const runtime::Dataset& val, const runtime::InputAdapter& adapter,
+                      int64_t batch);
+
+  // ---- checkpoints (opts.checkpoint.dir; after plan_length)
+  RunIdentity identity() const;
+  // Rank 0 writes DIR/ckpt-<step>.otck and keeps the newest few; other ranks do nothing.
+  void save_checkpoint(const RunPosition& position) const;
+  // Rank 0 reads the newest checkpoint (a different identity is an error naming the fields);
+  // every process gets its state and position.
+  RunPosition resume();
+
+  // ---- several processes (no-ops without a world)
+  // Every process compares its setup (options, training graph, buckets, length) with rank 0's
+  // before step 1; a difference is a one-line error on every process.
+  void check_setup(bool resume) const;
+  // After training: the replicas of this process and the processes hold the same weights.
+  void check_weights_agree() const;
+
+  // ---- state and results
+  const std::vector<std::string>& parameters() const { return info_.prepared.params; }
+  std::map<std::string, graph::Tensor> state() const { return session_->state(); }
+  void set_state(const std::map<std::string, graph::Tensor>& state) { session_->set_state(state); }
+  std::unique_ptr<graph::Model> trained_model() const {
+    return session_->trained_model(*original_);
+  }
+  // Writes the original inference graph with the trained weights and BN running statistics.
+  void export_model(const std::string& path) const;
+
+  // ---- what was built
+  const Options& options() const { return opts_; }
+  const graph::Model& original() const { return *original_; }
+  // The training graph as built (before state became inputs), e.g. to export and dump it.
+  const graph::Model& training_graph() const { return *training_graph_; }
+  const passes::TrainingGraphInfo& info() const { return info_; }
+  runtime::DataParallelSession& session();
+  const runtime::DataParallelSession& session() const;
+  // Throws when the model has no batch input with a fixed example shape (the C++ API's
+  // step() does not need one; load_data and run_step do).
+  const BatchInput& batch_input() const;
+  bool cross_entropy() const { return info_.loss.kind == passes::LossKind::kCrossEntropy; }
+  int64_t classes() const { return classes_; }  // 0 unless cross-entropy with a known width
+  int64_t trainable_parameters() const;
+  int64_t allreduce_bytes() const;  // gradient bytes one replica contributes per step
+  int threads() const { return threads_; }
+  int processes() const { return world_ ? world_->size() : 1; }
+  bool lead() const { return !world_ || world_->rank() == 0; }  // prints, validates, writes
+  std::string devices_text() const;                             // "cpu" or "cuda:0, cuda:1"
+
+ private:
+  void build();
+
+  Options opts_;
+  runtime::ProcessWorld* world_ = nullptr;  // nullptr: this process alone
+  std::unique_ptr<graph::Model> original_;
+  std::string model_hash_;  // of the model file; "" for a model handed over in memory
+  BatchInput input_;
+  std::string input_error_;           // why input_ is empty
+  std::vector<int64_t> output_dims_;  // the trained output's dims past the batch (may be empty)
+  int64_t classes_ = 0;
+  std::unique_ptr<graph::Model> training_graph_;
+  passes::TrainingGraphInfo info_;
+  std::vector<std::shared_ptr<runtime::Device>> devices_;
+  int threads_ = 1;
+  runtime::LrSchedule schedule_;
+  RunLength length_;
+  std::unique_ptr<runtime::DataParallelSession> session_;
+  std::unique_ptr<runtime::InferenceSession> eval_session_;  // built by the first evaluate()
+};
+
+// The device of each of this process's replicas (ParallelOptions::device): "cuda" puts replica
+// k of local process l on GPU l*R+k.
+std::vector<std::shared_ptr<runtime::Device>> replica_devices(const ParallelOptions& p);
+
+// --threads 0: the CPUs this process may run on, an equal share each when a launcher started
+// `local_processes` unbound processes on this machine.
+int default_threads(int local_processes);
+
+}  // namespace onnxtrain::train
