@@ -20,7 +20,7 @@ std::unique_ptr<graph::Model> build_evaluation_graph(const graph::Model& origina
   const PreparedModel p = prepare_training(*scratch, opts.trainable, opts.output);
   for (const graph::InputBinding& b : scratch->training.inputs)
     if (b.role == graph::InputRole::kBatch) m->training.inputs.push_back(b);
-  attach_loss(*m, p.logits, loss);
+  attach_loss(*m, p.logits, loss_options(opts, loss));
   infer_shapes(*m);
   const std::set<std::string> fed(state.begin(), state.end());
   for (graph::Value* v : m->graph->initializers()) {

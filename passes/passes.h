@@ -228,6 +228,8 @@ struct TrainingOptions {
   TrainableOptions trainable;
   std::string output;  // model output to train ("" = auto)
   LossKind loss = LossKind::kAuto;
+  int64_t class_axis = 1;               // LossOptions::class_axis
+  std::optional<int64_t> ignore_index;  // LossOptions::ignore_index
   OptimizerOptions optimizer;
   int replicas = 1;                  // > 1: replicate + bucket_allreduce after the optimizer
   std::vector<std::string> devices;  // ReplicateOptions::devices
@@ -237,6 +239,15 @@ struct TrainingOptions {
   // then span the processes of a multi-process (MPI) run.
   bool collectives = false;
 };
+// The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
+// resolved one).
+inline LossOptions loss_options(const TrainingOptions& opts, LossKind kind) {
+  LossOptions l;
+  l.kind = kind;
+  l.class_axis = opts.class_axis;
+  l.ignore_index = opts.ignore_index;
+  return l;
+}
 struct TrainingGraphInfo {
   PreparedModel prepared;
   LossInfo loss;

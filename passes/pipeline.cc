@@ -15,7 +15,7 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   infer_shapes(model);
   info.prepared = prepare_training(model, opts.trainable, opts.output);
   stage("prepare_training");
-  info.loss = attach_loss(model, info.prepared.logits, opts.loss);
+  info.loss = attach_loss(model, info.prepared.logits, loss_options(opts, opts.loss));
   infer_shapes(model);
   stage("attach_loss");
   info.gradients = autodiff(model, info.loss.loss, info.prepared.params);

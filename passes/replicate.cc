@@ -136,12 +136,15 @@ class Replicator {
   }
 
   // The signature of the replicated graph: per-replica state, gradients and results; the inputs
-  // keep their names (the global batch, shared scalars).
+  // keep their names (the global batch, shared scalars) and every other field carries over.
   graph::TrainingSignature replicated_signature() const {
     const graph::TrainingSignature& old = model_.training;
-    graph::TrainingSignature sig;
+    graph::TrainingSignature sig = old;
     sig.replicas = r_;
-    sig.inputs = old.inputs;
+    sig.state.clear();
+    sig.gradients.clear();
+    sig.results.clear();
+    sig.buckets.clear();
     auto value = [&](const std::string& name) { return g_.find_value(name); };
     for (int k = 0; k < r_; ++k) {
       for (const graph::StateBinding& b : old.state)

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,10 @@ length and batch:
 model and optimizer:
   --output-name NAME      the model output to train (default: the only/first float output)
   --loss KIND             auto (default) | cross-entropy | mse
+  --class-axis A          cross-entropy's class axis: 1 (default, (N, C, ...)) or -1 (classes
+                          last, (N, T, C) with per-token labels (N, T))
+  --ignore-index N        cross-entropy labels equal to N are padding: out of the loss, its
+                          mean and the accuracy (torch's ignore_index; default: none)
   --freeze REGEX          do not train parameters whose name matches
   --trainable REGEX       train only parameters whose name matches
   --optimizer KIND        sgd | momentum | adam (default) | adamw | adagrad
@@ -238,6 +243,12 @@ Args parse_args(int argc, char** argv) {
       c.train.optimizer.clip_global_norm = static_cast<float>(parse_float(arg, value(), 0, false));
     } else if (arg == "--loss") {
       c.train.model.loss = loss_kind(value());
+    } else if (arg == "--class-axis") {
+      const std::string a = value();
+      if (a != "1" && a != "-1") usage_fail(arg, ": expected 1 or -1, got '", a, "'");
+      c.train.model.class_axis = a == "1" ? 1 : -1;
+    } else if (arg == "--ignore-index") {
+      c.train.model.ignore_index = parse_int(arg, value(), std::numeric_limits<int64_t>::min());
     } else if (arg == "--output-name") {
       c.train.model.output = value();
     } else if (arg == "--freeze") {

@@ -67,8 +67,9 @@ EpochMetrics epoch_metrics(const train::RunPosition& p, int64_t epoch, bool ce) 
   m.steps = p.epoch_steps;
   m.examples = p.epoch_examples;
   m.seconds = p.epoch_seconds;
-  m.loss = p.epoch_loss_sum / static_cast<double>(p.epoch_examples);
-  if (ce) m.accuracy = p.epoch_correct / static_cast<double>(p.epoch_examples);
+  const double targets = static_cast<double>(std::max<int64_t>(p.epoch_targets, 1));
+  m.loss = p.epoch_loss_sum / targets;
+  if (ce) m.accuracy = p.epoch_correct / targets;
   return m;
 }
 
@@ -161,14 +162,15 @@ TrainResult run_training(const TrainConfig& config) {
   for (int64_t s = res.start_step; s < res.total_steps; ++s) {
     const auto t0 = Clock::now();
     runtime::Batch b = loader.next();
-    const int64_t n = b.size();
+    const int64_t n = b.size(), targets = trainer.targets(b);
     runtime::StepResult r = trainer.run_step(std::move(b), s);
-    pos.epoch_loss_sum += r.loss * static_cast<double>(n);
+    pos.epoch_loss_sum += r.loss * static_cast<double>(targets);
     pos.epoch_correct += r.correct;
     pos.epoch_examples += n;
+    pos.epoch_targets += targets;
     pos.epoch_steps += 1;
     pos.epoch_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    const double seen = static_cast<double>(pos.epoch_examples);
+    const double seen = static_cast<double>(std::max<int64_t>(pos.epoch_targets, 1));
     const int64_t epoch = s / spe + 1;
     progress.step(epoch, s % spe + 1, pos.epoch_seconds, pos.epoch_loss_sum / seen,
                   ce ? std::optional<double>(pos.epoch_correct / seen) : std::nullopt);

@@ -168,6 +168,8 @@ std::vector<std::pair<std::string, std::string>> identity_fields(const RunIdenti
       {"val_split", exact(id.val_split)},
       {"normalization", id.normalization},
       {"loss", std::string(loss_kind_name(id.loss))},
+      {"class_axis", std::to_string(id.class_axis)},
+      {"ignore_index", id.ignore_index ? std::to_string(*id.ignore_index) : "none"},
       {"output_name", id.output_name},
       {"freeze", id.freeze},
       {"trainable", id.trainable},
@@ -199,6 +201,7 @@ std::map<std::string, std::string> to_metadata(const CheckpointState& s) {
   m["epoch_seconds"] = exact(p.epoch_seconds);
   m["epoch_examples"] = std::to_string(p.epoch_examples);
   m["epoch_steps"] = std::to_string(p.epoch_steps);
+  m["epoch_targets"] = std::to_string(p.epoch_targets);
   return m;
 }
 
@@ -232,6 +235,8 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
   id.val_split = r.number<double>(opt("val_split"));
   id.normalization = r.text(opt("normalization"));
   id.loss = r.named(opt("loss"), kLosses, "loss");
+  id.class_axis = r.number<int64_t>(opt("class_axis"));
+  if (r.text(opt("ignore_index")) != "none") id.ignore_index = r.number<int64_t>(opt("ignore_index"));
   id.output_name = r.text(opt("output_name"));
   id.freeze = r.text(opt("freeze"));
   id.trainable = r.text(opt("trainable"));
@@ -245,6 +250,7 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
   p.epoch_correct = r.number<double>("epoch_correct");
   p.epoch_seconds = r.number<double>("epoch_seconds");
   p.epoch_examples = r.number<int64_t>("epoch_examples");
+  p.epoch_targets = r.number<int64_t>("epoch_targets");
   p.epoch_steps = r.number<int64_t>("epoch_steps");
   return s;
 }

@@ -49,6 +49,8 @@ struct RunIdentity {
   double val_split = 0;
   std::string normalization;  // "default" or "mean=A,B std=C,D"
   passes::LossKind loss = passes::LossKind::kAuto;
+  int64_t class_axis = 1;
+  std::optional<int64_t> ignore_index;
   std::string output_name;
   std::string freeze, trainable;  // regexes
   bool sync_batchnorm = false;    // true only where it changes the math (more than one replica)
@@ -62,6 +64,9 @@ struct RunPosition {
   int64_t steps_per_epoch = 1;
   double epoch_loss_sum = 0, epoch_correct = 0, epoch_seconds = 0;
   int64_t epoch_examples = 0, epoch_steps = 0;
+  // The epoch's targets (Trainer::targets): the loss and accuracy denominators. Equal to
+  // epoch_examples but for per-token labels or padding (ignore_index).
+  int64_t epoch_targets = 0;
   bool operator==(const RunPosition&) const = default;
 };
 

@@ -21,6 +21,10 @@ struct ModelOptions {
   passes::TrainableOptions trainable;
   std::string output;  // model output to train ("" = auto)
   passes::LossKind loss = passes::LossKind::kAuto;
+  // Cross-entropy: the logits' class axis (1, or -1 for classes last: (N, T, C) with per-token
+  // labels) and the padding label (torch's -100) left out of the loss and its mean.
+  int64_t class_axis = 1;
+  std::optional<int64_t> ignore_index;
 };
 
 struct DataOptions {

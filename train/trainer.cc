@@ -77,6 +77,8 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.trainable = o.model.trainable;
   t.output = o.model.output;
   t.loss = o.model.loss;
+  t.class_axis = o.model.class_axis;
+  t.ignore_index = o.model.ignore_index;
   t.optimizer = o.optimizer;
   return t;
 }
@@ -127,6 +129,34 @@ void check_same(runtime::ProcessWorld& w,
     throw runtime::WorldConsistentError(
         cat("processes disagree ", when, " (", diff,
             "); every process must run the same model, data and options"));
+}
+
+// How many targets `truth` (a batch's labels or targets) holds: the denominator of the loss's
+// mean and of the accuracy (the numerics contract: the loss is a sum, x 1 / the global batch's
+// count). Targets: one per row. Labels: one per element ((N) per example, (N, T) per token),
+// less those equal to the signature's ignore_index.
+int64_t target_count(const graph::TrainingSignature& sig, const Tensor& truth) {
+  OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, "train: empty batch");
+  if (!sig.find_input(graph::InputRole::kLabels)) return truth.dims()[0];
+  int64_t count = truth.numel();
+  if (sig.ignore_index) {
+    auto padding = [&](const auto* v) {
+      return static_cast<int64_t>(std::count(v, v + truth.numel(), *sig.ignore_index));
+    };
+    if (truth.dtype() == graph::DataType::kInt64)
+      count -= padding(truth.data_as<int64_t>());
+    else if (truth.dtype() == graph::DataType::kInt32)
+      count -= padding(truth.data_as<int32_t>());
+    else
+      fail("train: labels must be int64 or int32, not ", graph::dtype_short_name(truth.dtype()));
+  }
+  return count;
+}
+
+// A batch of padding alone gets 0 (no loss, no gradient).
+float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth) {
+  const int64_t count = target_count(sig, truth);
+  return count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
 }  // namespace
@@ -251,14 +281,19 @@ runtime::StepResult Trainer::step(const std::map<std::string, Tensor>& batch, fl
     auto it = truth ? batch.find(truth->name) : batch.end();
     OT_CHECK(it != batch.end() && it->second.rank() >= 1, "Trainer::step: the batch has no '",
              truth ? truth->name : "labels", "' (the training graph's labels or targets)");
-    OT_CHECK(it->second.dims()[0] > 0, "Trainer::step: empty batch");
-    loss_scale = 1.0f / static_cast<float>(it->second.dims()[0]);
+    loss_scale = loss_scale_of(sig, it->second);
   }
   return session().step(batch, lr, loss_scale, seed);
 }
 
+int64_t Trainer::targets(const runtime::Batch& b) const {
+  return target_count(training_graph_->training, b.targets);
+}
+
 runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
   const int64_t n = b.size();
+  const graph::TrainingSignature& sig = training_graph_->training;
+  const float loss_scale = loss_scale_of(sig, b.targets);  // of the global batch
   if (world_) {
     // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
     // split these rows over R by the same rule, which reproduces the global split.
@@ -267,22 +302,20 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
     b.inputs = runtime::slice_rows(b.inputs, start, rows);
     b.targets = runtime::slice_rows(b.targets, start, rows);
   }
-  const graph::TrainingSignature& sig = training_graph_->training;
   std::map<std::string, Tensor> feeds;
   feeds[batch_input().name] = std::move(b.inputs);
   feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
                                          : graph::InputRole::kTargets)] = std::move(b.targets);
   const uint64_t step_seed =
       runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
-  return session().step(feeds, runtime::lr_at(schedule_, s), 1.0f / static_cast<float>(n),
-                        step_seed);
+  return session().step(feeds, runtime::lr_at(schedule_, s), loss_scale, step_seed);
 }
 
 TrainingData Trainer::load_data() const {
   const DataOptions& d = opts_.data;
   const BatchInput& input = batch_input();
   runtime::DataConfig dc{d.train, d.val, d.val_split, d.seed};
-  runtime::LoadOptions lo{input.dims, classes_, d.seed};
+  runtime::LoadOptions lo{input.dims, classes_, d.seed, opts_.model.ignore_index};
   runtime::TrainValData sets = runtime::load_train_val(dc, lo);
   const std::string& out = info_.prepared.logits;
   for (const runtime::Dataset* set : {&sets.train, sets.val ? &*sets.val : nullptr}) {
@@ -359,9 +392,10 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   lo.batch_size = batch;
   lo.shuffle = false;
   runtime::DataLoader loader(val, adapter, lo);
-  double loss_sum = 0, correct = 0;
+  double loss_sum = 0, correct = 0, count = 0;
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
+    count += static_cast<double>(target_count(sig, b.targets));
     feeds[input_name] = std::move(b.inputs);
     feeds[truth_name] = std::move(b.targets);
     std::vector<Tensor> r = s.run(feeds);
@@ -369,7 +403,7 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
     if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
   }
   EvalResult out;
-  const double n = static_cast<double>(val.size());
+  const double n = std::max(count, 1.0);  // targets (rows, or counted labels)
   out.loss = loss_sum / n;
   if (cross_entropy() && correct_at >= 0) out.accuracy = correct / n;
   return out;
@@ -403,6 +437,8 @@ RunIdentity Trainer::identity() const {
     for (float x : d.normalization->std) id.normalization += cat(x, ",");
   }
   id.loss = opts_.model.loss;
+  id.class_axis = opts_.model.class_axis;
+  id.ignore_index = opts_.model.ignore_index;
   id.output_name = opts_.model.output;
   id.freeze = opts_.model.trainable.freeze_regex;
   id.trainable = opts_.model.trainable.trainable_regex;
@@ -454,11 +490,12 @@ RunPosition Trainer::resume() {
   }
   if (world_) {
     // Rank 0 read the checkpoint; the others get its state and position.
-    int64_t ints[4] = {pos.step, pos.steps_per_epoch, pos.epoch_examples, pos.epoch_steps};
+    int64_t ints[5] = {pos.step, pos.steps_per_epoch, pos.epoch_examples, pos.epoch_steps,
+                       pos.epoch_targets};
     double reals[3] = {pos.epoch_loss_sum, pos.epoch_correct, pos.epoch_seconds};
-    world_->broadcast(ints, 4, graph::DataType::kInt64, 0, "resume position");
+    world_->broadcast(ints, 5, graph::DataType::kInt64, 0, "resume position");
     world_->broadcast(reals, 3, graph::DataType::kDouble, 0, "resume position");
-    pos = RunPosition{ints[0], ints[1], reals[0], reals[1], reals[2], ints[2], ints[3]};
+    pos = RunPosition{ints[0], ints[1], reals[0], reals[1], reals[2], ints[2], ints[3], ints[4]};
     std::map<std::string, Tensor> state = session().state();
     for (auto& [name, t] : state)
       world_->broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()), graph::DataType::kUInt8,

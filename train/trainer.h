@@ -75,6 +75,10 @@ class Trainer {
   // Step `s` (0-based) of a run on the GLOBAL batch `b`: this process's rows, the schedule's lr,
   // random numbers from (seed, s) so a resumed run draws what the uninterrupted one drew.
   runtime::StepResult run_step(runtime::Batch b, int64_t s);
+  // The targets of a global batch: the denominator of its loss (run_step's StepResult::loss is
+  // the mean over them) and of its accuracy. Rows, or for labels their elements other than the
+  // training signature's ignore_index.
+  int64_t targets(const runtime::Batch& b) const;
 
   // ---- data, length, evaluation
   // opts.data loaded for the model's input shape; labels or targets checked against the loss.

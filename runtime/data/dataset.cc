@@ -48,11 +48,13 @@ std::shared_ptr<Dataset::Storage> make_storage(const std::string& name, std::vec
   return s;
 }
 
-void set_labels(Dataset::Storage& s, const std::string& name, std::vector<int64_t> labels) {
+void set_labels(Dataset::Storage& s, const std::string& name, std::vector<int64_t> labels,
+                std::optional<int64_t> padding_label = std::nullopt) {
   OT_CHECK(static_cast<int64_t>(labels.size()) == s.count, name, ": ", labels.size(),
            " labels for ", s.count, " examples");
   int64_t max_label = -1;
   for (size_t i = 0; i < labels.size(); ++i) {
+    if (padding_label && labels[i] == *padding_label) continue;
     OT_CHECK(labels[i] >= 0, name, ": label ", labels[i], " of example ", i, " is negative");
     max_label = std::max(max_label, labels[i]);
   }
@@ -75,10 +77,11 @@ Dataset Dataset::from_pixels(std::string name, std::vector<int64_t> example_shap
 }
 
 Dataset Dataset::from_floats(std::string name, std::vector<int64_t> example_shape,
-                             std::vector<float> features, std::vector<int64_t> labels) {
+                             std::vector<float> features, std::vector<int64_t> labels,
+                             std::optional<int64_t> padding_label) {
   auto s = make_storage(name, std::move(example_shape), features.size());
   s->features = std::move(features);
-  set_labels(*s, name, std::move(labels));
+  set_labels(*s, name, std::move(labels), padding_label);
   Dataset d;
   d.storage_ = std::move(s);
   d.name_ = std::move(name);

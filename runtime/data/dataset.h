@@ -27,8 +27,10 @@ class Dataset {
   // Pixel data: one byte per element, read back scaled by 1/255.
   static Dataset from_pixels(std::string name, std::vector<int64_t> example_shape,
                              std::vector<uint8_t> pixels, std::vector<int64_t> labels);
+  // A negative label is an error unless it equals `padding_label` (a label the loss ignores).
   static Dataset from_floats(std::string name, std::vector<int64_t> example_shape,
-                             std::vector<float> features, std::vector<int64_t> labels);
+                             std::vector<float> features, std::vector<int64_t> labels,
+                             std::optional<int64_t> padding_label = std::nullopt);
   // Regression targets: `targets` holds N x target_numel floats (no class labels).
   static Dataset from_floats_with_targets(std::string name, std::vector<int64_t> example_shape,
                                           std::vector<float> features,
@@ -100,6 +102,9 @@ struct LoadOptions {
   // The model's class count: synthetic labels are drawn from [0, num_classes) (10 when 0).
   int64_t num_classes = 0;
   uint64_t seed = 0;  // synthetic content
+  // Labels equal to this are padding the loss ignores (--ignore-index): allowed although
+  // negative. Other negative labels are an error naming the file and index.
+  std::optional<int64_t> padding_label = std::nullopt;
 };
 
 struct LoadedData {

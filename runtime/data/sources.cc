@@ -213,7 +213,7 @@ std::vector<int64_t> tail_dims(const std::vector<int64_t>& dims) {
   return out;
 }
 
-LoadedData load_npy(const DataSpec& spec) {
+LoadedData load_npy(const DataSpec& spec, const LoadOptions& options) {
   graph::Tensor x = read_npy(spec.x_path);
   graph::Tensor y = read_npy(spec.y_path);
   OT_CHECK(x.dtype() == graph::DataType::kFloat || x.dtype() == graph::DataType::kDouble,
@@ -235,10 +235,12 @@ LoadedData load_npy(const DataSpec& spec) {
     std::vector<int64_t> labels(static_cast<size_t>(y.dims()[0]));
     for (size_t i = 0; i < labels.size(); ++i) {
       labels[i] = yt == graph::DataType::kInt64 ? y.data_as<int64_t>()[i] : y.data_as<int32_t>()[i];
-      OT_CHECK(labels[i] >= 0, spec.y_path, ": label ", labels[i], " at index ", i, " is negative");
+      OT_CHECK(labels[i] >= 0 || labels[i] == options.padding_label, spec.y_path, ": label ",
+               labels[i], " at index ", i, " is negative",
+               options.padding_label ? "" : " (padding? give --ignore-index)");
     }
-    out.train =
-        Dataset::from_floats(spec.text, example, floats_of(x, spec.x_path), std::move(labels));
+    out.train = Dataset::from_floats(spec.text, example, floats_of(x, spec.x_path),
+                                     std::move(labels), options.padding_label);
     // .npy v1 data starts after a header numpy pads to 64 bytes; name the index, not a guess.
     out.train.set_label_origin(spec.y_path, 0, 0);
   } else if (yt == graph::DataType::kFloat || yt == graph::DataType::kDouble) {
@@ -412,7 +414,7 @@ LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {
       out = load_idx_dir(spec.dir, "mnist", {{0.1307f}, {0.3081f}});
       break;
     case DataSpec::Kind::kNpy:
-      out = load_npy(spec);
+      out = load_npy(spec, options);
       break;
     case DataSpec::Kind::kImages:
       out = load_images(spec, options);

@@ -563,6 +563,46 @@ std::unique_ptr<graph::Model> make_bn_mlp() {
   return m;
 }
 
+// Padding labels (-100, torch's ignore_index): without --ignore-index they are an error naming
+// the label; with it they leave the loss, its mean and the accuracy (an accuracy over counted
+// labels only reaches 1 on this separable data).
+TEST_F(OnnxtrainTest, IgnoreIndexLeavesPaddingLabelsOut) {
+  graph::export_onnx_file(*make_bn_mlp(), path("bn.onnx"));
+  std::mt19937 gen(8);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t n = 64;
+  Tensor x(DataType::kFloat, {n, 4});
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  float* xp = x.mutable_data_as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < 4; ++d) xp[i * 4 + d] = dist(gen);
+    y[static_cast<size_t>(i)] = i % 4 == 3 ? -100 : (xp[i * 4] > 0 ? 1 : 0);
+  }
+  runtime::write_npy(path("x.npy"), x);
+  runtime::write_npy(path("y.npy"), Tensor::from_vector(DataType::kInt64, {n}, y));
+  const std::vector<std::string> base = {path("bn.onnx"), "--data",
+                                         "npy:" + path("x.npy") + "," + path("y.npy"),
+                                         "--val-data", "none", "--batch-size", "16", "--threads",
+                                         "1", "--lr", "0.05", "--metrics-json", path("m.jsonl")};
+  RunResult r = train(base);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("-100"), std::string::npos) << r.err;
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--ignore-index", "-100", "--epochs", "20"});
+  r = train(args);
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 20u);
+  const double first = json_number(lines.front(), "loss").value_or(-1);
+  const double last = json_number(lines.back(), "loss").value_or(-1);
+  const double acc = json_number(lines.back(), "accuracy").value_or(-1);
+  EXPECT_GT(first, 0);
+  EXPECT_LT(last, 0.7 * first) << r.out;
+  // 48 counted labels; padding counted as examples would cap the accuracy at 0.75.
+  EXPECT_GT(acc, 0.8) << r.out;
+  EXPECT_LE(acc, 1.0);
+}
+
 // Validation runs the inference graph (BN on running statistics) with the trained state: its
 // val_loss / val_accuracy equal what onnxrun computes from the --output model, in float64.
 TEST_F(OnnxtrainTest, ValidationOfABatchNormModelMatchesOnnxrunOnTheTrainedModel) {

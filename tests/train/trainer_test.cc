@@ -72,6 +72,70 @@ TEST(Trainer, TwoReplicasFollowOneOnTheSameGlobalBatches) {
   EXPECT_TRUE(two.session().replicas_identical());
 }
 
+// A language-model head in miniature: logits (N, T, C) = x + b with per-token labels (N, T),
+// classes last, padding -100. The step's loss is the mean over the counted tokens of the whole
+// global batch (float64 reference), and 2 replicas, whose halves hold different numbers of
+// padding tokens, give the 1-replica loss and weights.
+std::unique_ptr<graph::Model> token_head(int64_t t, int64_t c) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  graph::Graph& g = *m->graph;
+  graph::Value* x = g.add_input(
+      "x", graph::ValueType::tensor(graph::DataType::kFloat,
+                                    graph::Shape{graph::Dim::symbol("N"), graph::Dim::known(t),
+                                                 graph::Dim::known(c)}));
+  std::vector<float> bias(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) bias[static_cast<size_t>(k)] = 0.1f * static_cast<float>(k);
+  graph::Value* b = g.add_initializer("b", Tensor::from_vector(graph::DataType::kFloat, {c}, bias));
+  g.add_output(g.add_node("Add", {x, b}, {"logits"}, "head")->output(0));
+  return m;
+}
+
+TEST(Trainer, PerTokenLabelsWithPaddingAverageOverTheGlobalCount) {
+  const int64_t n = 4, t = 3, c = 5;
+  auto options = [](int replicas) {
+    Options o = mlp_options(replicas);
+    o.optimizer.kind = passes::OptimizerKind::kSgd;
+    o.model.class_axis = -1;
+    o.model.ignore_index = -100;
+    return o;
+  };
+  Trainer one(token_head(t, c), options(1));
+  Trainer two(token_head(t, c), options(2));
+  EXPECT_EQ(one.training_graph().training.ignore_index, std::optional<int64_t>(-100));
+  const std::string labels = one.training_graph().training.find_input(graph::InputRole::kLabels)->name;
+  std::mt19937_64 rng(5);
+  Tensor x = train_test::uniform({n, t, c}, rng);
+  std::vector<int64_t> y(static_cast<size_t>(n * t));
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int64_t>(i % c);
+  // Rows 0-1 (replica 0) hold 4 padding tokens, rows 2-3 (replica 1) one.
+  y[0] = y[1] = y[3] = y[5] = y[10] = -100;
+  const std::map<std::string, Tensor> batch = {
+      {one.batch_input().name, x}, {labels, Tensor::from_vector(graph::DataType::kInt64, {n, t}, y)}};
+  double want = 0;
+  int counted = 0;
+  for (int64_t pos = 0; pos < n * t; ++pos) {
+    if (y[static_cast<size_t>(pos)] == -100) continue;
+    ++counted;
+    std::vector<double> z(static_cast<size_t>(c));
+    double mx = -1e300, se = 0;
+    for (int64_t k = 0; k < c; ++k) {
+      z[static_cast<size_t>(k)] = x.data_as<float>()[pos * c + k] + 0.1 * static_cast<double>(k);
+      mx = std::max(mx, z[static_cast<size_t>(k)]);
+    }
+    for (double v : z) se += std::exp(v - mx);
+    want += mx + std::log(se) - z[static_cast<size_t>(y[static_cast<size_t>(pos)])];
+  }
+  want /= counted;
+  const std::map<std::string, Tensor> start = one.state();
+  const runtime::StepResult a = one.step(batch, 0.5f);
+  const runtime::StepResult b = two.step(batch, 0.5f);
+  EXPECT_NEAR(a.loss, want, 1e-5 * want);
+  EXPECT_NEAR(b.loss, want, 1e-5 * want);
+  EXPECT_LT(max_difference(one.state(), two.state()), 1e-6);
+  EXPECT_GT(max_difference(start, one.state()), 1e-4) << "the step did not move b";
+}
+
 TEST(Trainer, IdentityAndLengthFollowTheOptions) {
   Options o = mlp_options(2);
   o.schedule.lr = 0.25f;
