@@ -16,6 +16,7 @@
 #include "graph/error.h"
 #include "ops/op_api.h"
 #include "passes/passes.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
 
 namespace onnxtrain::testing {
@@ -146,6 +147,9 @@ Tensor int64_tensor(std::vector<int64_t> dims, std::vector<int64_t> values) {
 std::shared_ptr<runtime::Device> test_device() {
   static const std::shared_ptr<runtime::Device> device = [] {
     const char* spec = std::getenv("ONNXTRAIN_TEST_DEVICE");
+    // Finite differences need full float32 products: TF32 rounds the inputs to 10 mantissa
+    // bits, far coarser than the step (on an H200 f32 MatMul/Gemm checks were 20 % off).
+    runtime::set_cuda_tf32(false);
     return runtime::make_device(spec && *spec ? spec : "cpu");
   }();
   return device;
