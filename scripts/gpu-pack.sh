@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu/pack.tar.xz}
+case "$out" in *.tar.xz) ;; *) echo "gpu-pack: error: OUT must end in .tar.xz, got '$out'" >&2; exit 2 ;; esac
 bins=(build/tools/onnxtrain build/tools/onnxzoo build/tools/onnxrun build/tests/backend/backend_suite
       build/tests/device/device_cuda build/tests/grad/gradcheck build/tests/comm/nccl
       build/bench/demo_config)
@@ -27,5 +28,6 @@ ldd "${bins[@]}" "$stage"/lib/*.so* 2>/dev/null | awk '/=> \//{print $3}' | sort
 cp -r /usr/share/libonnx-testdata/data "$stage/data/onnx"
 strip --strip-unneeded "$stage"/bin/* "$stage"/lib/libonnxtrain_* 2>/dev/null || true
 mkdir -p "$(dirname "$out")"
-tar -C "$stage" -cJf "$out" .
+# Written beside OUT and renamed: an interrupted run leaves the previous pack whole.
+tar -C "$stage" -cJf "$out.tmp.$$" . && mv -f "$out.tmp.$$" "$out"
 echo "gpu-pack: wrote $out ($(du -h "$out" | cut -f1))"

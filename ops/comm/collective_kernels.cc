@@ -11,6 +11,7 @@
 
 #include "graph/error.h"
 #include "ops/collectives.h"
+#include "ops/comm/all_reduce_inputs.h"
 #include "ops/op_api.h"
 
 namespace onnxtrain::ops::comm {
@@ -38,18 +39,10 @@ class AllReduceKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     Collectives& comm = ctx.require_collectives();
     const std::string where = ctx.node().describe();
-    std::vector<int> slots;
-    int64_t total = 0;
-    DataType dt = DataType::kUndefined;
-    for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const TensorView* in = ctx.input(i);
-      if (!in) continue;
-      OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
-               ": inputs of one AllReduce must share a dtype");
-      dt = in->dtype;
-      slots.push_back(i);
-      total += in->numel();
-    }
+    const AllReduceInputs inputs = all_reduce_inputs(ctx, where);
+    const std::vector<int>& slots = inputs.slots;
+    const int64_t total = inputs.total;
+    const DataType dt = inputs.dtype;
     if (slots.empty()) return;
     OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
              ": AllReduce supports float32/float64");

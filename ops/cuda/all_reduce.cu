@@ -14,6 +14,7 @@
 
 #include "graph/error.h"
 #include "ops/collectives.h"
+#include "ops/comm/all_reduce_inputs.h"
 #include "ops/cuda/cuda_common.h"
 #include "ops/op_api.h"
 
@@ -89,19 +90,10 @@ class CudaAllReduceKernel final : public Kernel {
              ": CUDA AllReduce runs only after prepare() on an NCCL communicator");
     const int rank = ctx.collectives()->rank();
     auto* comm = static_cast<ncclComm_t>(nccl.comm);
-    std::vector<int> slots;
-    int64_t total = 0;
-    DataType dt = DataType::kUndefined;
-    for (int i = 0; i < ctx.num_inputs(); ++i) {
-      const TensorView* in = ctx.input(i);
-      if (!in) continue;
-      OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
-               ": inputs of one AllReduce must share a dtype (", graph::dtype_short_name(dt),
-               " vs ", graph::dtype_short_name(in->dtype), " at input ", i, ")");
-      dt = in->dtype;
-      slots.push_back(i);
-      total += in->numel();
-    }
+    const AllReduceInputs inputs = all_reduce_inputs(ctx, where);
+    const std::vector<int>& slots = inputs.slots;
+    const int64_t total = inputs.total;
+    const DataType dt = inputs.dtype;
     if (slots.empty()) return;
     // Output buffers are fixed for the run: take them now, fill them in the deferred finish.
     std::vector<std::pair<void*, size_t>> dst;

@@ -192,6 +192,17 @@ void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
   set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
 }
 
+// fn(dX data, dY data) typed float or double (the grad kernels' dtypes).
+template <typename Fn>
+void float_dispatch(const TensorView& dy, TensorView& dx, const std::string& where, Fn&& fn) {
+  if (dy.dtype == DataType::kFloat)
+    fn(dx.as<float>(), dy.as<float>());
+  else if (dy.dtype == DataType::kDouble)
+    fn(dx.as<double>(), dy.as<double>());
+  else
+    fail(where, ": dtype ", graph::dtype_short_name(dy.dtype), " not supported");
+}
+
 // dY: (X[:axis], indices dims, X[axis+1:]), indices: (q), shape: (r) = Shape(X) -> dX: Shape(X),
 // dX[.., indices[k], ..] += dY[.., k, ..] (repeated indices accumulate), zeros elsewhere.
 class GatherGradKernel : public Kernel {
@@ -222,12 +233,7 @@ class GatherGradKernel : public Kernel {
           }
       });
     };
-    if (dy.dtype == DataType::kFloat)
-      run_typed(dx.as<float>(), dy.as<float>());
-    else if (dy.dtype == DataType::kDouble)
-      run_typed(dx.as<double>(), dy.as<double>());
-    else
-      fail(where, ": dtype ", graph::dtype_short_name(dy.dtype), " not supported");
+    float_dispatch(dy, dx, where, run_typed);
   }
 };
 
@@ -255,12 +261,7 @@ class GatherNDGradKernel : public Kernel {
         for (int64_t j = 0; j < t.block; ++j) dst[j] += src[j];
       }
     };
-    if (dy.dtype == DataType::kFloat)
-      run_typed(dx.as<float>(), dy.as<float>());
-    else if (dy.dtype == DataType::kDouble)
-      run_typed(dx.as<double>(), dy.as<double>());
-    else
-      fail(where, ": dtype ", graph::dtype_short_name(dy.dtype), " not supported");
+    float_dispatch(dy, dx, where, run_typed);
   }
 };
 
