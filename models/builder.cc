@@ -238,12 +238,57 @@ Value* GraphBuilder::gemm(Value* x, const std::string& module, int64_t out_featu
 }
 
 Value* GraphBuilder::matmul_add(Value* x, const std::string& module, int64_t out_features) {
-  const int64_t in = expect_rank(x, 2, module)[1];
+  std::vector<int64_t> out = dims_of(x);
+  OT_CHECK(out.size() >= 2, model_name_, ": layer '", module, "' needs a rank-2 or higher input");
+  const int64_t in = out.back();
+  out.back() = out_features;
   Value* weight = kaiming_parameter(module + ".weight", {in, out_features}, in);
   Value* bias = kaiming_parameter(module + ".bias", {out_features}, in);
-  const std::vector<int64_t> out{-1, out_features};
   Value* y = add_node("MatMul", {x, weight}, module + ".matmul", out)->output(0);
   return add_node("Add", {y, bias}, module + ".add", out)->output(0);
+}
+
+Value* GraphBuilder::int_input(const std::string& name, std::span<const int64_t> dims) {
+  std::vector<int64_t> full{-1};
+  for (int64_t d : dims) {
+    OT_CHECK(d > 0, model_name_, ": input dimensions must be positive, got ", join_dims(dims));
+    full.push_back(d);
+  }
+  return graph().add_input(name, ValueType::tensor(DataType::kInt64, batched_shape(full)));
+}
+
+Value* GraphBuilder::embedding(Value* ids, const std::string& module, int64_t vocab, int64_t dim) {
+  const std::string name = module + ".weight";
+  reserve_parameter_bytes(name, std::vector<int64_t>{vocab, dim});
+  Tensor t(DataType::kFloat, {vocab, dim});
+  fill_uniform(std::span<float>(t.mutable_data_as<float>(), static_cast<size_t>(t.numel())),
+               std::sqrt(3.0), parameter_stream_seed(seed_, name));
+  Value* weight = add_parameter(name, std::move(t));
+  std::vector<int64_t> out = dims_of(ids);
+  out.push_back(dim);
+  return add_node("Gather", {weight, ids}, module, out)->output(0);
+}
+
+Node* GraphBuilder::op(const std::string& op_type, const std::vector<Value*>& inputs,
+                       const std::string& name, std::span<const int64_t> out_dims,
+                       DataType dtype) {
+  Node* n = add_node(op_type, inputs, name, out_dims);
+  n->output(0)->type.dtype = dtype;
+  return n;
+}
+
+Value* GraphBuilder::int_constant(const std::string& name, std::vector<int64_t> values) {
+  const auto n = static_cast<int64_t>(values.size());
+  return add_parameter(name, Tensor::from_vector(DataType::kInt64, {n}, values));
+}
+
+Value* GraphBuilder::float_constant(const std::string& name, float value) {
+  // A Constant node, not an initializer: float initializers are what training updates.
+  Node* n = graph().add_node("Constant", {}, {name}, name);
+  n->output(0)->type = ValueType::tensor(DataType::kFloat, Shape{});
+  n->set_attr(graph::Attribute::make_tensor(
+      "value", Tensor::from_vector(DataType::kFloat, {}, std::vector<float>{value})));
+  return n->output(0);
 }
 
 Value* GraphBuilder::add(Value* a, Value* b, const std::string& name) {

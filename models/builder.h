@@ -75,9 +75,23 @@ class GraphBuilder {
   graph::Value* flatten(graph::Value* x, const std::string& name);
   // nn.Linear as torch.onnx exports it: Gemm(x (N,in), W (out,in), b (out), transB=1).
   graph::Value* gemm(graph::Value* x, const std::string& module, int64_t out_features);
-  // x (N,in) @ W (in,out) -> MatMul, then Add b (out). W is stored transposed relative to
+  // x (N,...,in) @ W (in,out) -> MatMul, then Add b (out). W is stored transposed relative to
   // nn.Linear, which is how a plain MatMul wants it.
   graph::Value* matmul_add(graph::Value* x, const std::string& module, int64_t out_features);
+  // Graph input i64 [N, dims...] (token ids, attention masks).
+  graph::Value* int_input(const std::string& name, std::span<const int64_t> dims);
+  // nn.Embedding(vocab, dim) as exported: Gather(weight (vocab, dim), ids) -> (N, ..., dim),
+  // weights N(0,1)-like (uniform with variance 1, as the builder draws uniform numbers).
+  graph::Value* embedding(graph::Value* ids, const std::string& module, int64_t vocab, int64_t dim);
+  // A node with one float (or `dtype`) output of `out_dims` (-1 = the batch); attributes are the
+  // caller's (set_attr on the returned node).
+  graph::Node* op(const std::string& op_type, const std::vector<graph::Value*>& inputs,
+                  const std::string& name, std::span<const int64_t> out_dims,
+                  graph::DataType dtype = graph::DataType::kFloat);
+  // An int64 constant initializer (axes, shapes): not a parameter.
+  graph::Value* int_constant(const std::string& name, std::vector<int64_t> values);
+  // A float scalar Constant node (not an initializer, so not trained), e.g. a division's floor.
+  graph::Value* float_constant(const std::string& name, float value);
   // Elementwise a + b of equal shapes (the residual connection).
   graph::Value* add(graph::Value* a, graph::Value* b, const std::string& name);
 

@@ -21,6 +21,7 @@ struct Resolved {
   std::vector<int64_t> input;
   int64_t classes = 0;
   int64_t width = 0;
+  int64_t vocab = 0;
 };
 
 using BuildFn = Value* (*)(GraphBuilder& b, Value* x, const Resolved& r);
@@ -34,6 +35,7 @@ struct ModelSpec {
   // each map h to ceil(h/2), the smallest size at which every stage still halves a map larger
   // than 1x1 (17 -> 9, 5, 3, 2, 1; Fashion-MNIST's 28 -> 14, 7, 4, 2, 1).
   int64_t min_hw = 0;
+  bool per_token = false;  // token model whose logits are (N, T, vocab): classes = vocab
 };
 
 int64_t channels(const Value* v) {
@@ -129,6 +131,37 @@ Value* build_resnet50(GraphBuilder& b, Value* x, const Resolved& r) {
   return resnet(b, x, r, bottleneck_block, {3, 4, 6, 3});
 }
 
+// Text classifier: embedding, masked mean over the tokens, Gemm + Relu, Gemm. `ids` is
+// "input_ids" (N, T); it adds "attention_mask" (N, T), 1 for tokens and 0 for padding.
+Value* build_textcls(GraphBuilder& b, Value* ids, const Resolved& r) {
+  const int64_t t = r.input[0], d = r.width;
+  Value* mask = b.int_input("attention_mask", r.input);
+  Value* e = b.embedding(ids, "embed", r.vocab, d);
+  graph::Node* cast = b.op("Cast", {mask}, "mask_float", std::vector<int64_t>{-1, t});
+  cast->set_attr(graph::Attribute::make_int("to", static_cast<int64_t>(graph::DataType::kFloat)));
+  Value* m = b.op("Unsqueeze", {cast->output(0), b.int_constant("mask_axes", {2})}, "mask_3d",
+                  std::vector<int64_t>{-1, t, 1})->output(0);
+  Value* masked = b.op("Mul", {e, m}, "masked", std::vector<int64_t>{-1, t, d})->output(0);
+  Value* axis = b.int_constant("token_axis", {1});
+  graph::Node* sum = b.op("ReduceSum", {masked, axis}, "token_sum", std::vector<int64_t>{-1, d});
+  sum->set_attr(graph::Attribute::make_int("keepdims", 0));
+  graph::Node* count = b.op("ReduceSum", {m, axis}, "token_count", std::vector<int64_t>{-1, 1});
+  count->set_attr(graph::Attribute::make_int("keepdims", 0));
+  Value* floor = b.op("Max", {count->output(0), b.float_constant("one", 1.0f)}, "token_count_1",
+                      std::vector<int64_t>{-1, 1})->output(0);
+  Value* mean = b.op("Div", {sum->output(0), floor}, "pooled", std::vector<int64_t>{-1, d})->output(0);
+  Value* h = b.relu(b.gemm(mean, "fc1", d), "relu1");
+  return b.gemm(h, "fc2", r.classes);
+}
+
+// Per-token model: embedding, MatMul + Add, Relu, MatMul + Add to the vocabulary: logits
+// (N, T, vocab) for next-token labels (N, T).
+Value* build_tokenlm(GraphBuilder& b, Value* ids, const Resolved& r) {
+  Value* e = b.embedding(ids, "embed", r.vocab, r.width);
+  Value* h = b.relu(b.matmul_add(e, "fc1", r.width), "relu1");
+  return b.matmul_add(h, "head", r.vocab);
+}
+
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = {
       {.entry = {.name = "linear",
@@ -176,6 +209,23 @@ const std::vector<ModelSpec>& registry() {
        .build = build_resnet50,
        .image_input = true,
        .min_hw = 17},
+      {.entry = {.name = "textcls",
+                 .description = "text classifier: input_ids + attention_mask, embedding, masked "
+                                "mean, Gemm + Relu, Gemm",
+                 .default_input = {32},
+                 .default_classes = 4,
+                 .default_width = 64,
+                 .default_vocab = 1000},
+       .build = build_textcls},
+      {.entry = {.name = "tokenlm",
+                 .description = "per-token model: input_ids, embedding, MatMul + Add, Relu, "
+                                "MatMul + Add; logits [N,T,vocab]",
+                 .default_input = {32},
+                 .default_classes = 100,
+                 .default_width = 64,
+                 .default_vocab = 100},
+       .build = build_tokenlm,
+       .per_token = true},
   };
   return specs;
 }
@@ -192,7 +242,20 @@ Resolved resolve(const ModelSpec& spec, const ZooOptions& o) {
   r.input = o.input_shape.empty() ? e.default_input : o.input_shape;
   r.classes = o.classes == 0 ? e.default_classes : o.classes;
   r.width = o.width == 0 ? e.default_width : o.width;
+  r.vocab = o.vocab == 0 ? e.default_vocab : o.vocab;
   const std::string& n = e.name;
+  if (e.default_vocab == 0) {
+    OT_CHECK(o.vocab == 0, n, ": this model has no token input (got --vocab ", o.vocab, ")");
+  } else {
+    OT_CHECK(r.vocab > 0 && r.vocab <= kMaxSize, n, ": vocab must be in 1..", kMaxSize);
+    OT_CHECK(r.input.size() == 1, n, ": input must be the sequence length T, got ",
+             format_dims(r.input));
+  }
+  if (spec.per_token) {
+    OT_CHECK(o.classes == 0 || o.classes == r.vocab, n,
+             ": the classes are the vocabulary (give --vocab)");
+    r.classes = r.vocab;
+  }
   for (int64_t d : r.input)
     OT_CHECK(d > 0 && d <= kMaxSize, n, ": input ", format_dims(r.input),
              ": every dimension must be in 1..", kMaxSize);
@@ -216,6 +279,7 @@ std::string describe(const ZooEntry& e, const Resolved& r, uint64_t seed) {
   std::string s = cat(e.name, ": ", e.description, "; input ", format_dims(r.input), ", ",
                       r.classes, " classes");
   if (e.default_width != 0) s += cat(", width ", r.width);
+  if (e.default_vocab != 0) s += cat(", vocab ", r.vocab);
   return s + cat(", seed ", seed);
 }
 
@@ -232,7 +296,8 @@ std::unique_ptr<graph::Model> build_zoo_model(const std::string& name, const Zoo
     if (spec.entry.name != name) continue;
     const Resolved r = resolve(spec, opts);
     GraphBuilder b(name, opts.seed);
-    Value* x = b.input("input", r.input);
+    Value* x = spec.entry.default_vocab > 0 ? b.int_input("input_ids", r.input)
+                                            : b.input("input", r.input);
     Value* logits = spec.build(b, x, r);
     b.model().doc_string = describe(spec.entry, r, opts.seed);
     return b.finish(logits, "logits");

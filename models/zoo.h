@@ -21,6 +21,7 @@ struct ZooOptions {
   int64_t classes = 0;                    // 0: the model's default
   int64_t width = 0;                      // base channels / hidden size; 0: the model's default
   uint64_t seed = 0;
+  int64_t vocab = 0;  // token models: embedding rows; 0: the model's default
 };
 
 struct ZooEntry {
@@ -29,13 +30,16 @@ struct ZooEntry {
   std::vector<int64_t> default_input;
   int64_t default_classes = 0;
   int64_t default_width = 0;  // 0: the model has no width
+  int64_t default_vocab = 0;  // 0: the model has no token input
 };
 
 // Every model, in the order `onnxzoo --list` shows them.
 std::vector<ZooEntry> zoo_models();
 
 // Builds `name` with graph input "input" f32 [N, input_shape...] and output "logits"
-// f32 [N, classes], opset 17, ir_version 8. Same options, same bytes. Throws Error listing the
+// f32 [N, classes], opset 17, ir_version 8. Token models (default_vocab > 0) take
+// "input_ids" i64 [N, T] (input_shape = T) instead, textcls also "attention_mask" i64 [N, T];
+// tokenlm's logits are per token, [N, T, vocab]. Same options, same bytes. Throws Error listing the
 // known names on an unknown one, and on invalid options (an input too small for the model's
 // downsampling, a non-positive size, a width given to a model without one).
 std::unique_ptr<graph::Model> build_zoo_model(const std::string& name, const ZooOptions& opts);

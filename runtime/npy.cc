@@ -254,6 +254,10 @@ std::ifstream open_for_read(const std::string& path, int64_t& size) {
 Tensor read_npy(const std::string& path) {
   int64_t size = 0;
   std::ifstream in = open_for_read(path, size);
+  return read_npy_stream(in, size, path);
+}
+
+Tensor read_npy_stream(std::istream& in, int64_t size, const std::string& path) {
   std::array<unsigned char, kPreludeV2> prelude{};
   auto got = static_cast<int64_t>(
       in.read(reinterpret_cast<char*>(prelude.data()), std::min<int64_t>(size, kPreludeV2))

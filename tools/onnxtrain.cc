@@ -41,7 +41,13 @@ line when stdout is a terminal).
 
 data:
   --data SPEC             fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
-                          synthetic:N (default fashion-mnist)
+                          synthetic:N | npz:FILE | npy:NAME=FILE,NAME=FILE,...
+                          (default fashion-mnist). npz: and NAME=FILE feed each array to the
+                          model input of its name, in the dtype the input declares (token
+                          ids, masks, features); the array 'labels' holds class labels, (N) or
+                          per token (N,T), or float targets. synthetic:N fills integer inputs
+                          with ids below the embedding table they index, masks with 1s
+  --labels NAME           the array of npz:/NAME=FILE data holding the labels (default labels)
   --val-data SPEC         validation data ('none' = no validation; default: the dataset's
                           test split when it has one)
   --val-split F           hold out fraction F of the training data for validation
@@ -207,6 +213,9 @@ Args parse_args(int argc, char** argv) {
         usage_fail("--replicas: at most 1024, got ", c.train.parallel.replicas);
     } else if (arg == "--data") {
       c.train.data.train = value();
+    } else if (arg == "--labels") {
+      c.train.data.labels = value();
+      if (c.train.data.labels.empty()) usage_fail("--labels: empty array name");
     } else if (arg == "--val-data") {
       c.train.data.val = value();
       if (c.train.data.val.empty())

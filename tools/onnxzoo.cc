@@ -15,7 +15,7 @@ namespace onnxtrain::tools {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: onnxzoo NAME [--input CxHxW] [--classes N] [--width W] [--seed S] -o FILE\n"
+    "usage: onnxzoo NAME [--input CxHxW] [--classes N] [--width W] [--vocab V] [--seed S] -o FILE\n"
     "       onnxzoo --list\n"
     "\n"
     "Writes the zoo model NAME as an ONNX file (opset 17) with a symbolic batch dimension N:\n"
@@ -27,6 +27,9 @@ constexpr const char* kUsage =
     "                   default depends on the model (see --list)\n"
     "  --classes N      number of output classes (default: 10, 1000 for resnets)\n"
     "  --width W        base channels (cnn, resnets) or hidden units (mlp)\n"
+    "  --vocab V        token models (textcls, tokenlm): embedding rows; their --input is\n"
+    "                   the sequence length T and their inputs are \"input_ids\" (and\n"
+    "                   \"attention_mask\") [N,T] i64\n"
     "  --seed S         seed of the initial weights (default 0)\n"
     "  -o, --output F   file to write (atomically)\n"
     "  --list           list the models with their defaults\n"
@@ -85,6 +88,8 @@ Args parse_args(int argc, char** argv) {
       a.opts.classes = parse_positive(arg, take_value());
     } else if (arg == "--width") {
       a.opts.width = parse_positive(arg, take_value());
+    } else if (arg == "--vocab") {
+      a.opts.vocab = parse_positive(arg, take_value());
     } else if (arg == "--seed") {
       a.opts.seed = parse_u64(arg, take_value());
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -114,6 +119,7 @@ void print_list() {
     std::string defaults =
         cat("input ", models::format_dims(e.default_input), ", ", e.default_classes, " classes");
     if (e.default_width != 0) defaults += cat(", width ", e.default_width);
+    if (e.default_vocab != 0) defaults += cat(", vocab ", e.default_vocab);
     std::printf("%-10s %s (default %s)\n", e.name.c_str(), e.description.c_str(), defaults.c_str());
   }
 }

@@ -31,6 +31,8 @@ struct DataOptions {
   // runtime/data specs; val "" = val_split if > 0, else the dataset's test split; "none" = none.
   std::string train = "fashion-mnist";
   std::string val;
+  // Named datasets (npz:, npy:NAME=FILE): the array holding the labels or targets.
+  std::string labels = "labels";
   double val_split = 0;
   std::optional<runtime::Normalization> normalization;  // nullopt = the dataset's defaults
   uint64_t seed = 0;  // shuffle order, synthetic data, holdout, the steps' random numbers

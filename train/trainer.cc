@@ -53,6 +53,48 @@ BatchInput batch_input_of(const graph::Model& m, const std::string& path) {
   fail(path, ": the model has no input to feed (every graph input has an initializer)");
 }
 
+// The rows of the table a Gather indexes with `v` (through shape-only ops and casts); 0 when
+// `v` indexes no initializer table. The smallest when it indexes several.
+int64_t id_bound_of(const graph::Value* v, int depth = 0) {
+  int64_t bound = 0;
+  auto take = [&](int64_t b) {
+    if (b > 0) bound = bound == 0 ? b : std::min(bound, b);
+  };
+  for (const graph::Use& u : v->uses()) {
+    const graph::Node* n = u.node;
+    const std::string& op = n->op_type;
+    if (op == "Gather" && u.input_index == 1) {
+      const graph::Value* table = n->inputs()[0];
+      const int64_t axis = n->attr_int("axis", 0);
+      if (table && table->has_initializer() && axis == 0 && table->initializer().rank() >= 1)
+        take(table->initializer().dims()[0]);
+    } else if (depth < 4 && (op == "Cast" || op == "Reshape" || op == "Unsqueeze" ||
+                             op == "Squeeze" || op == "Identity" || op == "Flatten") &&
+               u.input_index == 0 && !n->outputs().empty()) {
+      take(id_bound_of(n->outputs()[0], depth + 1));
+    }
+  }
+  return bound;
+}
+
+std::vector<runtime::ModelInput> model_inputs_of(const graph::Model& m) {
+  std::vector<runtime::ModelInput> out;
+  for (const graph::Value* v : m.graph->inputs()) {
+    if (v->has_initializer() || !v->type.is_tensor()) continue;
+    runtime::ModelInput in;
+    in.name = v->name();
+    in.dtype = v->dtype();
+    if (v->shape())
+      for (size_t i = 1; i < v->shape()->size(); ++i) {
+        const graph::Dim& d = (*v->shape())[i];
+        in.dims.push_back(d.is_known() ? d.value : -1);
+      }
+    if (!graph::is_float_dtype(in.dtype)) in.id_bound = id_bound_of(v);
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
 // Dims past the batch of `name` in a typed model; empty when unknown.
 std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name) {
   const graph::Value* v = m.graph->find_value(name);
@@ -230,6 +272,7 @@ void Trainer::build() {
   } catch (const Error& e) {
     input_error_ = e.what();
   }
+  model_inputs_ = model_inputs_of(*original_);
   devices_ = replica_devices(p);
   passes::TrainingOptions topts = graph_options(opts_);
   topts.replicas = p.replicas;
@@ -290,6 +333,16 @@ int64_t Trainer::targets(const runtime::Batch& b) const {
   return target_count(training_graph_->training, b.targets);
 }
 
+std::map<std::string, Tensor> Trainer::model_feeds(runtime::Batch&& b) const {
+  std::map<std::string, Tensor> feeds;
+  if (!b.named.empty()) {
+    for (auto& [name, t] : b.named) feeds[name] = std::move(t);
+  } else {
+    feeds[batch_input().name] = std::move(b.inputs);
+  }
+  return feeds;
+}
+
 runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
   const int64_t n = b.size();
   const graph::TrainingSignature& sig = training_graph_->training;
@@ -299,11 +352,9 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
     // split these rows over R by the same rule, which reproduces the global split.
     const int r = opts_.parallel.replicas;
     const auto [start, rows] = runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
-    b.inputs = runtime::slice_rows(b.inputs, start, rows);
-    b.targets = runtime::slice_rows(b.targets, start, rows);
+    b = b.rows(start, rows);
   }
-  std::map<std::string, Tensor> feeds;
-  feeds[batch_input().name] = std::move(b.inputs);
+  std::map<std::string, Tensor> feeds = model_feeds(std::move(b));
   feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
                                          : graph::InputRole::kTargets)] = std::move(b.targets);
   const uint64_t step_seed =
@@ -313,17 +364,51 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
 
 TrainingData Trainer::load_data() const {
   const DataOptions& d = opts_.data;
-  const BatchInput& input = batch_input();
   runtime::DataConfig dc{d.train, d.val, d.val_split, d.seed};
-  runtime::LoadOptions lo{input.dims, classes_, d.seed, opts_.model.ignore_index};
+  runtime::LoadOptions lo;
+  if (input_error_.empty()) lo.model_input = input_.dims;
+  lo.num_classes = classes_;
+  lo.seed = d.seed;
+  lo.padding_label = opts_.model.ignore_index;
+  lo.inputs = model_inputs_;
+  lo.labels_name = d.labels;
+  // Labels of one example for logits (N, C, d1...) or, classes last, (N, d1..., C).
+  std::vector<int64_t> label_dims;
+  if (cross_entropy() && output_dims_.size() >= 2) {
+    label_dims = output_dims_;
+    label_dims.erase(opts_.model.class_axis == 1 ? label_dims.begin() : label_dims.end() - 1);
+    lo.label_dims = label_dims;
+  }
   runtime::TrainValData sets = runtime::load_train_val(dc, lo);
   const std::string& out = info_.prepared.logits;
   for (const runtime::Dataset* set : {&sets.train, sets.val ? &*sets.val : nullptr}) {
     if (!set) continue;
+    if (!set->is_named()) {
+      batch_input();  // the one input a dataset of examples feeds
+      if (model_inputs_.size() > 1) {
+        std::string names;
+        for (const runtime::ModelInput& in : model_inputs_)
+          names += cat(names.empty() ? "" : ", ", "'", in.name, "' ",
+                       graph::dtype_short_name(in.dtype));
+        fail(set->name(), ": feeds one input, the model has ", model_inputs_.size(), " (", names,
+             "); give --data npz:FILE with one array per input and 'labels' (or ",
+             "npy:NAME=FILE,...)");
+      }
+    }
     if (cross_entropy()) {
       OT_CHECK(set->has_labels(), set->name(), ": has float targets but the loss is ",
                "cross-entropy on '", out, "' (give --loss mse)");
       set->check_labels(classes_);
+      if (!output_dims_.empty() && set->label_shape() != label_dims) {
+        std::string got = "(N", want = "(N";
+        for (int64_t x : set->label_shape()) got += cat(",", x);
+        for (int64_t x : label_dims) want += cat(",", x);
+        fail(set->name(), ": labels of shape ", got, ") do not fit output '", out,
+             "', which wants labels ", want, ") with --class-axis ", opts_.model.class_axis,
+             opts_.model.class_axis == 1 ? " (classes last, e.g. per-token logits (N,T,C) with "
+                                           "labels (N,T), need --class-axis -1)"
+                                         : "");
+      }
     } else {
       OT_CHECK(!set->has_labels(), set->name(), ": has class labels but the loss is mse on '", out,
                "' (give --loss cross-entropy, or float targets)");
@@ -332,10 +417,10 @@ TrainingData Trainer::load_data() const {
     }
   }
   runtime::InputAdapter adapter =
-      runtime::InputAdapter::for_dataset(sets.train, input.dims, d.normalization);
+      runtime::InputAdapter::for_dataset(sets.train, lo.model_input, d.normalization);
   std::optional<runtime::InputAdapter> val_adapter;
   if (sets.val)
-    val_adapter = runtime::InputAdapter::for_dataset(*sets.val, input.dims, d.normalization);
+    val_adapter = runtime::InputAdapter::for_dataset(*sets.val, lo.model_input, d.normalization);
   return TrainingData{std::move(sets), std::move(adapter), std::move(val_adapter)};
 }
 
@@ -378,7 +463,6 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
     feeds[b->name] = state.at(b->name);
   feeds[input_named(sig, graph::InputRole::kLossScale)] =
       Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
-  const std::string& input_name = input_named(sig, graph::InputRole::kBatch);
   const std::string& truth_name =
       input_named(sig, cross_entropy() ? graph::InputRole::kLabels : graph::InputRole::kTargets);
   int loss_at = -1, correct_at = -1;
@@ -396,8 +480,9 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
     count += static_cast<double>(target_count(sig, b.targets));
-    feeds[input_name] = std::move(b.inputs);
-    feeds[truth_name] = std::move(b.targets);
+    Tensor truth = std::move(b.targets);
+    for (auto& [name, t] : model_feeds(std::move(b))) feeds[name] = std::move(t);
+    feeds[truth_name] = std::move(truth);
     std::vector<Tensor> r = s.run(feeds);
     loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]);
     if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
@@ -428,6 +513,7 @@ RunIdentity Trainer::identity() const {
   id.processes = processes();
   id.seed = d.seed;
   id.data = d.train;
+  if (d.labels != "labels") id.data += cat(" (labels '", d.labels, "')");
   id.val_split = d.val_split;
   id.normalization = "default";
   if (d.normalization) {

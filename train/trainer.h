@@ -124,8 +124,11 @@ class Trainer {
   runtime::DataParallelSession& session();
   const runtime::DataParallelSession& session() const;
   // Throws when the model has no batch input with a fixed example shape (the C++ API's
-  // step() does not need one; load_data and run_step do).
+  // step() does not need one; load_data and run_step do for datasets that are not named).
   const BatchInput& batch_input() const;
+  // Every data input of the model (name, dtype, dims past the batch, id bound): what named
+  // datasets (npz:) and synthetic data feed.
+  const std::vector<runtime::ModelInput>& model_inputs() const { return model_inputs_; }
   bool cross_entropy() const { return info_.loss.kind == passes::LossKind::kCrossEntropy; }
   int64_t classes() const { return classes_; }  // 0 unless cross-entropy with a known width
   int64_t trainable_parameters() const;
@@ -137,6 +140,8 @@ class Trainer {
 
  private:
   void build();
+  // A batch's model inputs by graph input name (its named arrays, or the one batch input).
+  std::map<std::string, graph::Tensor> model_feeds(runtime::Batch&& b) const;
 
   Options opts_;
   runtime::ProcessWorld* world_ = nullptr;  // nullptr: this process alone
@@ -144,6 +149,7 @@ class Trainer {
   std::string model_hash_;  // of the model file; "" for a model handed over in memory
   BatchInput input_;
   std::string input_error_;           // why input_ is empty
+  std::vector<runtime::ModelInput> model_inputs_;
   std::vector<int64_t> output_dims_;  // the trained output's dims past the batch (may be empty)
   int64_t classes_ = 0;
   std::unique_ptr<graph::Model> training_graph_;

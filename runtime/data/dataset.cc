@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "graph/error.h"
@@ -18,7 +19,10 @@ struct Dataset::Storage {
   std::vector<uint8_t> pixels;  // is_pixels
   std::vector<float> features;  // otherwise
   bool is_pixels = false;
-  std::vector<int64_t> labels;  // has_labels
+  std::vector<int64_t> labels;  // has_labels: count x label_numel
+  std::vector<int64_t> label_shape;
+  int64_t label_numel = 1;
+  std::vector<NamedArray> arrays;  // named datasets: each (count, ...)
   std::vector<int64_t> target_shape;
   int64_t target_numel = 0;
   std::vector<float> targets;  // otherwise
@@ -50,12 +54,16 @@ std::shared_ptr<Dataset::Storage> make_storage(const std::string& name, std::vec
 
 void set_labels(Dataset::Storage& s, const std::string& name, std::vector<int64_t> labels,
                 std::optional<int64_t> padding_label = std::nullopt) {
-  OT_CHECK(static_cast<int64_t>(labels.size()) == s.count, name, ": ", labels.size(),
-           " labels for ", s.count, " examples");
+  OT_CHECK(static_cast<int64_t>(labels.size()) == s.count * s.label_numel, name, ": ",
+           labels.size(), " labels for ", s.count, " examples of ", s.label_numel);
   int64_t max_label = -1;
   for (size_t i = 0; i < labels.size(); ++i) {
     if (padding_label && labels[i] == *padding_label) continue;
-    OT_CHECK(labels[i] >= 0, name, ": label ", labels[i], " of example ", i, " is negative");
+    OT_CHECK(labels[i] >= 0, name, ": label ", labels[i], " of example ",
+             static_cast<int64_t>(i) / s.label_numel,
+             s.label_numel > 1 ? cat(" (element ", static_cast<int64_t>(i) % s.label_numel, ")")
+                               : std::string(),
+             " is negative", padding_label ? "" : " (padding? give --ignore-index)");
     max_label = std::max(max_label, labels[i]);
   }
   s.labels = std::move(labels);
@@ -105,6 +113,46 @@ Dataset Dataset::from_floats_with_targets(std::string name, std::vector<int64_t>
   return d;
 }
 
+Dataset Dataset::from_arrays(std::string name, std::vector<NamedArray> features,
+                             const graph::Tensor& truth, std::optional<int64_t> padding_label) {
+  OT_CHECK(!features.empty(), name, ": no arrays to feed the model");
+  auto s = std::make_shared<Dataset::Storage>();
+  OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, name, ": labels must have shape (N, ...)",
+           " with N > 0");
+  s->count = truth.dims()[0];
+  for (const NamedArray& a : features)
+    OT_CHECK(a.second.rank() >= 1 && a.second.dims()[0] == s->count, name, ": array '", a.first,
+             "' has ", a.second.rank() ? a.second.dims()[0] : 0, " rows, the labels ", s->count);
+  std::vector<int64_t> tail;
+  for (size_t i = 1; i < truth.dims().size(); ++i) tail.push_back(truth.dims()[i]);
+  const graph::DataType t = truth.dtype();
+  if (t == graph::DataType::kInt64 || t == graph::DataType::kInt32) {
+    s->label_numel = numel_of(tail, name);
+    s->label_shape = std::move(tail);
+    std::vector<int64_t> labels(static_cast<size_t>(truth.numel()));
+    for (size_t i = 0; i < labels.size(); ++i)
+      labels[i] = t == graph::DataType::kInt64 ? truth.data_as<int64_t>()[i]
+                                               : truth.data_as<int32_t>()[i];
+    set_labels(*s, name, std::move(labels), padding_label);
+  } else if (t == graph::DataType::kFloat || t == graph::DataType::kDouble) {
+    s->target_numel = numel_of(tail, name);
+    s->target_shape = std::move(tail);
+    s->targets.resize(static_cast<size_t>(truth.numel()));
+    for (size_t i = 0; i < s->targets.size(); ++i)
+      s->targets[i] = t == graph::DataType::kFloat
+                          ? truth.data_as<float>()[i]
+                          : static_cast<float>(truth.data_as<double>()[i]);
+  } else {
+    fail(name, ": labels must be int64/int32 (classes) or float32/float64 (targets), not ",
+         graph::dtype_short_name(t));
+  }
+  s->arrays = std::move(features);
+  Dataset d;
+  d.storage_ = std::move(s);
+  d.name_ = std::move(name);
+  return d;
+}
+
 int64_t Dataset::size() const {
   if (!storage_) return 0;
   return indices_ ? static_cast<int64_t>(indices_->size()) : storage_->count;
@@ -133,6 +181,35 @@ int64_t Dataset::target_numel() const {
   return storage_ ? storage_->target_numel : 0;
 }
 
+const std::vector<int64_t>& Dataset::label_shape() const {
+  static const std::vector<int64_t> kNone;
+  return storage_ ? storage_->label_shape : kNone;
+}
+int64_t Dataset::label_numel() const {
+  return storage_ ? storage_->label_numel : 1;
+}
+bool Dataset::is_named() const {
+  return storage_ && !storage_->arrays.empty();
+}
+const std::vector<NamedArray>& Dataset::arrays() const {
+  static const std::vector<NamedArray> kNone;
+  return storage_ ? storage_->arrays : kNone;
+}
+
+graph::Tensor Dataset::gather(size_t k, std::span<const int64_t> indices) const {
+  OT_CHECK(is_named() && k < storage_->arrays.size(), name_, ": no array ", k);
+  const graph::Tensor& a = storage_->arrays[k].second;
+  std::vector<int64_t> dims = a.dims();
+  dims[0] = static_cast<int64_t>(indices.size());
+  graph::Tensor out(a.dtype(), dims);
+  const size_t row = a.dims()[0] ? a.nbytes() / static_cast<size_t>(a.dims()[0]) : 0;
+  const auto* src = reinterpret_cast<const uint8_t*>(a.data());
+  auto* dst = reinterpret_cast<uint8_t*>(out.mutable_data());
+  for (size_t i = 0; i < indices.size(); ++i)
+    std::memcpy(dst + i * row, src + static_cast<size_t>(storage_index(indices[i])) * row, row);
+  return out;
+}
+
 int64_t Dataset::storage_index(int64_t i) const {
   OT_CHECK(i >= 0 && i < size(), name_, ": example index ", i, " out of range [0, ", size(), ")");
   return indices_ ? (*indices_)[static_cast<size_t>(i)] : i;
@@ -153,7 +230,15 @@ void Dataset::read_example(int64_t i, float* out) const {
 
 int64_t Dataset::label(int64_t i) const {
   OT_CHECK(has_labels(), name_, ": has float targets, not class labels");
+  OT_CHECK(storage_->label_numel == 1, name_, ": has ", storage_->label_numel,
+           " labels per example");
   return storage_->labels[static_cast<size_t>(storage_index(i))];
+}
+
+void Dataset::read_labels(int64_t i, int64_t* out) const {
+  OT_CHECK(has_labels(), name_, ": has float targets, not class labels");
+  auto n = static_cast<size_t>(storage_->label_numel);
+  std::copy_n(storage_->labels.data() + static_cast<size_t>(storage_index(i)) * n, n, out);
 }
 
 void Dataset::read_target(int64_t i, float* out) const {
@@ -181,16 +266,21 @@ void Dataset::check_labels(int64_t classes) const {
   const Storage& s = *storage_;
   for (int64_t i = 0; i < size(); ++i) {
     int64_t k = storage_index(i);
-    int64_t v = s.labels[static_cast<size_t>(k)];
-    if (v < classes) continue;
-    std::string where = label_file_.empty() ? name_ : label_file_;
-    bool gz = where.size() > 3 && where.ends_with(".gz");
-    if (label_stride_ > 0)
-      fail(where, ": label ", v, " at ", gz ? "uncompressed " : "", "byte offset ",
-           label_base_ + k * label_stride_, " (example ", k, ") is out of range for a model with ",
-           classes, " classes");
-    fail(where, ": label ", v, " of example ", k, " is out of range for a model with ", classes,
-         " classes");
+    for (int64_t j = 0; j < s.label_numel; ++j) {
+      int64_t v = s.labels[static_cast<size_t>(k * s.label_numel + j)];
+      if (v < classes) continue;
+      std::string where = label_file_.empty() ? name_ : label_file_;
+      if (s.label_numel > 1)
+        fail(where, ": label ", v, " of example ", k, " (element ", j,
+             ") is out of range for a model with ", classes, " classes");
+      bool gz = where.size() > 3 && where.ends_with(".gz");
+      if (label_stride_ > 0)
+        fail(where, ": label ", v, " at ", gz ? "uncompressed " : "", "byte offset ",
+             label_base_ + k * label_stride_, " (example ", k,
+             ") is out of range for a model with ", classes, " classes");
+      fail(where, ": label ", v, " of example ", k, " is out of range for a model with ", classes,
+           " classes");
+    }
   }
 }
 

@@ -1,5 +1,7 @@
-// In-memory training data: N examples of one shape (uint8 pixels or float32 features) with
-// int64 class labels or float32 target vectors, plus the spec parser and loaders (--data).
+// In-memory training data: N examples of one shape (uint8 pixels or float32 features), or N
+// rows of several named arrays in the dtypes the model's inputs declare (npz:, npy:NAME=FILE),
+// with int64 class labels (one per example or per element, e.g. per token) or float32 target
+// vectors, plus the spec parser and loaders (--data).
 #pragma once
 
 #include <cstdint>
@@ -7,9 +9,15 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "graph/tensor.h"
+
 namespace onnxtrain::runtime {
+
+// A named array: row i is example i's value for the model input of the same name.
+using NamedArray = std::pair<std::string, graph::Tensor>;
 
 // mean/std applied per channel after pixels are scaled to [0,1]; one value applies to every
 // channel. Both empty = no normalization.
@@ -37,6 +45,12 @@ class Dataset {
                                           std::vector<int64_t> target_shape,
                                           std::vector<float> targets);
 
+  // Named arrays (each (N, ...) in the dtype its model input declares) with `truth`: int32/int64
+  // class labels (N) or (N, d1, ...) (per token), or float32/float64 targets (N, ...).
+  static Dataset from_arrays(std::string name, std::vector<NamedArray> features,
+                             const graph::Tensor& truth,
+                             std::optional<int64_t> padding_label = std::nullopt);
+
   Dataset() = default;
   // For messages: "fashion-mnist (train)", "npy:x.npy,y.npy".
   const std::string& name() const { return name_; }
@@ -52,9 +66,21 @@ class Dataset {
   const std::vector<int64_t>& target_shape() const;
   int64_t target_numel() const;
 
+  // Shape of one example's labels: empty for one label per example, (T) per token, ...
+  const std::vector<int64_t>& label_shape() const;
+  int64_t label_numel() const;
+
+  // Named datasets (from_arrays): the arrays, rows in storage order (use gather for rows).
+  bool is_named() const;
+  const std::vector<NamedArray>& arrays() const;
+  // Rows `indices` (dataset indices) of array k: (indices.size(), dims past the batch...).
+  graph::Tensor gather(size_t k, std::span<const int64_t> indices) const;
+
   // Example i as float32 (pixels scaled to [0,1]) into out[0, example_numel()).
   void read_example(int64_t i, float* out) const;
-  int64_t label(int64_t i) const;
+  int64_t label(int64_t i) const;  // one label per example
+  // Example i's label_numel() labels into out.
+  void read_labels(int64_t i, int64_t* out) const;
   void read_target(int64_t i, float* out) const;
 
   // A view of some examples (indices into this dataset), sharing the storage.
@@ -65,7 +91,8 @@ class Dataset {
   // Where the labels came from, so a label the model cannot take is reported with the file
   // and byte offset: label i sits at base + i * stride (stride 0: report the index only).
   void set_label_origin(std::string file, int64_t base, int64_t stride);
-  // Throws when a label is >= classes (classes > 0): names the file and byte offset.
+  // Throws when a label is >= classes (classes > 0): names the file and byte offset (or the
+  // example and element).
   void check_labels(int64_t classes) const;
 
   // Storage index of example i (tests use it to check subsets and shuffles).
@@ -83,16 +110,29 @@ class Dataset {
 };
 
 // --data / --val-data: fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
-// synthetic:N
+// synthetic:N | npz:FILE | npy:NAME=FILE,NAME=FILE,...
 struct DataSpec {
-  enum class Kind { kFashionMnist, kMnist, kNpy, kImages, kSynthetic };
+  enum class Kind { kFashionMnist, kMnist, kNpy, kImages, kSynthetic, kNpz, kNamedNpy };
   Kind kind = Kind::kFashionMnist;
   std::string text;            // the spec as given, for messages
   std::string dir;             // fashion-mnist, mnist, images
   std::string x_path, y_path;  // npy
   int64_t count = 0;           // synthetic
+  std::string path;            // npz
+  std::vector<std::pair<std::string, std::string>> files;  // named npy: (array name, file)
+  // npz and named npy: every array feeds the model input of its name (LoadOptions::inputs).
+  bool named() const { return kind == Kind::kNpz || kind == Kind::kNamedNpy; }
 };
 DataSpec parse_data_spec(const std::string& text);
+
+// A model data input as the loaders see it: name, dtype and dims past the batch (-1: any size).
+struct ModelInput {
+  std::string name;
+  graph::DataType dtype = graph::DataType::kFloat;
+  std::vector<int64_t> dims;
+  // Integer inputs: ids must be below this (rows of the Gather table it indexes); 0 = unknown.
+  int64_t id_bound = 0;
+};
 
 struct LoadOptions {
   // The model's input dims without the batch dim, e.g. (1,28,28), (3,32,32) or (784).
@@ -105,6 +145,14 @@ struct LoadOptions {
   // Labels equal to this are padding the loss ignores (--ignore-index): allowed although
   // negative. Other negative labels are an error naming the file and index.
   std::optional<int64_t> padding_label = std::nullopt;
+  // Every data input of the model. Named datasets feed each one the array of its name, converted
+  // to its dtype (an error names the array and input on a dtype or shape that does not fit);
+  // synthetic:N fills them all when there are several or one is not float (integer ids below
+  // id_bound, other integer and bool inputs with 1s, as an attention mask wants).
+  std::vector<ModelInput> inputs = {};
+  std::string labels_name = "labels";  // named datasets: the array holding labels or targets
+  // synthetic labels of one example: () one per example, (T) per token (dims > 0).
+  std::vector<int64_t> label_dims = {};
 };
 
 struct LoadedData {

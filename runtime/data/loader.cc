@@ -57,17 +57,25 @@ graph::Tensor slice_rows(const graph::Tensor& t, int64_t begin, int64_t count) {
   return out;
 }
 
+Batch Batch::rows(int64_t begin, int64_t count) const {
+  Batch b;
+  b.epoch = epoch, b.step = step;
+  OT_CHECK(begin >= 0 && count >= 0 && begin + count <= size(), "shard: batch has ", size(),
+           " rows, slice wants [", begin, ", ", begin + count, ")");
+  b.indices.assign(indices.begin() + begin, indices.begin() + begin + count);
+  if (inputs.rank() > 0) b.inputs = slice_rows(inputs, begin, count);
+  for (const auto& [name, t] : named) b.named.emplace_back(name, slice_rows(t, begin, count));
+  b.targets = slice_rows(targets, begin, count);
+  return b;
+}
+
 std::vector<Batch> shard(const Batch& batch, int replicas) {
   std::vector<int64_t> sizes = shard_sizes(batch.size(), replicas);
-  std::vector<Batch> out(sizes.size());
+  std::vector<Batch> out;
   int64_t begin = 0;
-  for (size_t r = 0; r < sizes.size(); ++r) {
-    Batch& b = out[r];
-    b.epoch = batch.epoch, b.step = batch.step;
-    b.indices.assign(batch.indices.begin() + begin, batch.indices.begin() + begin + sizes[r]);
-    b.inputs = slice_rows(batch.inputs, begin, sizes[r]);
-    b.targets = slice_rows(batch.targets, begin, sizes[r]);
-    begin += sizes[r];
+  for (int64_t n : sizes) {
+    out.push_back(batch.rows(begin, n));
+    begin += n;
   }
   return out;
 }
@@ -76,7 +84,12 @@ BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter) {
   return [data = std::move(data), adapter = std::move(adapter)](std::span<const int64_t> indices,
                                                                 Batch& out) {
     auto n = static_cast<int64_t>(indices.size());
-    std::vector<int64_t> in_dims{n};
+    if (data.is_named()) {
+      // Named arrays go to the model's inputs as they are (the loader converted them).
+      for (size_t k = 0; k < data.arrays().size(); ++k)
+        out.named.emplace_back(data.arrays()[k].first, data.gather(k, indices));
+    } else {
+      std::vector<int64_t> in_dims{n};
     in_dims.insert(in_dims.end(), adapter.output_shape().begin(), adapter.output_shape().end());
     out.inputs = graph::Tensor(graph::DataType::kFloat, in_dims);
     float* x = out.inputs.mutable_data_as<float>();
@@ -85,10 +98,13 @@ BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter) {
       data.read_example(indices[i], example.data());
       adapter.apply(example.data(), x + i * adapter.output_numel());
     }
+    }
     if (data.has_labels()) {
-      out.targets = graph::Tensor(graph::DataType::kInt64, {n});
+      std::vector<int64_t> l_dims{n};
+      l_dims.insert(l_dims.end(), data.label_shape().begin(), data.label_shape().end());
+      out.targets = graph::Tensor(graph::DataType::kInt64, l_dims);
       auto* y = out.targets.mutable_data_as<int64_t>();
-      for (int64_t i = 0; i < n; ++i) y[i] = data.label(indices[i]);
+      for (int64_t i = 0; i < n; ++i) data.read_labels(indices[i], y + i * data.label_numel());
     } else {
       std::vector<int64_t> t_dims{n};
       t_dims.insert(t_dims.end(), data.target_shape().begin(), data.target_shape().end());

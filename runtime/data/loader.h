@@ -30,9 +30,12 @@ namespace onnxtrain::runtime {
 struct Batch {
   int64_t epoch = 0, step = 0;
   std::vector<int64_t> indices;  // dataset indices, in batch order
-  graph::Tensor inputs;          // (n, model input dims...) float32
-  graph::Tensor targets;         // (n) int64 labels, or (n, target dims...) float32
+  graph::Tensor inputs;          // (n, model input dims...) float32; empty for named datasets
+  std::vector<NamedArray> named;  // named datasets: (n, ...) per model input, its dtype
+  graph::Tensor targets;  // (n) or (n, label dims...) int64 labels, or (n, target dims...) float32
   int64_t size() const { return static_cast<int64_t>(indices.size()); }
+  // Rows [begin, begin + count) of every tensor (copies), same epoch/step.
+  Batch rows(int64_t begin, int64_t count) const;
 };
 
 // The order of epoch `epoch`: a permutation of [0, n) that depends only on (n, seed, epoch).

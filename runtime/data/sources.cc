@@ -254,6 +254,218 @@ LoadedData load_npy(const DataSpec& spec, const LoadOptions& options) {
   return out;
 }
 
+// ---- named datasets (npz:FILE, npy:NAME=FILE,...)
+
+std::string input_text(const ModelInput& in) {
+  std::string s = cat("'", in.name, "' [N");
+  for (int64_t d : in.dims) s += d < 0 ? std::string(",?") : cat(",", d);
+  return s + "] " + std::string(graph::dtype_short_name(in.dtype));
+}
+
+bool is_int_dtype(graph::DataType t) {
+  using graph::DataType;
+  switch (t) {
+    case DataType::kInt8: case DataType::kInt16: case DataType::kInt32: case DataType::kInt64:
+    case DataType::kUInt8: case DataType::kUInt16: case DataType::kUInt32: case DataType::kUInt64:
+    case DataType::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Element i of an integer or bool tensor (uint64 above INT64_MAX saturates: out of any range).
+int64_t int_at(const graph::Tensor& t, size_t i) {
+  using graph::DataType;
+  switch (t.dtype()) {
+    case DataType::kInt8: return t.data_as<int8_t>()[i];
+    case DataType::kInt16: return t.data_as<int16_t>()[i];
+    case DataType::kInt32: return t.data_as<int32_t>()[i];
+    case DataType::kInt64: return t.data_as<int64_t>()[i];
+    case DataType::kUInt8: return t.data_as<uint8_t>()[i];
+    case DataType::kBool: return t.data_as<uint8_t>()[i] != 0;
+    case DataType::kUInt16: return t.data_as<uint16_t>()[i];
+    case DataType::kUInt32: return t.data_as<uint32_t>()[i];
+    case DataType::kUInt64:
+      return static_cast<int64_t>(std::min<uint64_t>(t.data_as<uint64_t>()[i], INT64_MAX));
+    default: fail("int_at: not an integer tensor");
+  }
+}
+
+double real_at(const graph::Tensor& t, size_t i) {
+  if (t.dtype() == graph::DataType::kFloat) return t.data_as<float>()[i];
+  if (t.dtype() == graph::DataType::kDouble) return t.data_as<double>()[i];
+  return static_cast<double>(int_at(t, i));
+}
+
+// `a` in the dtype `in` declares. Integers convert to any integer, bool (0/1 only) or float
+// input; floats to float inputs only (token ids must be integers, not rounded floats).
+graph::Tensor convert_for_input(const graph::Tensor& a, const ModelInput& in,
+                                const std::string& where) {
+  using graph::DataType;
+  if (a.dtype() == in.dtype) return a;
+  const bool from_int = is_int_dtype(a.dtype());
+  const bool from_float = a.dtype() == DataType::kFloat || a.dtype() == DataType::kDouble;
+  auto refuse = [&](const char* why) {
+    fail(where, ": dtype ", graph::dtype_short_name(a.dtype()), " does not fit model input ",
+         input_text(in), " (", why, ")");
+  };
+  if (!from_int && !from_float) refuse("supported array dtypes: integers, bool, f32, f64");
+  graph::Tensor out(in.dtype, a.dims());
+  const auto n = static_cast<size_t>(a.numel());
+  switch (in.dtype) {
+    case DataType::kFloat:
+      for (size_t i = 0; i < n; ++i) out.mutable_data_as<float>()[i] = static_cast<float>(real_at(a, i));
+      return out;
+    case DataType::kDouble:
+      for (size_t i = 0; i < n; ++i) out.mutable_data_as<double>()[i] = real_at(a, i);
+      return out;
+    case DataType::kInt64:
+    case DataType::kInt32:
+    case DataType::kBool:
+      break;
+    default:
+      refuse("onnxtrain feeds data inputs of dtype f32, f64, i64, i32 and bool");
+  }
+  if (!from_int) refuse("ids and masks must be integers; save them as int64");
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t v = int_at(a, i);
+    if (in.dtype == DataType::kInt64) {
+      out.mutable_data_as<int64_t>()[i] = v;
+    } else if (in.dtype == DataType::kInt32) {
+      OT_CHECK(v >= INT32_MIN && v <= INT32_MAX, where, ": value ", v, " at flat index ", i,
+               " does not fit model input ", input_text(in));
+      out.mutable_data_as<int32_t>()[i] = static_cast<int32_t>(v);
+    } else {
+      OT_CHECK(v == 0 || v == 1, where, ": value ", v, " at flat index ", i,
+               " is not 0 or 1 for bool model input ", input_text(in));
+      out.mutable_data_as<uint8_t>()[i] = static_cast<uint8_t>(v);
+    }
+  }
+  return out;
+}
+
+std::string names_text(const std::vector<NamedArray>& arrays) {
+  std::string s;
+  for (const auto& [name, t] : arrays) s += (s.empty() ? "" : ", ") + name;
+  return s;
+}
+
+std::string inputs_text(const std::vector<ModelInput>& inputs) {
+  std::string s;
+  for (const ModelInput& in : inputs) s += (s.empty() ? "" : ", ") + input_text(in);
+  return s;
+}
+
+LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
+  std::vector<NamedArray> arrays;
+  if (spec.kind == DataSpec::Kind::kNpz) {
+    arrays = read_npz(spec.path);
+  } else {
+    for (const auto& [name, file] : spec.files) arrays.emplace_back(name, read_npy(file));
+  }
+  // Where an array came from, for messages: "train.npz:input_ids" or "ids.npy".
+  auto origin = [&](const std::string& name) -> std::string {
+    if (spec.kind == DataSpec::Kind::kNpz) return cat(spec.path, ":", name);
+    for (const auto& [n, file] : spec.files)
+      if (n == name) return file;
+    return name;
+  };
+  auto truth_at = std::find_if(arrays.begin(), arrays.end(),
+                               [&](const NamedArray& a) { return a.first == options.labels_name; });
+  OT_CHECK(truth_at != arrays.end(), spec.text, ": no array named '", options.labels_name,
+           "' for the labels (arrays: ", names_text(arrays), "; --labels NAME names another)");
+  graph::Tensor truth = std::move(truth_at->second);
+  const std::string truth_origin = origin(truth_at->first);
+  arrays.erase(truth_at);
+  OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, truth_origin,
+           ": labels must have shape (N, ...) with N > 0, not ", shape_text(truth.dims()));
+  const int64_t rows = truth.dims()[0];
+  std::vector<NamedArray> features;
+  for (auto& [name, a] : arrays) {
+    const std::string where = origin(name);
+    OT_CHECK(a.rank() >= 1 && a.dims()[0] == rows, where, ": shape ", shape_text(a.dims()),
+             " does not have ", rows, " rows like the labels (", truth_origin, ")");
+    if (options.inputs.empty()) {
+      features.emplace_back(name, std::move(a));
+      continue;
+    }
+    auto in = std::find_if(options.inputs.begin(), options.inputs.end(),
+                           [&](const ModelInput& m) { return m.name == name; });
+    OT_CHECK(in != options.inputs.end(), where, ": array '", name,
+             "' feeds no model input (the model's inputs: ", inputs_text(options.inputs), ")");
+    const std::vector<int64_t> dims = tail_dims(a.dims());
+    bool fits = dims.size() == in->dims.size();
+    for (size_t k = 0; fits && k < dims.size(); ++k) fits = in->dims[k] < 0 || in->dims[k] == dims[k];
+    OT_CHECK(fits, where, ": shape ", shape_text(a.dims()), " does not fit model input ",
+             input_text(*in));
+    features.emplace_back(name, convert_for_input(a, *in, where));
+  }
+  for (const ModelInput& in : options.inputs) {
+    const bool fed = std::any_of(features.begin(), features.end(),
+                                 [&](const NamedArray& a) { return a.first == in.name; });
+    OT_CHECK(fed, spec.text, ": no array for model input ", input_text(in), " (arrays: ",
+             names_text(features), ", labels '", options.labels_name, "')");
+  }
+  // Features in the model's input order (batches list them so).
+  std::sort(features.begin(), features.end(), [&](const NamedArray& a, const NamedArray& b) {
+    auto rank = [&](const std::string& n) {
+      for (size_t k = 0; k < options.inputs.size(); ++k)
+        if (options.inputs[k].name == n) return k;
+      return options.inputs.size();
+    };
+    return rank(a.first) < rank(b.first);
+  });
+  LoadedData out;
+  out.train = Dataset::from_arrays(spec.text, std::move(features), truth, options.padding_label);
+  out.train.set_label_origin(truth_origin, 0, 0);
+  return out;
+}
+
+// synthetic:N for a model whose inputs are not one float tensor: ids below each input's bound,
+// 1s for other integer/bool inputs (masks), uniform [0,1) floats; labels of label_dims.
+LoadedData load_synthetic_named(const DataSpec& spec, const LoadOptions& options) {
+  DataRng rng(options.seed, kSyntheticStream);
+  std::vector<NamedArray> features;
+  for (const ModelInput& in : options.inputs) {
+    std::vector<int64_t> dims{spec.count};
+    for (int64_t d : in.dims) {
+      OT_CHECK(d > 0, spec.text, ": model input ", input_text(in),
+               " has a dimension of no fixed size (synthetic data needs fixed sizes; give npz:)");
+      dims.push_back(d);
+    }
+    graph::Tensor t(graph::DataType::kDouble, dims);
+    OT_CHECK(t.numel() <= kMaxDatasetBytes / 8, spec.text, ": model input ", input_text(in),
+             " x ", spec.count, " examples exceeds the dataset limit");
+    double* v = t.mutable_data_as<double>();
+    const bool ints = is_int_dtype(in.dtype);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      v[i] = !ints ? rng.unit_float()
+             : in.id_bound > 0 && in.dtype != graph::DataType::kBool
+                 ? static_cast<double>(rng.below(static_cast<uint64_t>(in.id_bound)))
+                 : 1.0;
+    if (ints) {  // through int64 so the integer conversion rules apply
+      graph::Tensor i64(graph::DataType::kInt64, dims);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        i64.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(v[i]);
+      t = std::move(i64);
+    }
+    features.emplace_back(in.name, convert_for_input(t, in, spec.text));
+  }
+  std::vector<int64_t> label_dims{spec.count};
+  for (int64_t d : options.label_dims) {
+    OT_CHECK(d > 0, spec.text, ": the labels' shape is not fixed (synthetic data needs it)");
+    label_dims.push_back(d);
+  }
+  graph::Tensor labels(graph::DataType::kInt64, label_dims);
+  const int64_t classes = options.num_classes > 0 ? options.num_classes : 10;
+  for (int64_t i = 0; i < labels.numel(); ++i)
+    labels.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(rng.below(static_cast<uint64_t>(classes)));
+  LoadedData out;
+  out.train = Dataset::from_arrays(spec.text, std::move(features), labels);
+  return out;
+}
+
 std::vector<fs::path> sorted_entries(const fs::path& dir, bool directories) {
   std::vector<fs::path> out;
   std::error_code ec;
@@ -333,6 +545,10 @@ LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
 }
 
 LoadedData load_synthetic(const DataSpec& spec, const LoadOptions& options) {
+  const bool one_float_input = options.inputs.size() <= 1 &&
+                               (options.inputs.empty() ||
+                                options.inputs[0].dtype == graph::DataType::kFloat);
+  if (!one_float_input || !options.label_dims.empty()) return load_synthetic_named(spec, options);
   OT_CHECK(!options.model_input.empty(), spec.text,
            ": synthetic data needs the model's input shape");
   int64_t numel = 1;
@@ -381,6 +597,25 @@ DataSpec parse_data_spec(const std::string& text) {
     spec.kind = DataSpec::Kind::kImages;
     need_arg("images:DIR");
     spec.dir = arg;
+  } else if (kind == "npz") {
+    spec.kind = DataSpec::Kind::kNpz;
+    need_arg("npz:FILE (arrays named after the model's inputs, and 'labels')");
+    spec.path = arg;
+  } else if (kind == "npy" && arg.find('=') != std::string::npos) {
+    spec.kind = DataSpec::Kind::kNamedNpy;
+    for (size_t at = 0; at <= arg.size();) {
+      size_t end = arg.find(',', at);
+      if (end == std::string::npos) end = arg.size();
+      const std::string item = arg.substr(at, end - at);
+      const size_t eq = item.find('=');
+      OT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(), "data spec '", text,
+               "': expected npy:NAME=FILE,NAME=FILE,... ('", item, "' is not NAME=FILE)");
+      const std::string name = item.substr(0, eq);
+      for (const auto& [n, f] : spec.files)
+        OT_CHECK(n != name, "data spec '", text, "': array '", name, "' is given twice");
+      spec.files.emplace_back(name, item.substr(eq + 1));
+      at = end + 1;
+    }
   } else if (kind == "npy") {
     spec.kind = DataSpec::Kind::kNpy;
     need_arg("npy:X.npy,Y.npy");
@@ -399,7 +634,8 @@ DataSpec parse_data_spec(const std::string& text) {
     OT_CHECK(spec.count > 0, "data spec '", text, "': N must be a positive integer");
   } else {
     fail("data spec '", text, "': unknown kind '", kind,
-         "' (expected fashion-mnist, mnist:DIR, npy:X.npy,Y.npy, images:DIR or synthetic:N)");
+         "' (expected fashion-mnist, mnist:DIR, npy:X.npy,Y.npy, npy:NAME=FILE,..., npz:FILE, ",
+         "images:DIR or synthetic:N)");
   }
   return spec;
 }
@@ -421,6 +657,10 @@ LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {
       break;
     case DataSpec::Kind::kSynthetic:
       out = load_synthetic(spec, options);
+      break;
+    case DataSpec::Kind::kNpz:
+    case DataSpec::Kind::kNamedNpy:
+      out = load_named(spec, options);
       break;
   }
   out.train.check_labels(options.num_classes);

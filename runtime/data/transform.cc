@@ -172,6 +172,7 @@ InputAdapter::InputAdapter(std::vector<int64_t> data_shape, std::vector<int64_t>
 
 InputAdapter InputAdapter::for_dataset(const Dataset& data, std::span<const int64_t> model_input,
                                        const std::optional<Normalization>& override) {
+  if (data.is_named()) return InputAdapter();
   return InputAdapter(data.example_shape(), {model_input.begin(), model_input.end()},
                       override ? *override : data.default_normalization(), data.name(),
                       override.has_value());

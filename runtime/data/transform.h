@@ -32,8 +32,10 @@ class InputAdapter {
   // per-channel default that does not fit collapses to its average.
   InputAdapter(std::vector<int64_t> data_shape, std::vector<int64_t> model_shape,
                Normalization norm, const std::string& data_name, bool strict_norm = true);
+  // No adaptation: what named datasets (npz:) use, whose arrays feed the inputs as they are.
+  InputAdapter() = default;
   // The dataset's default normalization unless `override` is given (an empty override turns
-  // normalization off).
+  // normalization off). A named dataset gets the default (no adaptation).
   static InputAdapter for_dataset(const Dataset& data, std::span<const int64_t> model_input,
                                   const std::optional<Normalization>& override = std::nullopt);
 
