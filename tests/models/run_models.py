@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Real-model corpus (issue #16, ctest label `models`): torchvision and transformers models, random
+initialised in tiny configs, exported with both torch exporters by tools/export_torch.py and checked
+against torch:
+
+  fwd   onnxrun's outputs vs torch's forward (in the mode of the exported graph)
+  step  one plain SGD step by onnxtrain (full batch, 1 replica): the updated parameters and the loss
+        against a float64 torch step; passes when onnxtrain's error is within 2x torch float32's
+        own error against float64 (plus a floor of a few float32 roundings, see step_tolerance)
+  r2    --replicas 2 (--sync-batchnorm where the model has BN) equals 1 replica
+
+and records what plain torch.onnx.export(model, args, f) does to the same module (column
+`defaults`, informational). Prints the table and a last line `models: N passed, M failed`; exits 1
+when a check fails that EXPECTED_FAIL does not list, or a listed one passes.
+
+    tests/models/run_models.py --bin build/tools --work build/models-work [--only REGEX]
+"""
+
+import argparse
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import numpy_helper
+
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(SRC, "tools"))
+from export_torch import describe, export_for_training  # noqa: E402
+
+EPS32 = float(np.finfo(np.float32).eps)
+BATCH = 4
+LR = 0.1
+CLASSES = 10
+VOCAB, SEQ = 100, 16
+EXPORTERS = ("classic", "dynamo")
+CHECKS = ("fwd", "step", "r2")
+
+# (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
+# the list stays true; the table still shows them (as xfail).
+EXPECTED_FAIL = {
+}
+
+
+# ---- the models: name -> (builder, kind); kind "image" (x float [N,3,H,W], labels [N]),
+# "seqcls" (input_ids + attention_mask, labels [N]), "lm" (input_ids, per-token labels [N,T])
+
+def tv(name, **kw):
+    def build():
+        import torchvision
+        return getattr(torchvision.models, name)(num_classes=CLASSES, **kw)
+    return build
+
+
+def vit_small():
+    from torchvision.models import VisionTransformer
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                             mlp_dim=64, num_classes=CLASSES)
+
+
+def swin_small():
+    from torchvision.models.swin_transformer import SwinTransformer
+    return SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                           window_size=[4, 4], stochastic_depth_prob=0.0, num_classes=CLASSES)
+
+
+def hf(cls_name, cfg_name, **cfg):
+    def build():
+        import transformers
+        config = getattr(transformers, cfg_name)(return_dict=False, **cfg)
+        return getattr(transformers, cls_name)(config)
+    return build
+
+
+BERT_CFG = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0, num_labels=3)
+
+MODELS = {
+    "resnet18": (tv("resnet18"), "image"),
+    "mobilenet_v2": (tv("mobilenet_v2", dropout=0.0), "image"),
+    "mobilenet_v3_small": (tv("mobilenet_v3_small", dropout=0.0), "image"),
+    "efficientnet_b0": (tv("efficientnet_b0", dropout=0.0, stochastic_depth_prob=0.0), "image"),
+    "shufflenet_v2_x0_5": (tv("shufflenet_v2_x0_5"), "image"),
+    "squeezenet1_1": (tv("squeezenet1_1", dropout=0.0), "image"),
+    "densenet121": (tv("densenet121"), "image"),
+    "convnext_tiny": (tv("convnext_tiny", stochastic_depth_prob=0.0), "image"),
+    "regnet_y_400mf": (tv("regnet_y_400mf"), "image"),
+    "vit_small": (vit_small, "image"),
+    "swin_small": (swin_small, "image"),
+    "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
+    "distilbert": (hf("DistilBertForSequenceClassification", "DistilBertConfig", vocab_size=VOCAB,
+                      dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
+                      dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=3),
+                   "seqcls"),
+    "roberta": (hf("RobertaForSequenceClassification", "RobertaConfig", pad_token_id=1,
+                   type_vocab_size=1, **BERT_CFG), "seqcls"),
+    "gpt2": (hf("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_positions=64, n_embd=32,
+                n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                use_cache=False), "lm"),
+    "hf_vit": (hf("ViTForImageClassification", "ViTConfig", image_size=32, patch_size=8,
+                  hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  num_labels=CLASSES), "hf_image"),
+}
+
+
+def make_batch(kind):
+    """(inputs as an ordered name -> numpy dict, labels numpy) for one full batch."""
+    g = np.random.default_rng(0)
+    if kind in ("image", "hf_image"):
+        x = g.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)
+        name = "pixel_values" if kind == "hf_image" else "input"
+        return {name: x}, g.integers(0, CLASSES, BATCH).astype(np.int64)
+    ids = g.integers(2, VOCAB, (BATCH, SEQ)).astype(np.int64)
+    if kind == "seqcls":
+        mask = np.ones((BATCH, SEQ), np.int64)
+        mask[1, SEQ - 5:] = 0  # one padded example: the mask matters
+        mask[3, SEQ - 2:] = 0
+        return {"input_ids": ids, "attention_mask": mask}, g.integers(0, 3, BATCH).astype(np.int64)
+    labels = g.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int64)
+    labels[0, :3] = -100  # ignored tokens (torch's ignore_index default)
+    labels[2, SEQ - 4:] = -100
+    return {"input_ids": ids}, labels
+
+
+def call(model, inputs, dtype):
+    kw = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    kw = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in kw.items()}
+    if list(kw) == ["input"]:
+        out = model(kw["input"])
+    else:
+        out = model(**kw)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def loss_of(logits, labels, kind):
+    y = torch.from_numpy(labels)
+    if kind == "lm":
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+    return F.cross_entropy(logits, y)
+
+
+def torch_forward(model, inputs, dtype, train):
+    m = copy.deepcopy(model).to(dtype).train(train)
+    with torch.no_grad():
+        return call(m, inputs, dtype).double().numpy()
+
+
+def torch_step(model, inputs, labels, kind, dtype):
+    """One SGD step in `dtype`, train mode: (loss, {param name: value after}, {buffer: after})."""
+    m = copy.deepcopy(model).to(dtype).train()
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    opt.zero_grad()
+    loss = loss_of(call(m, inputs, dtype), labels, kind)
+    loss.backward()
+    opt.step()
+    params = {n: p.detach().double().numpy() for n, p in m.named_parameters()}
+    bufs = {n: b.detach().double().numpy() for n, b in m.named_buffers()
+            if n.endswith(("running_mean", "running_var"))}
+    return float(loss.detach()), params, bufs
+
+
+def run(cmd, log, timeout=600):
+    t = time.time()
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    if p.returncode != 0:
+        lines = open(log).read().strip().splitlines()
+        raise RuntimeError(f"exit {p.returncode}: {lines[-1] if lines else ''}")
+    return time.time() - t
+
+
+def initializers(path):
+    return {t.name: numpy_helper.to_array(t).astype(np.float64)
+            for t in onnx.load(path).graph.initializer}
+
+
+def max_err(a, b, names):
+    return max((float(np.max(np.abs(a[n] - b[n]))) if a[n].size else 0.0) for n in names)
+
+
+def step_tolerance(err32, ref, names):
+    # Floor: the updated parameter p - lr*g is rounded to float32 once (eps/2 |p|) and the
+    # gradient's last rounding reaches it as a few ulps more, whatever the summation order; where
+    # torch float32 happens to be exact (zero gradients, tiny updates) 2x err32 alone would demand
+    # more than float32 can hold.
+    scale = max(float(np.max(np.abs(ref[n]))) for n in names if ref[n].size)
+    return 2 * err32 + 4 * EPS32 * scale
+
+
+class Case:
+    def __init__(self, name, exporter, args):
+        self.name, self.exporter, self.args = name, exporter, args
+        self.builder, self.kind = MODELS[name]
+        self.dir = os.path.join(args.work, name, exporter)
+        os.makedirs(self.dir, exist_ok=True)
+        self.log = os.path.join(self.dir, "log.txt")
+        open(self.log, "w").close()
+        self.result = {}  # check -> (ok, detail)
+
+    def tool(self, name):
+        return os.path.join(self.args.bin, name)
+
+    def build(self):
+        torch.manual_seed(0)
+        return self.builder().float()
+
+    def export(self, model, inputs):
+        path = os.path.join(self.dir, "model.onnx")
+        names = list(inputs)
+        out = ["logits"] if self.kind != "image" else ["output"]
+        t = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        args, kwargs = ((t["input"],), {}) if names == ["input"] else ((), t)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with open(self.log, "a") as f, redirect(f):
+                self.info = export_for_training(model, args, path, exporter=self.exporter,
+                                                kwargs=kwargs, input_names=names, output_names=out,
+                                                verbose=True)
+        return path
+
+    def train(self, path, data, tag, replicas, has_bn):
+        out = os.path.join(self.dir, f"trained_{tag}.onnx")
+        metrics = os.path.join(self.dir, f"metrics_{tag}.jsonl")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        cmd = [self.tool("onnxtrain"), path, "--data", data, "--val-data", "none",
+               "--loss", "cross-entropy", "--optimizer", "sgd", "--lr", str(LR), "--momentum", "0",
+               "--weight-decay", "0", "--steps", "1", "--global-batch-size", str(BATCH),
+               "--replicas", str(replicas), "--threads", str(self.args.threads),
+               "--output", out, "--metrics-json", metrics]
+        if self.kind == "lm":
+            cmd += ["--class-axis", "-1", "--ignore-index", "-100"]
+        if replicas > 1 and has_bn:
+            cmd += ["--sync-batchnorm"]
+        run(cmd, self.log)
+        loss = json.loads(open(metrics).read().strip().splitlines()[-1])["loss"]
+        return loss, initializers(out)
+
+    def go(self):
+        model = self.build()
+        inputs, labels = make_batch(self.kind)
+        t0 = time.time()
+        path = self.export(model, inputs)
+        self.t_export = time.time() - t0
+        mapping = {n: n for n in dict(model.named_parameters())
+                   if n not in self.info["renamed"] and n not in self.info["lost"]}
+        mapping.update(self.info["renamed"])
+        has_bn = self.info["batchnorm_modules"] > 0
+        for k, v in inputs.items():
+            np.save(os.path.join(self.dir, f"{k}.npy"), v)
+        np.save(os.path.join(self.dir, "labels.npy"), labels)
+        np.savez(os.path.join(self.dir, "batch.npz"), labels=labels, **inputs)
+
+        # fwd: the graph's mode is train for classic (TRAINING export), eval for dynamo
+        try:
+            train_mode = self.exporter == "classic"
+            y64 = torch_forward(model, inputs, torch.float64, train_mode)
+            y32 = torch_forward(model, inputs, torch.float32, train_mode)
+            outdir = os.path.join(self.dir, "fwd")
+            cmd = [self.tool("onnxrun"), path, "--output-dir", outdir, "--threads",
+                   str(self.args.threads)]
+            for k in inputs:
+                cmd += ["--input", f"{k}={os.path.join(self.dir, k + '.npy')}"]
+            run(cmd, self.log)
+            yo = np.load(os.path.join(outdir, ("output" if self.kind == "image" else "logits") + ".npy"))
+            e32 = float(np.max(np.abs(y32 - y64)))
+            eot = float(np.max(np.abs(yo.astype(np.float64) - y64)))
+            tol = 2 * e32 + 16 * EPS32 * float(np.max(np.abs(y64)))
+            self.result["fwd"] = (eot <= tol, f"err {eot:.2e} (torch f32 {e32:.2e}, tol {tol:.2e})")
+        except Exception as e:  # noqa: BLE001 - any failure is this check's failure
+            self.result["fwd"] = (False, str(e))
+
+        # step: onnxtrain vs float64 torch, measured against torch float32's own error
+        try:
+            if self.info["lost"]:
+                raise RuntimeError(f"parameters not in the export: {self.info['lost'][:3]}")
+            l64, p64, b64 = torch_step(model, inputs, labels, self.kind, torch.float64)
+            l32, p32, b32 = torch_step(model, inputs, labels, self.kind, torch.float32)
+            data = (f"npy:{os.path.join(self.dir, 'input.npy')},{os.path.join(self.dir, 'labels.npy')}"
+                    if self.kind == "image" else f"npz:{os.path.join(self.dir, 'batch.npz')}")
+            t0 = time.time()
+            lot, pot = self.train(path, data, "r1", 1, has_bn)
+            self.t_train = time.time() - t0
+            names = list(mapping)
+            pot_t = {n: pot[mapping[n]] for n in names}
+            e32 = max_err(p32, p64, names)
+            eot = max_err(pot_t, p64, names)
+            tol = step_tolerance(e32, p64, names)
+            worst = max(names, key=lambda n: float(np.max(np.abs(pot_t[n] - p64[n]))) if p64[n].size else 0)
+            le32, leot = abs(l32 - l64), abs(lot - l64)
+            ltol = 2 * le32 + 16 * EPS32 * abs(l64)
+            ok = eot <= tol and leot <= ltol
+            detail = (f"params err {eot:.2e} (torch f32 {e32:.2e}, tol {tol:.2e}, worst {worst}); "
+                      f"loss {lot:.6f} vs {l64:.6f} err {leot:.1e} (f32 {le32:.1e}, tol {ltol:.1e})")
+            # BN running statistics: reported, not gated (ONNX's running_var takes the biased
+            # batch variance, torch's the unbiased one)
+            for stat in ("running_mean", "running_var"):
+                bn = [n for n in b64 if n in pot and n.endswith(stat)]
+                if bn:
+                    detail += (f"; BN {stat} err {max_err({n: pot[n] for n in bn}, b64, bn):.1e}"
+                               f" (f32 {max_err(b32, b64, bn):.1e})")
+            self.result["step"] = (ok, detail)
+            self.step_state = (pot_t, e32, p64, names, lot)
+        except Exception as e:  # noqa: BLE001
+            self.result["step"] = (False, str(e))
+            self.step_state = None
+
+        # r2: 2 replicas vs 1, within the float32 noise torch itself shows on this step
+        try:
+            if self.step_state is None:
+                raise RuntimeError("needs the 1-replica step")
+            pot_t, e32, p64, names, lot = self.step_state
+            l2, p2 = self.train(path, data, "r2", 2, has_bn)
+            p2t = {n: p2[mapping[n]] for n in names}
+            e = max_err(p2t, pot_t, names)
+            tol = step_tolerance(e32, p64, names)
+            ltol = 16 * EPS32 * abs(lot) + 2 * abs(l32 - l64)
+            self.result["r2"] = (e <= tol and abs(l2 - lot) <= ltol,
+                                 f"max |p2 - p1| {e:.2e} (tol {tol:.2e}); loss {l2:.6f} vs {lot:.6f}")
+        except Exception as e:  # noqa: BLE001
+            self.result["r2"] = (False, str(e))
+
+
+class redirect:
+    """stdout and stderr (Python's and the C level's, where torch's exporters print) to a file."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        os.dup2(self.f.fileno(), 1)
+        os.dup2(self.f.fileno(), 2)
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        os.close(self.saved[0])
+        os.close(self.saved[1])
+
+
+def defaults_column(name, work):
+    """What plain torch.onnx.export(model.train(), args, f) keeps: names, merged params, BN."""
+    builder, kind = MODELS[name]
+    torch.manual_seed(0)
+    model = builder().float().train()
+    inputs, _ = make_batch(kind)
+    t = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    path = os.path.join(work, name, "defaults.onnx")
+    log = os.path.join(work, name, "defaults.log")
+    try:
+        with warnings.catch_warnings(), open(log, "w") as f, redirect(f):
+            warnings.simplefilter("ignore")
+            if list(t) == ["input"]:
+                torch.onnx.export(model, (t["input"],), path)
+            else:
+                torch.onnx.export(model, (), path, kwargs=t)
+        d = describe(model, path)
+    except Exception as e:  # noqa: BLE001
+        return f"export failed: {str(e).splitlines()[0][:60]}"
+    notes = []
+    if d["batchnorm_modules"] and d["batchnorm_nodes"] < d["batchnorm_modules"]:
+        notes.append(f"BN folded {d['batchnorm_modules'] - d['batchnorm_nodes']}/{d['batchnorm_modules']}")
+    if d["lost"]:
+        notes.append(f"{len(d['lost'])}/{d['parameters']} params merged/folded")
+    if d["renamed"]:
+        notes.append(f"{len(d['renamed'])} renamed")
+    return ", ".join(notes) or "trainable graph"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="folder with onnxrun and onnxtrain")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--only", default="", help="regex over model names")
+    ap.add_argument("--exporters", default=",".join(EXPORTERS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-defaults", action="store_true", help="skip the informational column")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    names = [n for n in MODELS if re.search(a.only, n)]
+    exporters = a.exporters.split(",")
+    print(f"models: torch {torch.__version__}, onnx {onnx.__version__}; batch {BATCH}, "
+          f"lr {LR}, {len(names)} models x {exporters}", flush=True)
+    cases, defaults = [], {}
+    t_all = time.time()
+    for n in names:
+        for ex in exporters:
+            t = time.time()
+            c = Case(n, ex, a)
+            try:
+                c.go()
+            except Exception as e:  # noqa: BLE001 - export failed: every check fails
+                for k in CHECKS:
+                    c.result.setdefault(k, (False, f"export: {str(e).splitlines()[0][:200]}"))
+            cases.append(c)
+            print(f"models: {n:20s} {ex:8s} {time.time() - t:5.1f}s  " +
+                  "  ".join(f"{k} {'ok' if c.result[k][0] else 'FAIL'}" for k in CHECKS), flush=True)
+            for k in CHECKS:
+                print(f"          {k:5s} {c.result[k][1]}", flush=True)
+        if not a.no_defaults:
+            defaults[n] = defaults_column(n, a.work)
+
+    passed = failed = 0
+    unexpected, xfail, xpass = [], [], []
+    rows = []
+    for n in names:
+        cells = []
+        for ex in exporters:
+            c = next(c for c in cases if c.name == n and c.exporter == ex)
+            for k in CHECKS:
+                ok = c.result[k][0]
+                key = (n, ex, k)
+                if key in EXPECTED_FAIL:
+                    cells.append("XPASS" if ok else "xfail")
+                    (xpass if ok else xfail).append(key)
+                    failed += ok
+                else:
+                    cells.append("pass" if ok else "FAIL")
+                    passed += ok
+                    failed += not ok
+                    if not ok:
+                        unexpected.append((key, c.result[k][1]))
+        rows.append((n, cells, defaults.get(n, "")))
+    head = "".join(f"{ex + ' ' + k:>13s}" for ex in exporters for k in CHECKS)
+    print("\n" + f"{'model':20s}{head}   defaults (torch.onnx.export(model, args, f))")
+    for n, cells, d in rows:
+        print(f"{n:20s}" + "".join(f"{c:>13s}" for c in cells) + f"   {d}")
+    print(f"\nmodels: {time.time() - t_all:.0f} s")
+    for key, why in unexpected:
+        print(f"models: FAIL {'/'.join(key)}: {why}")
+    for key in xfail:
+        print(f"models: expected failure {'/'.join(key)}: {EXPECTED_FAIL[key]}")
+    for key in xpass:
+        print(f"models: XPASS {'/'.join(key)} passes now: remove it from EXPECTED_FAIL")
+    print(f"models: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
