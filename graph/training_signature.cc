@@ -6,6 +6,7 @@
 //   signature  version=1  replicas=R  [partition=k]
 //   input      role=batch|labels|targets|lr|loss_scale|state  name=N
 //   labels     ignore_index=i                   (TrainingSignature::ignore_index)
+//   loss       model_output=N                   (TrainingSignature::model_loss)
 //   result     role=loss|correct  name=N  [replica=k]
 //   state      kind=parameter|optimizer_state|running_statistic|step_counter  state=S
 //              updated=U  original=O  [replica=k]
@@ -184,6 +185,7 @@ std::string encode_training(const Model& m) {
   for (const InputBinding& i : t.inputs)
     text += Line("input").field("role", std::string(input_role_name(i.role))).field("name", i.name).str();
   if (t.ignore_index) text += Line("labels").field("ignore_index", *t.ignore_index).str();
+  if (!t.model_loss.empty()) text += Line("loss").field("model_output", t.model_loss).str();
   for (const ResultBinding& r : t.results)
     text += Line("result")
                 .field("role", std::string(result_role_name(r.role)))
@@ -271,6 +273,9 @@ void decode_training(const std::string& text, Model& m, const std::string& where
     } else if (record == "labels") {
       OT_CHECK(!t.ignore_index, at, "a second 'labels' record");
       t.ignore_index = f.num("ignore_index");
+    } else if (record == "loss") {
+      OT_CHECK(t.model_loss.empty(), at, "a second 'loss' record");
+      t.model_loss = f.str("model_output");
     } else if (record == "result") {
       ResultBinding b;
       b.role = f.enumerated<ResultRole>("role", kResultRoles);

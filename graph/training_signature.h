@@ -34,7 +34,8 @@ enum class InputRole {
   kTargets,       // float regression targets, split along dim 0 (MSE)
   kLearningRate,  // float scalar, this step's learning rate
   kLossScale,     // float scalar, 1 / the global batch's target count (rows; for labels,
-                  // the label elements other than their ignore_index)
+                  // the label elements other than their ignore_index); with a model_loss,
+                  // 1 / the replicas over all processes
   kState,         // (evaluation graphs) fed with the trained state value of the same name
 };
 // What a graph output reports.
@@ -95,6 +96,10 @@ struct TrainingSignature {
   // Label elements equal to this are padding: outside the loss, `correct` and the loss_scale
   // count (attach_loss). nullopt: every label is a class.
   std::optional<int64_t> ignore_index;
+  // Non-empty: the loss is this model output (--loss output:NAME), a mean the model computes
+  // over its own rows; loss_scale is then 1 / the replicas over all processes, and there are
+  // no labels, targets or `correct`.
+  std::string model_loss;
 
   bool empty() const { return state.empty() && inputs.empty() && results.empty(); }
   bool operator==(const TrainingSignature&) const = default;

@@ -116,9 +116,16 @@ LossKind resolve(const Model& m, const Value& logits, const LossOptions& opts) {
   OT_CHECK(opts.class_axis == 1 || opts.class_axis == -1, where(m),
            "the class axis must be 1 (N, C, ...) or -1 (classes last), got ", opts.class_axis);
   if (opts.kind == LossKind::kAuto) {
-    const bool classes = shape && shape->size() >= 2 &&
-                         (*shape)[class_dim(*shape, opts.class_axis)].is_known() &&
-                         (*shape)[class_dim(*shape, opts.class_axis)].value > 1;
+    const Dim* c = shape && shape->size() >= 2 ? &(*shape)[class_dim(*shape, opts.class_axis)]
+                                               : nullptr;
+    if (opts.integer_labels) {
+      // Integer labels with float scores of rank >= 2 are classes; a known single column is
+      // a regression output whatever the labels' dtype.
+      const bool classes = *opts.integer_labels && float_scores && (!shape || c) &&
+                           !(c && c->is_known() && c->value == 1);
+      return classes ? LossKind::kCrossEntropy : LossKind::kMse;
+    }
+    const bool classes = c && c->is_known() && c->value > 1;
     return classes && float_scores ? LossKind::kCrossEntropy : LossKind::kMse;
   }
   if (opts.kind == LossKind::kCrossEntropy) {
@@ -240,6 +247,37 @@ Value* squared_error_sum(Emitter& e, Value* y, Value* targets) {
   return e.reduce("ReduceSum", per_example, {}, "squared_error_sum", scalar(y->dtype()));
 }
 
+// --loss output:NAME: the model's own scalar loss (a mean over its rows) x loss_scale.
+LossInfo attach_model_loss(Model& model, Value* out) {
+  Graph& g = *model.graph;
+  const auto& shape = out->shape();
+  int64_t elements = 1;
+  if (shape)
+    for (const Dim& d : *shape) elements = d.is_known() && elements > 0 ? elements * d.value : -1;
+  OT_CHECK(!shape || elements == 1, where(model), "--loss output: '", out->name(),
+           "' must be a scalar loss (one element); it has rank ", shape ? shape->size() : 0,
+           elements > 1 ? cat(" and ", elements, " elements") : std::string());
+  check_free(model, kLossScale);
+  Emitter e(model);
+  Value* scale = g.add_input(kLossScale, scalar(DataType::kFloat));
+  Value* flat = out;
+  if (!shape || !shape->empty())
+    flat = e.reduce("ReduceSum", out, {}, "model_loss_scalar", scalar(out->dtype()));
+  // The model may well call its loss "loss" (exports with labels as an input do).
+  const std::string name = g.find_value(kLoss) ? g.fresh_name(kLoss) : std::string(kLoss);
+  Value* loss = e.node("Mul", {to_float(e, flat, "model_loss_float"), scale}, "scaled",
+                       scalar(DataType::kFloat), {}, name);
+  g.add_output(loss);
+  graph::TrainingSignature& sig = model.training;
+  sig.inputs.push_back({scale->name(), graph::InputRole::kLossScale});
+  sig.results.push_back({loss->name(), graph::ResultRole::kLoss, -1});
+  sig.model_loss = out->name();
+  LossInfo info;
+  info.kind = LossKind::kOutput;
+  info.loss = loss->name();
+  return info;
+}
+
 }  // namespace
 
 LossInfo attach_loss(graph::Model& model, const std::string& logits_name, const LossOptions& opts) {
@@ -251,6 +289,7 @@ LossInfo attach_loss(graph::Model& model, const std::string& logits_name, const 
            logits->type.is_tensor() ? graph::dtype_short_name(logits->dtype()) : "not a tensor",
            logits->dtype() == DataType::kUndefined ? " (run infer_shapes first)" : "");
   LossInfo info;
+  if (opts.kind == LossKind::kOutput) return attach_model_loss(model, logits);
   info.kind = resolve(model, *logits, opts);
   const bool ce = info.kind == LossKind::kCrossEntropy;
   const bool move_classes = ce && opts.class_axis == -1 && logits->shape() &&

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,8 @@ graph::Tensor read_npy_stream(std::istream& in, int64_t size, const std::string&
 // offset is checked against the file before allocating; CRC-32 checked; errors name the file
 // and member.
 std::vector<std::pair<std::string, graph::Tensor>> read_npz(const std::string& path);
+// One array of a .npz (reading only that member); nullopt when it has none of that name.
+std::optional<graph::Tensor> read_npz_array(const std::string& path, const std::string& name);
 // Writes atomically (temporary file + rename). Throws for dtypes .npy cannot hold.
 void write_npy(const std::string& path, const graph::Tensor& t);
 // True for the dtypes read_npy / write_npy handle: f16 f32 f64 i8-i64 u8-u64 bool.

@@ -219,11 +219,16 @@ std::string inflate_member(const std::string& packed, const Member& m, const std
 
 }  // namespace
 
-std::vector<std::pair<std::string, graph::Tensor>> read_npz(const std::string& path) {
+namespace {
+
+// The members' arrays, or only the one named `only` when given.
+std::vector<std::pair<std::string, graph::Tensor>> read_arrays(const std::string& path,
+                                                               const std::string* only) {
   ZipFile z(path);
   std::vector<std::pair<std::string, graph::Tensor>> out;
   std::set<std::string> seen;
   for (const Member& m : read_members(z)) {
+    if (only && m.name != *only && m.name != *only + ".npy") continue;
     const std::string where = cat(path, ":", m.name);
     const std::string local = z.read(m.local_offset, 30, cat("the local header of '", m.name, "'"));
     OT_CHECK(le(bytes_of(local), 4) == kLocalSig, path, ": member '", m.name,
@@ -247,8 +252,20 @@ std::vector<std::pair<std::string, graph::Tensor>> read_npz(const std::string& p
     std::istringstream in(std::move(bytes));
     out.emplace_back(name, read_npy_stream(in, size, where));
   }
-  OT_CHECK(!out.empty(), path, ": the .npz archive holds no arrays");
+  OT_CHECK(only || !out.empty(), path, ": the .npz archive holds no arrays");
   return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, graph::Tensor>> read_npz(const std::string& path) {
+  return read_arrays(path, nullptr);
+}
+
+std::optional<graph::Tensor> read_npz_array(const std::string& path, const std::string& name) {
+  auto arrays = read_arrays(path, &name);
+  if (arrays.empty()) return std::nullopt;
+  return std::move(arrays.front().second);
 }
 
 }  // namespace onnxtrain::runtime

@@ -10,22 +10,59 @@
 #include "graph/error.h"
 #include "graph/printer.h"
 #include "ops/op_api.h"
+#include "ops/sequence/static_sequences.h"
 #include "runtime/plan.h"
 
 namespace onnxtrain::runtime {
 namespace {
 
-void collect_unsupported(const graph::Model& m, const graph::Graph& g, std::set<std::string>& out) {
+// Ops of `g` (and its subgraphs) without a CPU kernel. Sequence nodes in `lowered` are left out
+// (passes::lower_sequences rewrites them before a session sees the graph).
+void collect_unsupported(const graph::Model& m, const graph::Graph& g,
+                         const std::set<const graph::Node*>& lowered, std::set<std::string>& out) {
   for (const auto& n : g.nodes()) {
     int64_t opset = m.opset_version(n->domain).value_or(1);
     const ops::OpSchema* s = ops::OpRegistry::global().find(n->domain, n->op_type, opset);
-    if (!s || !s->cpu_kernel) out.insert((n->domain.empty() ? "" : n->domain + ".") + n->op_type);
+    if ((!s || !s->cpu_kernel) && !lowered.count(n.get()))
+      out.insert((n->domain.empty() ? "" : n->domain + ".") + n->op_type);
     for (const auto& a : n->attributes) {
-      if (a.type == graph::AttrType::kGraph) collect_unsupported(m, a.g(), out);
+      if (a.type == graph::AttrType::kGraph) collect_unsupported(m, a.g(), lowered, out);
       if (a.type == graph::AttrType::kGraphs)
-        for (const auto& sg : a.graphs()) collect_unsupported(m, *sg, out);
+        for (const auto& sg : a.graphs()) collect_unsupported(m, *sg, lowered, out);
     }
   }
+}
+
+// Sequence nodes of `g` and its subgraphs that lower_sequences can rewrite (`lowerable`), and a
+// line naming each one it cannot (`stays`). Dims the declared types do not tell count as known:
+// the pass infers shapes first and names the node itself if one stays unknown.
+void check_sequences(const graph::Graph& g, std::set<const graph::Node*>& lowerable,
+                     std::vector<std::string>& stays) {
+  bool any = false;
+  for (const auto& n : g.nodes()) any = any || ops::is_sequence_op(*n);
+  if (any) {
+    const ops::StaticSequences seqs = ops::analyze_sequences(g, ops::literal_constant, true);
+    for (const auto& n : g.nodes()) {
+      if (!ops::is_sequence_op(*n)) continue;
+      auto it = seqs.unlowerable.find(n.get());
+      if (it == seqs.unlowerable.end())
+        lowerable.insert(n.get());
+      else
+        stays.push_back(it->second);
+    }
+  }
+  for (const auto& n : g.nodes())
+    for (const auto& a : n->attributes) {
+      if (a.type == graph::AttrType::kGraph) check_sequences(a.g(), lowerable, stays);
+      if (a.type == graph::AttrType::kGraphs)
+        for (const auto& sg : a.graphs()) check_sequences(*sg, lowerable, stays);
+    }
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const std::string& s : items) out += cat(out.empty() ? "" : sep, s);
+  return out;
 }
 
 std::string describe_input(const graph::Value& v) {
@@ -54,23 +91,28 @@ void check_input(const graph::Value& v, const graph::Tensor& t, const std::strin
 
 std::vector<std::string> unsupported_ops(const graph::Model& m) {
   std::set<std::string> out;
-  collect_unsupported(m, *m.graph, out);
+  collect_unsupported(m, *m.graph, {}, out);
   return {out.begin(), out.end()};
 }
 
 void require_supported_ops(const graph::Model& m, const std::string& path) {
-  std::vector<std::string> missing = runtime::unsupported_ops(m);
-  if (missing.empty()) return;
-  std::string list;
+  std::set<const graph::Node*> lowerable;
+  std::vector<std::string> stays;
+  check_sequences(*m.graph, lowerable, stays);
+  std::set<std::string> unsupported;
+  collect_unsupported(m, *m.graph, lowerable, unsupported);
+  if (unsupported.empty()) return;
+  std::vector<std::string> missing(unsupported.begin(), unsupported.end());
   bool custom = false;
   for (const std::string& op : missing) {
-    list += cat(list.empty() ? "" : ", ", op);
     const auto dot = op.rfind('.');
     const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
     custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
                         domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
   }
-  fail(path, ": unsupported ops (no CPU kernel): ", list,
+  fail(path, ": unsupported ops (no CPU kernel): ", join(missing, ", "),
+       stays.empty() ? "" : cat("; sequence ops that cannot be lowered to tensor ops: ",
+                                join(stays, "; ")),
        custom ? " (ops of a custom domain: load the library that defines them with "
                 "--custom-op-lib PATH)"
               : "");
@@ -82,9 +124,15 @@ InferenceSession::InferenceSession(std::unique_ptr<graph::Model> model, SessionO
   if (!opts_.device) opts_.device = cpu_device();
   auto missing = unsupported_ops(*model_);
   if (!missing.empty()) {
-    std::string list;
-    for (const auto& op : missing) list += (list.empty() ? "" : ", ") + op;
-    fail(model_->source_path.empty() ? "model" : model_->source_path, ": unsupported ops (no CPU kernel): ", list);
+    // Sequence ops never run: say which ones passes::lower_sequences would rewrite first.
+    std::set<const graph::Node*> lowerable;
+    std::vector<std::string> stays;
+    check_sequences(*model_->graph, lowerable, stays);
+    fail(model_->source_path.empty() ? "model" : model_->source_path,
+         ": unsupported ops (no CPU kernel): ", join(missing, ", "),
+         stays.empty() ? "" : cat("; sequence ops that cannot be lowered to tensor ops: ",
+                                  join(stays, "; ")),
+         lowerable.empty() ? "" : " (lower the model's sequences first: passes::lower_sequences)");
   }
 }
 

@@ -57,7 +57,8 @@ class StepContext;
 
 class InferenceSession {
  public:
-  // Throws Error listing every op without a CPU kernel before anything runs.
+  // Throws Error listing every op without a CPU kernel before anything runs (sequence ops
+  // included: run passes::lower_sequences on the model first).
   explicit InferenceSession(std::unique_ptr<graph::Model> model, SessionOptions opts = {});
   ~InferenceSession();
   static std::unique_ptr<InferenceSession> load(const std::string& path, SessionOptions opts = {});
@@ -101,6 +102,8 @@ class InferenceSession {
 
 // Throws "<path>: unsupported ops (no CPU kernel): ..." naming every op without a kernel, with a
 // hint at --custom-op-lib when one is in a custom domain. Tools call it before any other work.
+// Sequence ops that passes::lower_sequences rewrites into tensor ops pass (the tools run that
+// pass before they build a session); each one it cannot lower is named with the reason.
 void require_supported_ops(const graph::Model& m, const std::string& path);
 
 // Ops of the model (main graph and subgraphs) with no registered CPU kernel at the model's

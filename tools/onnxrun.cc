@@ -249,6 +249,8 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> out_names;
   for (const auto* v : g.outputs()) out_names.push_back(v->name());
+  // Sequences with a static structure become tensor ops; the check names any that stay.
+  passes::lower_sequences(*model);
   runtime::require_supported_ops(*model, a.model);
   // onnxrun only runs models forward, so the inference rewrite applies; a BatchNormalization
   // in training mode (an exported training graph) is left alone by the pass itself.

@@ -63,7 +63,11 @@ length and batch:
 
 model and optimizer:
   --output-name NAME      the model output to train (default: the only/first float output)
-  --loss KIND             auto (default) | cross-entropy | mse
+  --loss KIND             auto (default) | cross-entropy | mse | output:NAME. auto: cross-
+                          entropy for integer labels (or a (N,C,...) output), mse for float
+                          targets. output:NAME trains a model that computes its own scalar
+                          loss as output NAME (e.g. an export taking the labels as an input;
+                          its arrays all feed inputs, none is taken as labels)
   --class-axis A          cross-entropy's class axis: 1 (default, (N, C, ...)) or -1 (classes
                           last, (N, T, C) with per-token labels (N, T))
   --ignore-index N        cross-entropy labels equal to N are padding: out of the loss, its
@@ -168,6 +172,7 @@ Args parse_args(int argc, char** argv) {
   Args a;
   TrainConfig& c = a.config;
   bool only_positional = false;
+  std::string loss_output;  // --loss output:NAME
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::optional<std::string> inline_value;
@@ -251,7 +256,16 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--clip-norm") {
       c.train.optimizer.clip_global_norm = static_cast<float>(parse_float(arg, value(), 0, false));
     } else if (arg == "--loss") {
-      c.train.model.loss = loss_kind(value());
+      const std::string v = value();
+      if (v.starts_with("output:")) {
+        // The model computes its own loss: train output NAME as it is.
+        if (v.size() == 7) usage_fail("--loss output:NAME needs the output's name");
+        c.train.model.loss = passes::LossKind::kOutput;
+        loss_output = v.substr(7);
+      } else {
+        if (v == "output") usage_fail("--loss output needs the output's name: output:NAME");
+        c.train.model.loss = loss_kind(v);
+      }
     } else if (arg == "--class-axis") {
       const std::string a = value();
       if (a != "1" && a != "-1") usage_fail(arg, ": expected 1 or -1, got '", a, "'");
@@ -301,6 +315,12 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.help || a.version) return a;
+  if (!loss_output.empty()) {
+    if (!c.train.model.output.empty() && c.train.model.output != loss_output)
+      usage_fail("--loss output:", loss_output, " and --output-name ", c.train.model.output,
+                 " name different outputs");
+    c.train.model.output = loss_output;
+  }
   if (c.train.model.path.empty()) usage_fail("no model given");
   if (a.epochs_given && a.steps_given) usage_fail("give either --epochs or --steps, not both");
   if (a.batch_given && a.global_batch_given)

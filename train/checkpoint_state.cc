@@ -24,10 +24,11 @@ constexpr std::array<Named<passes::OptimizerKind>, 5> kOptimizers{{
     {passes::OptimizerKind::kAdamW, "adamw"},
     {passes::OptimizerKind::kAdagrad, "adagrad"},
 }};
-constexpr std::array<Named<passes::LossKind>, 3> kLosses{{
+constexpr std::array<Named<passes::LossKind>, 4> kLosses{{
     {passes::LossKind::kAuto, "auto"},
     {passes::LossKind::kCrossEntropy, "cross-entropy"},
     {passes::LossKind::kMse, "mse"},
+    {passes::LossKind::kOutput, "output"},
 }};
 constexpr std::array<Named<runtime::LrSchedule::Kind>, 3> kSchedules{{
     {runtime::LrSchedule::Kind::kConstant, "constant"},

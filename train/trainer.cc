@@ -176,8 +176,9 @@ void check_same(runtime::ProcessWorld& w,
 // How many targets `truth` (a batch's labels or targets) holds: the denominator of the loss's
 // mean and of the accuracy (the numerics contract: the loss is a sum, x 1 / the global batch's
 // count). Targets: one per row. Labels: one per element ((N) per example, (N, T) per token),
-// less those equal to the signature's ignore_index.
-int64_t target_count(const graph::TrainingSignature& sig, const Tensor& truth) {
+// less those equal to the signature's ignore_index. A model computing its own loss: `rows`.
+int64_t target_count(const graph::TrainingSignature& sig, const Tensor& truth, int64_t rows) {
+  if (!sig.model_loss.empty()) return rows;
   OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, "train: empty batch");
   if (!sig.find_input(graph::InputRole::kLabels)) return truth.dims()[0];
   int64_t count = truth.numel();
@@ -195,9 +196,11 @@ int64_t target_count(const graph::TrainingSignature& sig, const Tensor& truth) {
   return count;
 }
 
-// A batch of padding alone gets 0 (no loss, no gradient).
-float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth) {
-  const int64_t count = target_count(sig, truth);
+// A batch of padding alone gets 0 (no loss, no gradient). A model's own loss is a mean over
+// each replica's rows: the step's loss is their mean over all `replicas`.
+float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth, int replicas) {
+  if (!sig.model_loss.empty()) return 1.0f / static_cast<float>(replicas);
+  const int64_t count = target_count(sig, truth, 0);
   return count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 }
 
@@ -275,6 +278,15 @@ void Trainer::build() {
   model_inputs_ = model_inputs_of(*original_);
   devices_ = replica_devices(p);
   passes::TrainingOptions topts = graph_options(opts_);
+  // --loss auto follows the labels' dtype when the data says it (integer labels: classes).
+  if (opts_.model.loss == passes::LossKind::kAuto && !opts_.data.train.empty()) {
+    try {
+      topts.integer_labels =
+          runtime::integer_labels(runtime::parse_data_spec(opts_.data.train), opts_.data.labels);
+    } catch (const Error&) {
+      // A malformed spec is reported when the data loads.
+    }
+  }
   topts.replicas = p.replicas;
   // Placement for people reading the graph (partitions follow the recorded replica index).
   for (const auto& d : devices_) topts.devices.push_back(d->name());
@@ -317,20 +329,22 @@ const runtime::DataParallelSession& Trainer::session() const {
 
 runtime::StepResult Trainer::step(const std::map<std::string, Tensor>& batch, float lr,
                                   float loss_scale, uint64_t seed) {
-  if (loss_scale <= 0) {
-    const graph::TrainingSignature& sig = training_graph_->training;
+  const graph::TrainingSignature& sig = training_graph_->training;
+  if (loss_scale <= 0 && !sig.model_loss.empty()) {
+    loss_scale = loss_scale_of(sig, Tensor(), opts_.parallel.replicas * processes());
+  } else if (loss_scale <= 0) {
     const graph::InputBinding* truth = sig.find_input(graph::InputRole::kLabels);
     if (!truth) truth = sig.find_input(graph::InputRole::kTargets);
     auto it = truth ? batch.find(truth->name) : batch.end();
     OT_CHECK(it != batch.end() && it->second.rank() >= 1, "Trainer::step: the batch has no '",
              truth ? truth->name : "labels", "' (the training graph's labels or targets)");
-    loss_scale = loss_scale_of(sig, it->second);
+    loss_scale = loss_scale_of(sig, it->second, 1);
   }
   return session().step(batch, lr, loss_scale, seed);
 }
 
 int64_t Trainer::targets(const runtime::Batch& b) const {
-  return target_count(training_graph_->training, b.targets);
+  return target_count(training_graph_->training, b.targets, b.size());
 }
 
 std::map<std::string, Tensor> Trainer::model_feeds(runtime::Batch&& b) const {
@@ -346,7 +360,8 @@ std::map<std::string, Tensor> Trainer::model_feeds(runtime::Batch&& b) const {
 runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
   const int64_t n = b.size();
   const graph::TrainingSignature& sig = training_graph_->training;
-  const float loss_scale = loss_scale_of(sig, b.targets);  // of the global batch
+  const float loss_scale =  // of the global batch
+      loss_scale_of(sig, b.targets, opts_.parallel.replicas * processes());
   if (world_) {
     // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
     // split these rows over R by the same rule, which reproduces the global split.
@@ -354,9 +369,11 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
     const auto [start, rows] = runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
     b = b.rows(start, rows);
   }
+  Tensor truth = std::move(b.targets);
   std::map<std::string, Tensor> feeds = model_feeds(std::move(b));
-  feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
-                                         : graph::InputRole::kTargets)] = std::move(b.targets);
+  if (sig.model_loss.empty())
+    feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
+                                           : graph::InputRole::kTargets)] = std::move(truth);
   const uint64_t step_seed =
       runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
   return session().step(feeds, runtime::lr_at(schedule_, s), loss_scale, step_seed);
@@ -371,7 +388,7 @@ TrainingData Trainer::load_data() const {
   lo.seed = d.seed;
   lo.padding_label = opts_.model.ignore_index;
   lo.inputs = model_inputs_;
-  lo.labels_name = d.labels;
+  lo.labels_name = info_.loss.kind == passes::LossKind::kOutput ? "" : d.labels;
   // Labels of one example for logits (N, C, d1...) or, classes last, (N, d1..., C).
   std::vector<int64_t> label_dims;
   if (cross_entropy() && output_dims_.size() >= 2) {
@@ -379,23 +396,29 @@ TrainingData Trainer::load_data() const {
     label_dims.erase(opts_.model.class_axis == 1 ? label_dims.begin() : label_dims.end() - 1);
     lo.label_dims = label_dims;
   }
+  // A dataset of examples (images, features) feeds one float input; say so before reading it.
+  for (const std::string& spec_text : {d.train, d.val}) {
+    if (spec_text.empty() || spec_text == "none") continue;
+    const runtime::DataSpec spec = runtime::parse_data_spec(spec_text);
+    if (spec.named() || spec.kind == runtime::DataSpec::Kind::kSynthetic) continue;
+    const bool one_input = model_inputs_.size() == 1 &&
+                           (model_inputs_[0].dtype == graph::DataType::kFloat ||
+                            spec.kind == runtime::DataSpec::Kind::kNpy);
+    if (one_input) continue;
+    std::string names;
+    for (const runtime::ModelInput& in : model_inputs_)
+      names += cat(names.empty() ? "" : ", ", "'", in.name, "' ", graph::dtype_short_name(in.dtype));
+    fail(spec_text, ": feeds one float input, the model has ", names,
+         "; give --data npz:FILE with one array per input and 'labels' (or npy:NAME=FILE,...)");
+  }
   runtime::TrainValData sets = runtime::load_train_val(dc, lo);
   const std::string& out = info_.prepared.logits;
   for (const runtime::Dataset* set : {&sets.train, sets.val ? &*sets.val : nullptr}) {
     if (!set) continue;
-    if (!set->is_named()) {
-      batch_input();  // the one input a dataset of examples feeds
-      if (model_inputs_.size() > 1) {
-        std::string names;
-        for (const runtime::ModelInput& in : model_inputs_)
-          names += cat(names.empty() ? "" : ", ", "'", in.name, "' ",
-                       graph::dtype_short_name(in.dtype));
-        fail(set->name(), ": feeds one input, the model has ", model_inputs_.size(), " (", names,
-             "); give --data npz:FILE with one array per input and 'labels' (or ",
-             "npy:NAME=FILE,...)");
-      }
-    }
-    if (cross_entropy()) {
+    if (!set->is_named()) batch_input();  // the one input a dataset of examples feeds
+    if (info_.loss.kind == passes::LossKind::kOutput) {
+      continue;  // the model computes its loss from its own inputs
+    } else if (cross_entropy()) {
       OT_CHECK(set->has_labels(), set->name(), ": has float targets but the loss is ",
                "cross-entropy on '", out, "' (give --loss mse)");
       set->check_labels(classes_);
@@ -463,8 +486,11 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
     feeds[b->name] = state.at(b->name);
   feeds[input_named(sig, graph::InputRole::kLossScale)] =
       Tensor::from_vector(graph::DataType::kFloat, {}, std::vector<float>{1.0f});
-  const std::string& truth_name =
-      input_named(sig, cross_entropy() ? graph::InputRole::kLabels : graph::InputRole::kTargets);
+  const bool model_loss = !sig.model_loss.empty();
+  const std::string truth_name =
+      model_loss ? std::string()
+                 : input_named(sig, cross_entropy() ? graph::InputRole::kLabels
+                                                    : graph::InputRole::kTargets);
   int loss_at = -1, correct_at = -1;
   const auto& outs = s.model().graph->outputs();
   for (size_t i = 0; i < outs.size(); ++i)
@@ -479,12 +505,15 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   double loss_sum = 0, correct = 0, count = 0;
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
-    count += static_cast<double>(target_count(sig, b.targets));
+    const int64_t rows = b.size();
+    const auto targets = static_cast<double>(target_count(sig, b.targets, rows));
+    count += targets;
     Tensor truth = std::move(b.targets);
     for (auto& [name, t] : model_feeds(std::move(b))) feeds[name] = std::move(t);
-    feeds[truth_name] = std::move(truth);
+    if (!model_loss) feeds[truth_name] = std::move(truth);
     std::vector<Tensor> r = s.run(feeds);
-    loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]);
+    // A model's own loss is its batch's mean: weigh it by the rows.
+    loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]) * (model_loss ? targets : 1.0);
     if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
   }
   EvalResult out;

@@ -27,6 +27,7 @@ struct Dataset::Storage {
   int64_t target_numel = 0;
   std::vector<float> targets;  // otherwise
   int64_t num_classes = 0;
+  bool has_truth = true;
 };
 
 namespace {
@@ -117,16 +118,20 @@ Dataset Dataset::from_arrays(std::string name, std::vector<NamedArray> features,
                              const graph::Tensor& truth, std::optional<int64_t> padding_label) {
   OT_CHECK(!features.empty(), name, ": no arrays to feed the model");
   auto s = std::make_shared<Dataset::Storage>();
-  OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, name, ": labels must have shape (N, ...)",
+  s->has_truth = truth.rank() > 0;
+  const graph::Tensor& rows = s->has_truth ? truth : features.front().second;
+  OT_CHECK(rows.rank() >= 1 && rows.dims()[0] > 0, name, ": arrays must have shape (N, ...)",
            " with N > 0");
-  s->count = truth.dims()[0];
+  s->count = rows.dims()[0];
   for (const NamedArray& a : features)
     OT_CHECK(a.second.rank() >= 1 && a.second.dims()[0] == s->count, name, ": array '", a.first,
              "' has ", a.second.rank() ? a.second.dims()[0] : 0, " rows, the labels ", s->count);
   std::vector<int64_t> tail;
   for (size_t i = 1; i < truth.dims().size(); ++i) tail.push_back(truth.dims()[i]);
   const graph::DataType t = truth.dtype();
-  if (t == graph::DataType::kInt64 || t == graph::DataType::kInt32) {
+  if (!s->has_truth) {
+    s->num_classes = 0;
+  } else if (t == graph::DataType::kInt64 || t == graph::DataType::kInt32) {
     s->label_numel = numel_of(tail, name);
     s->label_shape = std::move(tail);
     std::vector<int64_t> labels(static_cast<size_t>(truth.numel()));
@@ -171,7 +176,10 @@ int64_t Dataset::num_classes() const {
   return storage_ ? storage_->num_classes : 0;
 }
 bool Dataset::has_labels() const {
-  return storage_ && storage_->target_numel == 0;
+  return storage_ && storage_->has_truth && storage_->target_numel == 0;
+}
+bool Dataset::has_truth() const {
+  return storage_ && storage_->has_truth;
 }
 const std::vector<int64_t>& Dataset::target_shape() const {
   static const std::vector<int64_t> kNone;

@@ -46,7 +46,8 @@ class Dataset {
                                           std::vector<float> targets);
 
   // Named arrays (each (N, ...) in the dtype its model input declares) with `truth`: int32/int64
-  // class labels (N) or (N, d1, ...) (per token), or float32/float64 targets (N, ...).
+  // class labels (N) or (N, d1, ...) (per token), or float32/float64 targets (N, ...); an empty
+  // `truth` (rank 0, no data) for a model that computes its own loss (has_truth() false).
   static Dataset from_arrays(std::string name, std::vector<NamedArray> features,
                              const graph::Tensor& truth,
                              std::optional<int64_t> padding_label = std::nullopt);
@@ -62,6 +63,8 @@ class Dataset {
   // max label + 1 (or the sub-folder count of images:DIR); 0 when targets are float vectors.
   int64_t num_classes() const;
   bool has_labels() const;
+  // False for named datasets without labels or targets (--loss output:NAME).
+  bool has_truth() const;
   // Shape of one float target (empty when the dataset has class labels).
   const std::vector<int64_t>& target_shape() const;
   int64_t target_numel() const;
@@ -124,6 +127,10 @@ struct DataSpec {
   bool named() const { return kind == Kind::kNpz || kind == Kind::kNamedNpy; }
 };
 DataSpec parse_data_spec(const std::string& text);
+// Whether the labels of a file dataset (npy:, npz:) are integer classes (true) or float targets
+// (false), reading no more than the labels; nullopt for built-in datasets and when the labels
+// cannot be read (loading then says why).
+std::optional<bool> integer_labels(const DataSpec& spec, const std::string& labels_name);
 
 // A model data input as the loaders see it: name, dtype and dims past the batch (-1: any size).
 struct ModelInput {
@@ -150,7 +157,9 @@ struct LoadOptions {
   // synthetic:N fills them all when there are several or one is not float (integer ids below
   // id_bound, other integer and bool inputs with 1s, as an attention mask wants).
   std::vector<ModelInput> inputs = {};
-  std::string labels_name = "labels";  // named datasets: the array holding labels or targets
+  // Named datasets: the array holding labels or targets; "" = none (every array feeds an
+  // input, the model computes its own loss).
+  std::string labels_name = "labels";
   // synthetic labels of one example: () one per example, (T) per token (dims > 0).
   std::vector<int64_t> label_dims = {};
 };

@@ -65,7 +65,7 @@ Batch Batch::rows(int64_t begin, int64_t count) const {
   b.indices.assign(indices.begin() + begin, indices.begin() + begin + count);
   if (inputs.rank() > 0) b.inputs = slice_rows(inputs, begin, count);
   for (const auto& [name, t] : named) b.named.emplace_back(name, slice_rows(t, begin, count));
-  b.targets = slice_rows(targets, begin, count);
+  if (targets.rank() > 0) b.targets = slice_rows(targets, begin, count);
   return b;
 }
 
@@ -99,7 +99,9 @@ BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter) {
       adapter.apply(example.data(), x + i * adapter.output_numel());
     }
     }
-    if (data.has_labels()) {
+    if (!data.has_truth()) {
+      out.targets = graph::Tensor();  // the model computes its own loss
+    } else if (data.has_labels()) {
       std::vector<int64_t> l_dims{n};
       l_dims.insert(l_dims.end(), data.label_shape().begin(), data.label_shape().end());
       out.targets = graph::Tensor(graph::DataType::kInt64, l_dims);

@@ -213,7 +213,16 @@ std::vector<int64_t> tail_dims(const std::vector<int64_t>& dims) {
   return out;
 }
 
+LoadedData load_named(const DataSpec& spec, const LoadOptions& options);
+
 LoadedData load_npy(const DataSpec& spec, const LoadOptions& options) {
+  if (options.inputs.size() == 1 && options.inputs[0].dtype != graph::DataType::kFloat) {
+    // A model with one integer (or double) input: npy:X,Y is npy:INPUT=X,labels=Y.
+    DataSpec named = spec;
+    named.kind = DataSpec::Kind::kNamedNpy;
+    named.files = {{options.inputs[0].name, spec.x_path}, {options.labels_name, spec.y_path}};
+    return load_named(named, options);
+  }
   graph::Tensor x = read_npy(spec.x_path);
   graph::Tensor y = read_npy(spec.y_path);
   OT_CHECK(x.dtype() == graph::DataType::kFloat || x.dtype() == graph::DataType::kDouble,
@@ -371,21 +380,31 @@ LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
       if (n == name) return file;
     return name;
   };
-  auto truth_at = std::find_if(arrays.begin(), arrays.end(),
-                               [&](const NamedArray& a) { return a.first == options.labels_name; });
-  OT_CHECK(truth_at != arrays.end(), spec.text, ": no array named '", options.labels_name,
-           "' for the labels (arrays: ", names_text(arrays), "; --labels NAME names another)");
-  graph::Tensor truth = std::move(truth_at->second);
-  const std::string truth_origin = origin(truth_at->first);
-  arrays.erase(truth_at);
-  OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, truth_origin,
-           ": labels must have shape (N, ...) with N > 0, not ", shape_text(truth.dims()));
-  const int64_t rows = truth.dims()[0];
+  // No labels name: the model computes its own loss and every array feeds an input.
+  graph::Tensor truth;
+  std::string truth_origin;
+  if (!options.labels_name.empty()) {
+    auto truth_at = std::find_if(arrays.begin(), arrays.end(), [&](const NamedArray& a) {
+      return a.first == options.labels_name;
+    });
+    OT_CHECK(truth_at != arrays.end(), spec.text, ": no array named '", options.labels_name,
+             "' for the labels (arrays: ", names_text(arrays), "; --labels NAME names another)");
+    truth = std::move(truth_at->second);
+    truth_origin = origin(truth_at->first);
+    arrays.erase(truth_at);
+    OT_CHECK(truth.rank() >= 1 && truth.dims()[0] > 0, truth_origin,
+             ": labels must have shape (N, ...) with N > 0, not ", shape_text(truth.dims()));
+  } else {
+    OT_CHECK(!arrays.empty() && arrays[0].second.rank() >= 1, spec.text,
+             ": the first array must have shape (N, ...)");
+    truth_origin = origin(arrays[0].first);
+  }
+  const int64_t rows = truth.rank() ? truth.dims()[0] : arrays[0].second.dims()[0];
   std::vector<NamedArray> features;
   for (auto& [name, a] : arrays) {
     const std::string where = origin(name);
     OT_CHECK(a.rank() >= 1 && a.dims()[0] == rows, where, ": shape ", shape_text(a.dims()),
-             " does not have ", rows, " rows like the labels (", truth_origin, ")");
+             " does not have ", rows, " rows like ", truth_origin);
     if (options.inputs.empty()) {
       features.emplace_back(name, std::move(a));
       continue;
@@ -405,7 +424,9 @@ LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
     const bool fed = std::any_of(features.begin(), features.end(),
                                  [&](const NamedArray& a) { return a.first == in.name; });
     OT_CHECK(fed, spec.text, ": no array for model input ", input_text(in), " (arrays: ",
-             names_text(features), ", labels '", options.labels_name, "')");
+             names_text(features),
+             options.labels_name.empty() ? std::string() : cat("; labels: '", options.labels_name, "'"),
+             ")");
   }
   // Features in the model's input order (batches list them so).
   std::sort(features.begin(), features.end(), [&](const NamedArray& a, const NamedArray& b) {
@@ -418,7 +439,7 @@ LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
   });
   LoadedData out;
   out.train = Dataset::from_arrays(spec.text, std::move(features), truth, options.padding_label);
-  out.train.set_label_origin(truth_origin, 0, 0);
+  if (truth.rank() > 0) out.train.set_label_origin(truth_origin, 0, 0);
   return out;
 }
 
@@ -638,6 +659,32 @@ DataSpec parse_data_spec(const std::string& text) {
          "images:DIR or synthetic:N)");
   }
   return spec;
+}
+
+std::optional<bool> integer_labels(const DataSpec& spec, const std::string& labels_name) {
+  std::optional<graph::Tensor> truth;
+  try {
+    switch (spec.kind) {
+      case DataSpec::Kind::kNpy:
+        truth = read_npy(spec.y_path);
+        break;
+      case DataSpec::Kind::kNpz:
+        truth = read_npz_array(spec.path, labels_name);
+        break;
+      case DataSpec::Kind::kNamedNpy:
+        for (const auto& [name, file] : spec.files)
+          if (name == labels_name) truth = read_npy(file);
+        break;
+      default:
+        return std::nullopt;  // built-in datasets: the model's output shape decides
+    }
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (!truth) return std::nullopt;
+  if (is_int_dtype(truth->dtype()) && truth->dtype() != graph::DataType::kBool) return true;
+  if (graph::is_float_dtype(truth->dtype())) return false;
+  return std::nullopt;
 }
 
 LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {
