@@ -603,6 +603,55 @@ TEST_F(OnnxtrainTest, IgnoreIndexLeavesPaddingLabelsOut) {
   EXPECT_LE(acc, 1.0);
 }
 
+// Token models (issue #16): named int64 arrays feed input_ids / attention_mask, per-token
+// labels with padding train a classes-last LM head on 2 replicas, the --output model keeps the
+// inputs, and a dataset of one float input for a token model is a one-line error.
+TEST_F(OnnxtrainTest, TokenModelsTrainFromNamedArrays) {
+  zoo("tokenlm", {"--input", "8", "--vocab", "12", "--width", "16", "--seed", "1"}, "lm.onnx");
+  const int64_t n = 48, t = 8;
+  std::vector<int64_t> ids(static_cast<size_t>(n * t)), next(ids.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < t; ++k) ids[static_cast<size_t>(i * t + k)] = (i + 3 * k) % 12;
+  // The next token, padding after each row's length (4 + i % 5) as a collator pads.
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < t; ++k)
+      next[static_cast<size_t>(i * t + k)] =
+          k + 1 < 4 + i % 5 ? ids[static_cast<size_t>(i * t + k + 1)] : -100;
+  runtime::write_npy(path("ids.npy"), Tensor::from_vector(DataType::kInt32, {n, t}, [&] {
+                       std::vector<int32_t> v(ids.begin(), ids.end());
+                       return v;
+                     }()));
+  runtime::write_npy(path("next.npy"), Tensor::from_vector(DataType::kInt64, {n, t}, next));
+  const std::string data = "npy:input_ids=" + path("ids.npy") + ",labels=" + path("next.npy");
+  RunResult r = train({path("lm.onnx"), "--data", data, "--class-axis", "-1", "--ignore-index",
+                       "-100", "--replicas", "2", "--threads", "2", "--batch-size", "8",
+                       "--epochs", "15", "--lr", "0.03", "--val-data", "none", "--metrics-json",
+                       path("lm.jsonl"), "--output", path("lm_trained.onnx")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("lm.jsonl")));
+  ASSERT_EQ(lines.size(), 15u);
+  const double first = json_number(lines.front(), "loss").value_or(-1);
+  const double last = json_number(lines.back(), "loss").value_or(-1);
+  EXPECT_GT(first, 2.0);  // about ln 12 at the start
+  EXPECT_LT(last, 0.5 * first) << r.out;
+  EXPECT_GT(json_number(lines.back(), "accuracy").value_or(-1), 0.6) << r.out;
+  std::unique_ptr<graph::Model> trained = graph::import_onnx_file(path("lm_trained.onnx"));
+  ASSERT_EQ(trained->graph->inputs().size(), 1u);
+  EXPECT_EQ(trained->graph->inputs()[0]->name(), "input_ids");
+  // Without --class-axis -1 the labels (N,8) cannot fit logits (N,8,12).
+  r = train({path("lm.onnx"), "--data", data, "--ignore-index", "-100", "--steps", "1"});
+  expect_error(r, 1, ".*labels of shape \\(N,8\\) do not fit output 'logits'.*--class-axis -1.*");
+  // The text classifier: synthetic ids and masks on 2 replicas; Fashion-MNIST cannot feed it.
+  zoo("textcls", {"--input", "8", "--vocab", "30", "--width", "8"}, "cls.onnx");
+  r = train({path("cls.onnx"), "--data", "synthetic:64", "--replicas", "2", "--threads", "2",
+             "--batch-size", "8", "--steps", "4", "--val-data", "none"});
+  EXPECT_EQ(r.rc, 0) << r.err << r.out;
+  r = train({path("cls.onnx"), "--data", "fashion-mnist", "--steps", "1"});
+  expect_error(r, 1,
+               "fashion-mnist: feeds one float input, the model has 'input_ids' i64, "
+               "'attention_mask' i64; give --data npz:FILE.*");
+}
+
 // Validation runs the inference graph (BN on running statistics) with the trained state: its
 // val_loss / val_accuracy equal what onnxrun computes from the --output model, in float64.
 TEST_F(OnnxtrainTest, ValidationOfABatchNormModelMatchesOnnxrunOnTheTrainedModel) {

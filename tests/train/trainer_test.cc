@@ -136,6 +136,91 @@ TEST(Trainer, PerTokenLabelsWithPaddingAverageOverTheGlobalCount) {
   EXPECT_GT(max_difference(start, one.state()), 1e-4) << "the step did not move b";
 }
 
+// The zoo's text classifier (input_ids + attention_mask, int64) and the same model computing
+// its own mean cross-entropy from a "labels" input, as exports with labels as an input do.
+std::unique_ptr<graph::Model> textcls() {
+  return models::build_zoo_model("textcls",
+                                 {.input_shape = {6}, .classes = 3, .width = 8, .seed = 2, .vocab = 20});
+}
+std::unique_ptr<graph::Model> textcls_with_loss() {
+  std::unique_ptr<graph::Model> m = textcls();
+  graph::Graph& g = *m->graph;
+  graph::Value* logits = g.find_value("logits");
+  graph::Value* labels = g.add_input(
+      "labels", graph::ValueType::tensor(graph::DataType::kInt64, graph::Shape{graph::Dim::symbol("N")}));
+  graph::Node* ce = g.add_node("SoftmaxCrossEntropyLoss", {logits, labels}, {"loss"}, "loss");
+  ce->set_attr(graph::Attribute::make_string("reduction", "mean"));
+  ce->output(0)->type = graph::ValueType::tensor(graph::DataType::kFloat, graph::Shape{});
+  g.set_outputs({ce->output(0), logits});
+  return m;
+}
+
+// A global batch of token ids, masks (row i keeps its first 2 + i % 4 tokens) and labels.
+runtime::Batch token_batch(int64_t n, std::mt19937_64& rng, bool labels_as_input) {
+  runtime::Batch b;
+  for (int64_t i = 0; i < n; ++i) b.indices.push_back(i);
+  Tensor ids(graph::DataType::kInt64, {n, 6}), mask(graph::DataType::kInt64, {n, 6});
+  for (int64_t i = 0; i < n * 6; ++i) {
+    ids.mutable_data_as<int64_t>()[i] = static_cast<int64_t>(rng() % 20);
+    mask.mutable_data_as<int64_t>()[i] = (i % 6) < 2 + (i / 6) % 4 ? 1 : 0;
+  }
+  b.named = {{"input_ids", ids}, {"attention_mask", mask}};
+  // A learnable rule: the class is the first token's id mod 3.
+  Tensor y(graph::DataType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) y.mutable_data_as<int64_t>()[i] = ids.data_as<int64_t>()[i * 6] % 3;
+  if (labels_as_input)
+    b.named.emplace_back("labels", y);
+  else
+    b.targets = y;
+  return b;
+}
+
+TEST(Trainer, TokenInputsTrainAndTwoReplicasFollowOne) {
+  auto options = [](int replicas, passes::LossKind loss) {
+    Options o = mlp_options(replicas);
+    o.model.loss = loss;
+    if (loss == passes::LossKind::kOutput) o.model.output = "loss";
+    o.optimizer.kind = passes::OptimizerKind::kSgd;
+    o.optimizer.momentum = 0;
+    o.schedule.lr = 0.3f;
+    return o;
+  };
+  Trainer one(textcls(), options(1, passes::LossKind::kCrossEntropy));
+  Trainer two(textcls(), options(2, passes::LossKind::kCrossEntropy));
+  // The model's own mean cross-entropy: the same losses and weights, on 1 and 2 replicas.
+  Trainer own(textcls_with_loss(), options(1, passes::LossKind::kOutput));
+  Trainer own2(textcls_with_loss(), options(2, passes::LossKind::kOutput));
+  EXPECT_EQ(own.training_graph().training.model_loss, "loss");
+  EXPECT_EQ(own.training_graph().training.find_input(graph::InputRole::kLabels), nullptr);
+  ASSERT_EQ(one.model_inputs().size(), 2u);
+  EXPECT_EQ(one.model_inputs()[0].dtype, graph::DataType::kInt64);
+  EXPECT_EQ(one.model_inputs()[0].id_bound, 20);  // rows of the embedding table
+  EXPECT_EQ(one.model_inputs()[1].id_bound, 0);   // the mask indexes nothing
+  const std::map<std::string, Tensor> start = one.state();
+  double first = 0, last = 0;
+  for (int s = 0; s < 30; ++s) {
+    // Five different batches, each seen six times: the loss on them must fall.
+    std::mt19937_64 batch_rng(static_cast<uint64_t>(s % 5)), same = batch_rng;
+    runtime::Batch b = token_batch(8, batch_rng, false);
+    runtime::Batch b_own = token_batch(8, same, true);
+    const runtime::StepResult r1 = one.run_step(b, s);
+    const runtime::StepResult r2 = two.run_step(b, s);
+    const runtime::StepResult r3 = own.run_step(b_own, s);
+    const runtime::StepResult r4 = own2.run_step(b_own, s);
+    EXPECT_NEAR(r1.loss, r2.loss, 1e-5 * (1 + std::abs(r1.loss))) << "step " << s;
+    EXPECT_NEAR(r1.loss, r3.loss, 1e-5 * (1 + std::abs(r1.loss))) << "step " << s;
+    // 2 replicas of 4 rows: the mean of the two halves' means is the batch mean.
+    EXPECT_NEAR(r1.loss, r4.loss, 1e-5 * (1 + std::abs(r1.loss))) << "step " << s;
+    if (s < 5) first += r1.loss;
+    if (s >= 25) last += r1.loss;
+  }
+  EXPECT_LT(last, 0.9 * first) << "the loss on five batches seen six times did not fall";
+  EXPECT_GT(max_difference(start, one.state()), 1e-3);
+  EXPECT_LT(max_difference(one.state(), two.state()), 1e-5);
+  EXPECT_LT(max_difference(one.state(), own.state()), 1e-5);
+  EXPECT_LT(max_difference(one.state(), own2.state()), 1e-5);
+}
+
 TEST(Trainer, IdentityAndLengthFollowTheOptions) {
   Options o = mlp_options(2);
   o.schedule.lr = 0.25f;
