@@ -35,6 +35,20 @@ void infer_node(const graph::Model& model, graph::Node& n, ConstantValues& known
 // Initializers that are not graph inputs (their values cannot change), typing them on the way.
 ConstantValues constant_initializers(graph::Graph& g);
 
+// ---- lower_sequences.cc
+struct SequenceLowering {
+  int lowered = 0;                     // sequence-op nodes rewritten
+  std::vector<std::string> unlowered;  // one line per sequence-op node that stays: node and why
+};
+// Rewrites ONNX sequence ops whose structure is static (ops/sequence/static_sequences.h) into the
+// tensors the sequences hold: SplitToSequence -> Split (+ Squeeze per piece), SequenceConstruct /
+// Empty / Insert / Erase -> a list known at compile time, SequenceAt -> the piece, SequenceLength ->
+// a Constant, ConcatFromSequence -> (Unsqueeze +) Concat; outputs keep their names. The rest stays
+// (a sequence that is a graph input or output or reaches Loop/If/Scan, a position or split that
+// is not constant, a piece count no shape tells) and is listed; `require_all` throws one line
+// naming every such node instead. No sequence op: nothing happens (not even shape inference).
+SequenceLowering lower_sequences(graph::Model& model, bool require_all = false);
+
 // ---- prepare_training.cc
 struct TrainableOptions {
   std::string freeze_regex;     // parameters whose name matches are not trained
@@ -62,7 +76,9 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
                                const std::string& output = "");
 
 // ---- attach_loss.cc
-enum class LossKind { kAuto, kCrossEntropy, kMse };
+// kOutput: the trained output is itself the loss (a float scalar the model computes, e.g. an
+// export with labels as an input): loss = output x loss_scale, no labels, targets or correct.
+enum class LossKind { kAuto, kCrossEntropy, kMse, kOutput };
 struct LossInfo {
   LossKind kind = LossKind::kCrossEntropy;  // resolved (never kAuto)
   std::string loss = "loss";
@@ -78,12 +94,17 @@ struct LossOptions {
   // to the loss nor to `correct`. Recorded on the labels input of the training signature, so
   // the loss_scale feed counts only the other labels. nullopt: every label must be a class.
   std::optional<int64_t> ignore_index;
+  // What the data's labels are, when known: true = integer class labels, false = float
+  // targets. Decides kAuto before the output's shape does.
+  std::optional<bool> integer_labels = std::nullopt;
 };
 // Adds the loss on `logits` (PreparedModel::logits): SoftmaxCrossEntropyLoss(sum) with int64
-// `labels`, or MSE with `targets`; both x `loss_scale`. kAuto: cross-entropy when the output
-// is (N, classes, ...) with a known classes > 1 (along class_axis) and a float dtype, MSE
-// otherwise. Before opset 12 cross-entropy is composed of ops of the model's own opset
-// (LogSoftmax, Equal, ReduceSum; the class count must be known, an ignore_index negative); the
+// `labels`, or MSE with `targets`; both x `loss_scale`. kAuto: cross-entropy for integer labels
+// (LossOptions::integer_labels) on a float output of rank >= 2 whose class dim is not a known
+// 1, MSE for float targets; without that hint, cross-entropy when the output is (N, classes,
+// ...) with a known classes > 1 (along class_axis) and a float dtype, MSE otherwise. kOutput:
+// the trained output is the loss (TrainingSignature::model_loss). Before opset 12
+// cross-entropy is composed of ops of the model's own opset (LogSoftmax, Equal, ReduceSum; the class count must be known, an ignore_index negative); the
 // opset import is never changed. Existing values named labels / targets / loss_scale / loss /
 // correct are an error (the names are the contract).
 LossInfo attach_loss(graph::Model& model, const std::string& logits, const LossOptions& opts);
@@ -230,6 +251,7 @@ struct TrainingOptions {
   LossKind loss = LossKind::kAuto;
   int64_t class_axis = 1;               // LossOptions::class_axis
   std::optional<int64_t> ignore_index;  // LossOptions::ignore_index
+  std::optional<bool> integer_labels;   // LossOptions::integer_labels
   OptimizerOptions optimizer;
   int replicas = 1;                  // > 1: replicate + bucket_allreduce after the optimizer
   std::vector<std::string> devices;  // ReplicateOptions::devices
@@ -246,6 +268,7 @@ inline LossOptions loss_options(const TrainingOptions& opts, LossKind kind) {
   l.kind = kind;
   l.class_axis = opts.class_axis;
   l.ignore_index = opts.ignore_index;
+  l.integer_labels = opts.integer_labels;
   return l;
 }
 struct TrainingGraphInfo {
@@ -255,9 +278,9 @@ struct TrainingGraphInfo {
   OptimizerInfo optimizer;
   BucketInfo buckets;  // empty for one replica
 };
-// infer_shapes -> prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce
-// (-> replicate -> bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after
-// each.
+// lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
+// prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce (-> replicate ->
+// bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 
 // ---- evaluation.cc
