@@ -13,6 +13,7 @@ std::unique_ptr<graph::Model> build_evaluation_graph(const graph::Model& origina
   OT_CHECK(loss != LossKind::kAuto, "build_evaluation_graph: pass the resolved loss kind");
   std::unique_ptr<graph::Model> m = original.clone();
   m->training = {};
+  lower_sequences(*m, /*require_all=*/true);
   infer_shapes(*m);
   // prepare_training switches BN/Dropout to training mode: run it on a copy only, to learn
   // which value the loss attaches to and which inputs are the batch.

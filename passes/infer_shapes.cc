@@ -28,7 +28,9 @@ void infer_node(const graph::Model& model, graph::Node& node, ConstantValues& kn
     graph::Value* out = n->outputs()[i];
     if (!out || i >= ictx.output_types.size()) continue;
     const graph::ValueType& t = ictx.output_types[i];
-    if (t.dtype != graph::DataType::kUndefined) {
+    if (t.kind == graph::ValueType::Kind::kSequence && t.elem) {
+      out->type = t;  // sequence ops (lowered by lower_sequences before anything runs)
+    } else if (t.dtype != graph::DataType::kUndefined) {
       // Keep a declared shape when inference knows less (symbolic dims it cannot see).
       if (out->type.dtype == graph::DataType::kUndefined || !out->type.shape || t.shape)
         out->type = t;

@@ -12,6 +12,8 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
     graph::verify_graph(*model.graph, onnxtrain::cat("after ", name));
     graph::verify_training(model, onnxtrain::cat("after ", name));
   };
+  lower_sequences(model, /*require_all=*/true);
+  stage("lower_sequences");
   infer_shapes(model);
   info.prepared = prepare_training(model, opts.trainable, opts.output);
   stage("prepare_training");

@@ -42,14 +42,9 @@ void check_sequences(const graph::Graph& g, std::set<const graph::Node*>& lowera
   for (const auto& n : g.nodes()) any = any || ops::is_sequence_op(*n);
   if (any) {
     const ops::StaticSequences seqs = ops::analyze_sequences(g, ops::literal_constant, true);
-    for (const auto& n : g.nodes()) {
-      if (!ops::is_sequence_op(*n)) continue;
-      auto it = seqs.unlowerable.find(n.get());
-      if (it == seqs.unlowerable.end())
-        lowerable.insert(n.get());
-      else
-        stays.push_back(it->second);
-    }
+    for (const auto& n : g.nodes())
+      if (ops::is_sequence_op(*n) && !seqs.unlowerable.count(n.get())) lowerable.insert(n.get());
+    for (const graph::Node* n : seqs.stay_order) stays.push_back(seqs.unlowerable.at(n));
   }
   for (const auto& n : g.nodes())
     for (const auto& a : n->attributes) {
