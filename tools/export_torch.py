@@ -86,6 +86,22 @@ def describe(model, path):
     }
 
 
+def _restore_initializers(path, saved):
+    """Sets every initializer named like a state_dict entry back to its saved value."""
+    m = onnx.load(path)
+    changed = False
+    for t in m.graph.initializer:
+        v = saved.get(t.name)
+        if v is None or tuple(t.dims) != tuple(v.shape):
+            continue
+        want = v.cpu().numpy().astype(numpy_helper.to_array(t).dtype)
+        if not np.array_equal(numpy_helper.to_array(t), want):
+            t.CopyFrom(numpy_helper.from_array(want, t.name))
+            changed = True
+    if changed:
+        onnx.save(m, path)
+
+
 def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, input_names=None,
                         output_names=None, opset=None, dynamic_batch=True, verbose=True):
     """Writes `model` called on (*args, **kwargs) to `path` as a trainable ONNX graph.
@@ -103,8 +119,16 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
     if input_names is None:
         input_names = _names("input", len(args), None) if args else []
         input_names += list(kwargs)
-    n_out = _count_outputs(model, args, kwargs)
-    output_names = _names("output", n_out, output_names)
+    # Train-mode forward passes (the output count below, the classic exporter's trace) update BN
+    # running statistics and num_batches_tracked, in the module and in the file the exporter writes
+    # from it: both get the values from before the export back.
+    saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    try:
+        output_names = _names("output", _count_outputs(model, args, kwargs), output_names)
+    finally:
+        with torch.no_grad():
+            for k, v in model.state_dict(keep_vars=True).items():
+                v.copy_(saved[k])
     dynamic_axes = None
     if dynamic_batch:
         dynamic_axes = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
@@ -131,6 +155,10 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
                           output_names=list(output_names), dynamic_axes=dynamic_axes, **settings)
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for k, v in model.state_dict(keep_vars=True).items():
+                v.copy_(saved[k])
+    _restore_initializers(path, saved)
     info = describe(model, path)
     info.update(exporter=exporter, path=path, inputs=list(input_names), outputs=list(output_names),
                 settings={k: str(v) for k, v in settings.items()})

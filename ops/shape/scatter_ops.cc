@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/elementwise/dtypes.h"  // dtype dispatch for reductions and value reads
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape/indexing.h"
@@ -209,6 +210,21 @@ class NonZeroKernel : public Kernel {
   }
 };
 
+// ScatterND (reduction none) y = data with the addressed slices replaced by updates:
+//   dData = dY with those slices zeroed = ScatterND(dY, indices, zeros like updates)
+//   dUpdates = the addressed slices of dY = GatherND(dY, indices)
+// (torch's exporter writes x[..., a:b] = v, e.g. Swin's shifted-window mask, as ScatterND.) With
+// a reduction the result depends on the replaced values too: no rule, autodiff names the node.
+void scatter_nd_gradient(GradientBuilder& b) {
+  const std::string reduction = b.node().attr_string("reduction", "none");
+  OT_CHECK(reduction == "none", b.node().describe(), ": no gradient for ScatterND reduction '",
+           reduction, "' (only 'none')");
+  graph::Value* dy = b.output_grad(0);
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, b.emit1("ScatterND", {dy, b.input(1), grad::zeros_like(b, b.input(2))}));
+  if (b.needs_input_grad(2)) b.set_input_grad(2, b.emit1("GatherND", {dy, b.input(1)}));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_scatter_elements) {
@@ -220,7 +236,9 @@ ONNXTRAIN_REGISTER_OP(shape_scatter) {  // deprecated in opset 11 in favour of S
   return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_scatter_nd) {
-  return make_op("ScatterND", infer_like_input, factory_of<ScatterNDKernel>());
+  OpSchema s = make_op("ScatterND", infer_like_input, factory_of<ScatterNDKernel>());
+  s.gradient = scatter_nd_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_onehot) {
   return make_op("OneHot", infer_onehot, factory_of<OneHotKernel>());

@@ -228,6 +228,25 @@ TEST(ShapeGrad, GatherND) {
   check_gradient(batched);
 }
 
+TEST(ShapeGrad, ScatterND) {
+  // data and updates both checked: single elements of (3,4), then whole rows of (4,3,2) (Swin's
+  // x[:, a:b] = v as torch exports it); a negative index.
+  GradCase elems;
+  elems.op_type = "ScatterND";
+  elems.opset = 16;
+  elems.label = "(3,4) <- 3 elements";
+  elems.inputs = {checked(random_tensor(DataType::kDouble, {3, 4}, 95)),
+                  constant(int64_tensor({3, 2}, {0, 1, 2, 3, -1, 0})),
+                  checked(random_tensor(DataType::kDouble, {3}, 96))};
+  check_gradient(elems);
+  GradCase rows = elems;
+  rows.label = "(4,3,2) <- rows 1, 3";
+  rows.inputs = {checked(random_tensor(DataType::kFloat, {4, 3, 2}, 97)),
+                 constant(int64_tensor({2, 1}, {1, 3})),
+                 checked(random_tensor(DataType::kFloat, {2, 3, 2}, 98))};
+  check_gradient(rows);
+}
+
 TEST(ShapeGrad, Expand) {
   GradCase a = one_input("Expand", random_tensor(DataType::kDouble, {3, 1}, 80), 13,
                          "(3,1) -> (2,3,4)");
