@@ -335,10 +335,7 @@ void infer_prelu_grad(InferenceContext& ctx) {
 }
 
 // dy: X, x: X, min/max: optional scalars (attributes before opset 11) -> dx: X, dy where
-// min < x < max, 0 where x was clipped or sits on a bound: Relu's convention at 0 and torch's for
-// ReLU6/Hardtanh, which it exports as Clip. A BatchNormalization channel that is constant over
-// the batch outputs exactly its bias (0 at init), so a following ReLU6 sees x == 0 often
-// (MobileNetV2: its BN biases moved 5e-3 off torch's step when the bounds let gradient through).
+// min <= x <= max, 0 where x was clipped.
 class ClipGradKernel final : public Kernel {
  public:
   explicit ClipGradKernel(const graph::Node&) {}
@@ -350,7 +347,7 @@ class ClipGradKernel final : public Kernel {
       using T = typename decltype(tag)::type;
       const T lo = clip_bound<T>(ctx, 2, "min", false);
       const T hi = clip_bound<T>(ctx, 3, "max", true);
-      auto pass = [lo, hi](T g, T v) { return v > lo && v < hi ? g : T{0}; };
+      auto pass = [lo, hi](T g, T v) { return v >= lo && v <= hi ? g : T{0}; };
       broadcast_apply<T>(ctx, ctx.output(0, dy.dims), pass, operand<T>(dy), operand<T>(x));
     });
   }

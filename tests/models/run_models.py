@@ -47,6 +47,19 @@ CHECKS = ("fwd", "step", "r2")
 # (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
 # the list stays true; the table still shows them (as xfail).
 EXPECTED_FAIL = {
+    ('mobilenet_v2', 'classic', 'step'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
+    ('mobilenet_v2', 'classic', 'r2'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
+    ('mobilenet_v2', 'dynamo', 'step'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
+    ('mobilenet_v2', 'dynamo', 'r2'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
+    ('shufflenet_v2_x0_5', 'dynamo', 'fwd'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'dynamo', 'fwd'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'classic', 'fwd'): 'the classic exporter cannot export aten::diff (transformers 5 GPT-2) at opset 17',
+    ('shufflenet_v2_x0_5', 'dynamo', 'step'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'dynamo', 'step'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'classic', 'step'): 'the classic exporter cannot export aten::diff (transformers 5 GPT-2) at opset 17',
+    ('shufflenet_v2_x0_5', 'dynamo', 'r2'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'dynamo', 'r2'): 'sequence ops: dynamo writes torch.split/chunk as SplitToSequence+SequenceAt, which onnxrun cannot run and passes::lower_sequences cannot lower when the piece count is not static',
+    ('gpt2', 'classic', 'r2'): 'the classic exporter cannot export aten::diff (transformers 5 GPT-2) at opset 17',
 }
 
 
@@ -72,10 +85,12 @@ def swin_small():
                            window_size=[4, 4], stochastic_depth_prob=0.0, num_classes=CLASSES)
 
 
-def hf(cls_name, cfg_name, **cfg):
+def hf(cls_name, cfg_name, tuple_out=True, **cfg):
+    # tuple_out: return_dict=False; GPT-2 and ViT in transformers 5 then fail inside their own
+    # forward ('tuple' has no 'last_hidden_state'), so they return a ModelOutput (logits only)
     def build():
         import transformers
-        config = getattr(transformers, cfg_name)(return_dict=False, **cfg)
+        config = getattr(transformers, cfg_name)(**({"return_dict": False} if tuple_out else {}), **cfg)
         return getattr(transformers, cls_name)(config)
     return build
 
@@ -103,10 +118,10 @@ MODELS = {
                    "seqcls"),
     "roberta": (hf("RobertaForSequenceClassification", "RobertaConfig", pad_token_id=1,
                    type_vocab_size=1, **BERT_CFG), "seqcls"),
-    "gpt2": (hf("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_positions=64, n_embd=32,
+    "gpt2": (hf("GPT2LMHeadModel", "GPT2Config", tuple_out=False, vocab_size=VOCAB, n_positions=64, n_embd=32,
                 n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                 use_cache=False), "lm"),
-    "hf_vit": (hf("ViTForImageClassification", "ViTConfig", image_size=32, patch_size=8,
+    "hf_vit": (hf("ViTForImageClassification", "ViTConfig", tuple_out=False, image_size=32, patch_size=8,
                   hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                   num_labels=CLASSES), "hf_image"),
@@ -147,7 +162,7 @@ def call(model, inputs, dtype):
         out = model(kw["input"])
     else:
         out = model(**kw)
-    return out[0] if isinstance(out, (tuple, list)) else out
+    return out if isinstance(out, torch.Tensor) else out[0]
 
 
 def loss_of(logits, labels, kind):
