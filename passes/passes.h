@@ -53,6 +53,12 @@ SequenceLowering lower_sequences(graph::Model& model, bool require_all = false);
 struct TrainableOptions {
   std::string freeze_regex;     // parameters whose name matches are not trained
   std::string trainable_regex;  // when set, only matching parameters are trained
+  // true (--bn-mode frozen): BatchNormalization keeps its inference form, normalizing with the
+  // running statistics and leaving them as they are (torch's BN in eval()); its scale and bias
+  // still train unless frozen by name. false: batch statistics, running statistics updated.
+  bool freeze_batch_norm = false;
+  // untie_initializers(untie = true) runs on the inference model first (--untie-initializers).
+  bool untie_initializers = false;
 };
 struct PreparedModel {
   std::vector<std::string> params;  // trainable initializers, graph order
@@ -74,6 +80,21 @@ struct PreparedModel {
 // runs it as (those opsets have no training switch).
 PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts,
                                const std::string& output = "");
+
+// Exporters merge initializers with equal values (eval-mode torch.onnx.export: BERT's zero
+// biases become one tensor, LayerNorm weights likewise). A float initializer of rank >= 1 read
+// at the same input slot of several nodes of one op type (several Adds' bias, several
+// LayerNormalizations' scale) is such a merge: those nodes normally own separate parameters.
+// (One tensor read by different ops, e.g. an embedding table Gather-ed and MatMul-ed, is a
+// deliberate tie and is left alone.) Running statistics shared by BatchNormalizations are
+// always given their own copies (untie_running_statistics). With `untie`, every merged
+// parameter is copied per consumer as well: the first keeps the name, the others get
+// "<name>.<k>"; the copies train on their own and are written to the trained model.
+struct UntieReport {
+  std::vector<std::string> tied;    // one line per merged parameter left shared (a warning)
+  std::vector<std::string> copied;  // one line per copy made
+};
+UntieReport untie_initializers(graph::Model& model, bool untie);
 
 // ---- attach_loss.cc
 // kOutput: the trained output is itself the loss (a float scalar the model computes, e.g. an

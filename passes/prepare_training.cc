@@ -335,6 +335,41 @@ void switch_dropout(Graph& g, Node* n, int64_t opset, Value*& true_flag) {
 
 }  // namespace
 
+UntieReport untie_initializers(graph::Model& model, bool untie) {
+  Graph& g = *model.graph;
+  UntieReport report;
+  for (const std::string& line : untie_running_statistics(g)) report.copied.push_back(line);
+  std::vector<Value*> inits;
+  for (Value* v : g.initializers()) inits.push_back(v);
+  for (Value* v : inits) {
+    const Tensor& t = v->initializer();
+    if (!is_trainable_dtype(t.dtype()) || t.rank() == 0 || v->uses().size() < 2 ||
+        v->is_graph_output())
+      continue;
+    const graph::Use first = v->uses().front();
+    const bool same_slot = std::all_of(v->uses().begin(), v->uses().end(), [&](const graph::Use& u) {
+      return u.input_index == first.input_index && u.node->op_type == first.node->op_type &&
+             u.node->domain == first.node->domain;
+    });
+    if (!same_slot) continue;
+    const std::string what = cat("initializer '", v->name(), "' feeds ", v->uses().size(), " ",
+                                 first.node->op_type, " nodes (input ", first.input_index, ")");
+    if (!untie) {
+      report.tied.push_back(cat(what, ": an exporter probably merged equal initial values; they "
+                                      "train as one tensor (--untie-initializers gives each its own)"));
+      continue;
+    }
+    const std::vector<graph::Use> uses = v->uses();
+    for (size_t k = 1; k < uses.size(); ++k) {
+      Value* copy = g.add_initializer(g.fresh_name(cat(v->name(), ".", k)), t, false);
+      uses[k].node->set_input(static_cast<size_t>(uses[k].input_index), copy);
+      report.copied.push_back(cat(what, ": ", uses[k].node->describe(), " trains its own copy '",
+                                  copy->name(), "'"));
+    }
+  }
+  return report;
+}
+
 PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts,
                                const std::string& output) {
   Graph& g = *model.graph;
@@ -357,7 +392,8 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
            "freeze_regex / trainable_regex leave no trainable parameter (freeze_regex '",
            opts.freeze_regex, "', trainable_regex '", opts.trainable_regex, "')");
 
-  const std::vector<BnStats> bns = batch_norms(model);
+  const std::vector<BnStats> bns =
+      opts.freeze_batch_norm ? std::vector<BnStats>{} : batch_norms(model);
   for (const BnStats& s : bns) {
     prepared.bn_running_stats.push_back(s.mean->name());
     prepared.bn_running_stats.push_back(s.var->name());

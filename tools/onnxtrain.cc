@@ -72,6 +72,11 @@ model and optimizer:
                           last, (N, T, C) with per-token labels (N, T))
   --ignore-index N        cross-entropy labels equal to N are padding: out of the loss, its
                           mean and the accuracy (torch's ignore_index; default: none)
+  --bn-mode MODE           train (default, like model.train(): batch statistics, running
+                          statistics updated) | frozen (like BN in eval(): the running
+                          statistics normalize and stay as they are; scale/bias still train)
+  --untie-initializers    give each node its own copy of a parameter an exporter merged
+                          (equal initial values exported as one tensor; the plan warns)
   --freeze REGEX          do not train parameters whose name matches
   --trainable REGEX       train only parameters whose name matches
   --optimizer KIND        sgd | momentum | adam (default) | adamw | adagrad
@@ -274,6 +279,13 @@ Args parse_args(int argc, char** argv) {
       c.train.model.ignore_index = parse_int(arg, value(), std::numeric_limits<int64_t>::min());
     } else if (arg == "--output-name") {
       c.train.model.output = value();
+    } else if (arg == "--bn-mode") {
+      const std::string m = value();
+      if (m != "train" && m != "frozen") usage_fail(arg, ": expected train or frozen, got '", m, "'");
+      c.train.model.trainable.freeze_batch_norm = m == "frozen";
+    } else if (arg == "--untie-initializers") {
+      no_value();
+      c.train.model.trainable.untie_initializers = true;
     } else if (arg == "--freeze") {
       c.train.model.trainable.freeze_regex = value();
     } else if (arg == "--trainable") {

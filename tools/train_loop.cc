@@ -133,9 +133,14 @@ TrainResult run_training(const TrainConfig& config) {
   }
   const bool validate = data.sets.val && lead;
 
+  std::string inputs;
+  for (const runtime::ModelInput& in : trainer.model_inputs()) {
+    inputs += cat(inputs.empty() ? "" : ", ", "'", in.name, "' [N");
+    for (int64_t d : in.dims) inputs += d < 0 ? std::string(",?") : cat(",", d);
+    inputs += cat("] ", graph::dtype_short_name(in.dtype));
+  }
   const PlanFacts plan{.model_path = o.model.path,
-                       .input_name = trainer.batch_input().name,
-                       .input_dims = trainer.batch_input().dims,
+                       .inputs = inputs,
                        .output_name = trainer.info().prepared.logits,
                        .classes = trainer.classes(),
                        .train_name = data.sets.train.name(),
@@ -149,7 +154,8 @@ TrainResult run_training(const TrainConfig& config) {
                        .threads_per_replica = std::max(1, trainer.threads() / o.parallel.replicas),
                        .devices = trainer.devices_text(),
                        .processes = trainer.processes(),
-                       .allreduce_bytes = trainer.allreduce_bytes()};
+                       .allreduce_bytes = trainer.allreduce_bytes(),
+                       .untie = &trainer.untie_report()};
   print_plan(c, plan);
 
   runtime::LoaderOptions tl;

@@ -11,12 +11,6 @@
 namespace onnxtrain::tools {
 namespace {
 
-std::string dims_text(const std::vector<int64_t>& d) {
-  std::string s;
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "x" : "") + std::to_string(d[i]);
-  return s.empty() ? "scalar" : s;
-}
-
 // 101770 -> "101,770".
 std::string grouped(int64_t v) {
   std::string s = std::to_string(v);
@@ -61,9 +55,18 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     devices += (k ? ", cpu:" : "cpu:") + std::to_string(k);
   std::string per_replica = std::to_string(r.global_batch / all);
   if (r.global_batch % all != 0) per_replica += "-" + std::to_string(r.global_batch / all + 1);
-  std::fprintf(f, "model       %s (input '%s' %s, output '%s'%s)\n", p.model_path.c_str(),
-               p.input_name.c_str(), dims_text(p.input_dims).c_str(), p.output_name.c_str(),
-               p.classes > 0 ? cat(", ", p.classes, " classes").c_str() : "");
+  std::fprintf(f, "model       %s (input%s %s, output '%s'%s)\n", p.model_path.c_str(),
+               p.inputs.find(", ") != std::string::npos ? "s" : "", p.inputs.c_str(),
+               p.output_name.c_str(), p.classes > 0 ? cat(", ", p.classes, " classes").c_str() : "");
+  if (p.untie) {
+    for (const std::string& w : p.untie->tied) std::fprintf(f, "warning     %s\n", w.c_str());
+    const size_t copies = p.untie->copied.size();
+    if (copies > 0 && copies <= 4)
+      for (const std::string& line : p.untie->copied) std::fprintf(f, "untied      %s\n", line.c_str());
+    else if (copies > 4)
+      std::fprintf(f, "untied      %zu shared initializers copied per consumer, e.g. %s\n", copies,
+                   p.untie->copied.front().c_str());
+  }
   if (p.processes > 1)
     std::fprintf(f, "replicas    %d = %d processes (MPI) x %d (%s each)\n", all, p.processes,
                  o.parallel.replicas, devices.c_str());

@@ -15,8 +15,7 @@ namespace onnxtrain::tools {
 
 struct PlanFacts {
   std::string model_path;
-  std::string input_name;
-  std::vector<int64_t> input_dims;
+  std::string inputs;  // "'input' [N,1,28,28] f32, ..."
   std::string output_name;
   int64_t classes = 0;
   std::string train_name;
@@ -31,6 +30,7 @@ struct PlanFacts {
   std::string devices;  // "cpu" or "cuda:0, cuda:1" (this process's replicas)
   int processes = 1;             // MPI world size; replicas in all = processes x c.replicas
   int64_t allreduce_bytes = 0;   // gradient bytes one replica contributes to AllReduce per step
+  const passes::UntieReport* untie = nullptr;  // shared initializers: warnings and copies
 };
 
 void print_plan(const TrainConfig& c, const PlanFacts& p);

@@ -175,6 +175,8 @@ std::vector<std::pair<std::string, std::string>> identity_fields(const RunIdenti
       {"freeze", id.freeze},
       {"trainable", id.trainable},
       {"sync_batchnorm", yes_no(id.sync_batchnorm)},
+      {"bn_mode", id.bn_frozen ? "frozen" : "train"},
+      {"untie_initializers", yes_no(id.untie)},
   };
 }
 
@@ -242,6 +244,13 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
   id.freeze = r.text(opt("freeze"));
   id.trainable = r.text(opt("trainable"));
   id.sync_batchnorm = r.boolean(opt("sync_batchnorm"));
+  // Written since --bn-mode exists; an older checkpoint trained BN in train mode.
+  const std::string bn_mode =
+      metadata.count(opt("bn_mode")) ? r.text(opt("bn_mode")) : std::string("train");
+  OT_CHECK(bn_mode == "train" || bn_mode == "frozen", file, ": field '", opt("bn_mode"),
+           "': expected train or frozen, got '", bn_mode, "'");
+  id.bn_frozen = bn_mode == "frozen";
+  id.untie = metadata.count(opt("untie_initializers")) && r.boolean(opt("untie_initializers"));
   RunPosition& p = s.position;
   p.step = r.number<int64_t>("step");
   p.steps_per_epoch = r.number<int64_t>("steps_per_epoch");

@@ -53,7 +53,9 @@ struct RunIdentity {
   std::optional<int64_t> ignore_index;
   std::string output_name;
   std::string freeze, trainable;  // regexes
-  bool sync_batchnorm = false;    // true only where it changes the math (more than one replica)
+  bool sync_batchnorm = false;
+  bool bn_frozen = false;  // --bn-mode frozen
+  bool untie = false;      // --untie-initializers    // true only where it changes the math (more than one replica)
   bool operator==(const RunIdentity&) const = default;
 };
 

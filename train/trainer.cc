@@ -270,6 +270,8 @@ void Trainer::build() {
   schedule_ = runtime::parse_lr_schedule(opts_.schedule.lr_schedule, opts_.schedule.lr);
   const std::string& path = opts_.model.path.empty() ? std::string("model") : opts_.model.path;
   runtime::require_supported_ops(*original_, path);
+  // Copies made here are part of the model the trained weights are written into.
+  untie_ = passes::untie_initializers(*original_, opts_.model.trainable.untie_initializers);
   try {
     input_ = batch_input_of(*original_, path);
   } catch (const Error& e) {
@@ -558,6 +560,8 @@ RunIdentity Trainer::identity() const {
   id.freeze = opts_.model.trainable.freeze_regex;
   id.trainable = opts_.model.trainable.trainable_regex;
   id.sync_batchnorm = opts_.parallel.sync_batchnorm && opts_.parallel.replicas * processes() > 1;
+  id.bn_frozen = opts_.model.trainable.freeze_batch_norm;
+  id.untie = opts_.model.trainable.untie_initializers;
   return id;
 }
 

@@ -121,6 +121,9 @@ class Trainer {
   // The training graph as built (before state became inputs), e.g. to export and dump it.
   const graph::Model& training_graph() const { return *training_graph_; }
   const passes::TrainingGraphInfo& info() const { return info_; }
+  // Initializers an exporter merged: left shared (warnings) or copied (--untie-initializers,
+  // BN running statistics).
+  const passes::UntieReport& untie_report() const { return untie_; }
   runtime::DataParallelSession& session();
   const runtime::DataParallelSession& session() const;
   // Throws when the model has no batch input with a fixed example shape (the C++ API's
@@ -154,6 +157,7 @@ class Trainer {
   int64_t classes_ = 0;
   std::unique_ptr<graph::Model> training_graph_;
   passes::TrainingGraphInfo info_;
+  passes::UntieReport untie_;
   std::vector<std::shared_ptr<runtime::Device>> devices_;
   int threads_ = 1;
   runtime::LrSchedule schedule_;
