@@ -32,7 +32,14 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build-configure
 grep "onnxtrain:" build-configure.log || true
 cmake --build build -j"$jobs"
 echo "== ctest (Release; gpu-labelled tests skip without an NVIDIA GPU)"
-ctest --test-dir build --output-on-failure -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs" -LE models
+# The real-model corpus against torch (tests/models, label models: a 4.7 GB venv from PyPI and
+# ~12 min on 2 cores) runs when ONNXTRAIN_MODELS=1. It is not in the default run yet: its full
+# run next to the rest of CI has not been measured (issue #16).
+if [ "${ONNXTRAIN_MODELS:-0}" = "1" ]; then
+  echo "== real-model corpus (ONNXTRAIN_MODELS=1)"
+  ctest --test-dir build --output-on-failure -L models
+fi
 
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
 # -O1 -g1 (line tables: sanitizer reports keep file:line) compiles about twice as fast as -O2 -g.

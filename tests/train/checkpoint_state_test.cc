@@ -97,7 +97,7 @@ TEST(CheckpointState, UnknownEnumNameNamesFileAndField) {
   m["opt.loss"] = "1";  // the integer a version 1 checkpoint would have held
   EXPECT_EQ(read_error(m),
             "run/ckpt-17.otck: checkpoint field 'opt.loss': unknown loss '1' (expected auto, "
-            "cross-entropy or mse)");
+            "cross-entropy, mse or output)");
   m = to_metadata(sample_state());
   m["opt.lr_schedule_kind"] = "linear";
   EXPECT_NE(read_error(m).find("field 'opt.lr_schedule_kind': unknown learning-rate schedule "

@@ -49,7 +49,11 @@ std::string shape_text(const graph::Value& v) {
 
 // Runs the ONNX checker, then strict ONNX shape inference from the input alone (our value_info
 // and output shape removed), and compares what it infers with the shapes the builder wrote.
+// Token models (textcls, tokenlm) take int64 input_ids (+ attention_mask); tokenlm's logits are
+// per token, [N,T,vocab] with `classes` = vocab.
 void check_with_onnx(const graph::Model& m, int64_t classes) {
+  const bool tokens = m.graph->find_value("input_ids") != nullptr;
+  const bool mask = m.graph->find_value("attention_mask") != nullptr;
   onnx::ModelProto proto = to_proto(m);
   ASSERT_NO_THROW(onnx::checker::check_model(proto));
   EXPECT_EQ(proto.ir_version(), 8);
@@ -58,13 +62,22 @@ void check_with_onnx(const graph::Model& m, int64_t classes) {
   EXPECT_EQ(proto.opset_import(0).version(), 17);
 
   onnx::GraphProto* g = proto.mutable_graph();
-  ASSERT_EQ(g->input_size(), 1);
+  ASSERT_EQ(g->input_size(), mask ? 2 : 1);
   ASSERT_EQ(g->output_size(), 1);
-  EXPECT_EQ(g->input(0).name(), "input");
-  EXPECT_EQ(g->input(0).type().tensor_type().elem_type(), onnx::TensorProto::FLOAT);
+  EXPECT_EQ(g->input(0).name(), tokens ? "input_ids" : "input");
+  EXPECT_EQ(g->input(0).type().tensor_type().elem_type(),
+            tokens ? onnx::TensorProto::INT64 : onnx::TensorProto::FLOAT);
   EXPECT_EQ(g->input(0).type().tensor_type().shape().dim(0).dim_param(), "N");
+  if (mask) {
+    EXPECT_EQ(g->input(1).name(), "attention_mask");
+  }
   EXPECT_EQ(g->output(0).name(), "logits");
-  EXPECT_EQ(shape_text(g->output(0).type()), "[N," + std::to_string(classes) + "]");
+  const bool per_token = tokens && !mask;
+  const std::string want =
+      per_token ? cat("[N,", g->input(0).type().tensor_type().shape().dim(1).dim_value(), ",",
+                      classes, "]")
+                : "[N," + std::to_string(classes) + "]";
+  EXPECT_EQ(shape_text(g->output(0).type()), want);
 
   // Every value produced by a node has its shape written out.
   size_t produced = 0;
@@ -80,7 +93,7 @@ void check_with_onnx(const graph::Model& m, int64_t classes) {
   std::map<std::string, std::string> inferred;
   for (const auto& vi : g->value_info()) inferred[vi.name()] = shape_text(vi.type());
   EXPECT_EQ(inferred, ours);
-  EXPECT_EQ(shape_text(g->output(0).type()), "[N," + std::to_string(classes) + "]");
+  EXPECT_EQ(shape_text(g->output(0).type()), want);
 }
 
 int count_ops(const graph::Model& m, const std::string& op) {
@@ -119,7 +132,8 @@ TEST(Zoo, ListsEveryModelOnce) {
     EXPECT_GT(e.default_classes, 0);
   }
   EXPECT_EQ(names,
-            (std::vector<std::string>{"linear", "mlp", "cnn", "resnet18", "resnet34", "resnet50"}));
+            (std::vector<std::string>{"linear", "mlp", "cnn", "resnet18", "resnet34", "resnet50",
+                                      "textcls", "tokenlm"}));
 }
 
 // Every model at a small size passes the checker and agrees with ONNX shape inference.
@@ -128,6 +142,7 @@ TEST(Zoo, EveryModelPassesOnnxCheckerAndShapeInference) {
     SCOPED_TRACE(e.name);
     ZooOptions o;
     o.classes = 7;
+    if (e.name == "tokenlm") o.vocab = 7;  // its classes are the vocabulary
     if (e.name.starts_with("resnet")) {
       o.input_shape = {3, 32, 40};
       o.width = 8;
