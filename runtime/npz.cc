@@ -109,22 +109,19 @@ Directory find_directory(ZipFile& z) {
               static_cast<int64_t>(le(e + 10, 2))};
   const bool zip64 = le(e + 10, 2) == 0xFFFF || le(e + 12, 4) == 0xFFFFFFFF ||
                      le(e + 16, 4) == 0xFFFFFFFF;
-  if (zip64 || eocd_offset >= 20) {
-    // A zip64 locator sits right before the classic record when the archive has one.
-    if (eocd_offset >= 20) {
-      const std::string loc = z.read(eocd_offset - 20, 20, "the zip64 locator");
-      if (le(bytes_of(loc), 4) == kZip64LocatorSig) {
-        const auto rec_offset = static_cast<int64_t>(le(bytes_of(loc, 8), 8));
-        const std::string rec = z.read(rec_offset, 56, "the zip64 end-of-central-directory record");
-        OT_CHECK(le(bytes_of(rec), 4) == kZip64EocdSig, z.path(),
-                 ": bad zip64 end-of-central-directory signature at byte offset ", rec_offset);
-        d.count = static_cast<int64_t>(le(bytes_of(rec, 32), 8));
-        d.size = static_cast<int64_t>(le(bytes_of(rec, 40), 8));
-        d.offset = static_cast<int64_t>(le(bytes_of(rec, 48), 8));
-      } else {
-        OT_CHECK(!zip64, z.path(), ": zip64 sizes without a zip64 locator");
-      }
-    }
+  // A zip64 locator sits right before the classic record when the archive has one.
+  const std::string loc =
+      eocd_offset >= 20 ? z.read(eocd_offset - 20, 20, "the zip64 locator") : std::string();
+  if (!loc.empty() && le(bytes_of(loc), 4) == kZip64LocatorSig) {
+    const auto rec_offset = static_cast<int64_t>(le(bytes_of(loc, 8), 8));
+    const std::string rec = z.read(rec_offset, 56, "the zip64 end-of-central-directory record");
+    OT_CHECK(le(bytes_of(rec), 4) == kZip64EocdSig, z.path(),
+             ": bad zip64 end-of-central-directory signature at byte offset ", rec_offset);
+    d.count = static_cast<int64_t>(le(bytes_of(rec, 32), 8));
+    d.size = static_cast<int64_t>(le(bytes_of(rec, 40), 8));
+    d.offset = static_cast<int64_t>(le(bytes_of(rec, 48), 8));
+  } else {
+    OT_CHECK(!zip64, z.path(), ": zip64 sizes without a zip64 locator");
   }
   OT_CHECK(d.count >= 0 && d.count <= kMaxMembers, z.path(), ": ", d.count,
            " archive members exceed the limit of ", kMaxMembers);
