@@ -234,12 +234,10 @@ std::vector<std::pair<std::string, graph::Tensor>> read_arrays(const std::string
                                 static_cast<int64_t>(le(bytes_of(local, 28), 2));
     std::string bytes = z.read(data_offset, m.compressed, cat("the data of '", m.name, "'"));
     if (m.method == 8) bytes = inflate_member(bytes, m, where);
-    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), 0);
-    uLong got = crc;
-    for (size_t at = 0; at < bytes.size(); at += 1u << 30) {
-      const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - at, 1u << 30));
-      got = crc32(got, reinterpret_cast<const Bytef*>(bytes.data()) + at, n);
-    }
+    // crc32_z takes a size_t length; an empty member's CRC is 0 (zlib's initial value).
+    const uLong got = bytes.empty()
+                          ? 0
+                          : crc32_z(0L, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
     OT_CHECK(got == m.crc, where, ": CRC-32 mismatch (the archive is damaged)");
     std::string name = m.name;
     if (name.ends_with(".npy")) name.resize(name.size() - 4);
