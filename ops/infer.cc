@@ -1,12 +1,15 @@
 // Node inference with small-value propagation (see infer.h).
 #include "ops/infer.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops {
 namespace {
+
+using graph::Dim;
 
 // A single-threaded KernelContext over host tensors.
 class HostContext : public KernelContext {
@@ -100,12 +103,130 @@ bool worth_folding(const InferenceContext& ctx, const OpSchema& schema) {
   return true;
 }
 
+// ---- Dim values (op_api.h InferenceContext::input_dim_values): the int vectors of exporter
+// shape subgraphs with some elements symbolic. Shape makes them from a type; Gather, Slice,
+// Concat, Squeeze, Unsqueeze, Reshape, Cast and Identity move elements around. Nothing else is
+// computed on symbols (an Add on a symbol has no dim value).
+
+// Input i as dims: a constant int vector/scalar (all known) or a propagated dim value.
+std::optional<graph::Shape> dims_of_input(const InferenceContext& ctx, size_t i) {
+  if (i >= ctx.node.inputs().size() || !ctx.node.input(i)) return std::nullopt;
+  if (const graph::Shape* d = ctx.input_dim_value(i)) return *d;
+  const graph::Tensor* t = ctx.input_value(i);
+  if (!t || t->dims().size() > 1 || t->numel() > kFoldMaxElements) return std::nullopt;
+  if (t->dtype() != DataType::kInt64 && t->dtype() != DataType::kInt32) return std::nullopt;
+  graph::Shape out;
+  for (int64_t v : to_int64s(*t, ctx.where())) {
+    if (v < 0) return std::nullopt;  // a -1 for Reshape is no dim; keep "unknown" unambiguous
+    out.push_back(Dim::known(v));
+  }
+  return out;
+}
+
+std::optional<std::vector<int64_t>> ints_of_input(const InferenceContext& ctx, size_t i) {
+  const graph::Tensor* t = ctx.input_value(i);
+  if (!t || (t->dtype() != DataType::kInt64 && t->dtype() != DataType::kInt32))
+    return std::nullopt;
+  return to_int64s(*t, ctx.where());
+}
+
+// Python-style slice bounds of [start, end) with step on a length-n vector.
+std::vector<int64_t> slice_positions(int64_t n, int64_t start, int64_t end, int64_t step) {
+  auto clamp = [n, step](int64_t v) {
+    if (v < 0) v += n;
+    return step > 0 ? std::clamp<int64_t>(v, 0, n) : std::clamp<int64_t>(v, -1, n - 1);
+  };
+  std::vector<int64_t> out;
+  if (step == 0) return out;
+  for (int64_t k = clamp(start), e = clamp(end); step > 0 ? k < e : k > e; k += step)
+    out.push_back(k);
+  return out;
+}
+
+std::optional<graph::Shape> propagate_dims(const InferenceContext& ctx) {
+  const graph::Node& n = ctx.node;
+  if (!n.domain.empty() && n.domain != "ai.onnx") return std::nullopt;
+  const std::string& op = n.op_type;
+  if (op == "Shape") {
+    const graph::ValueType* t = ctx.input_type(0);
+    if (!t || !t->shape) return std::nullopt;
+    const auto rank = static_cast<int64_t>(t->shape->size());
+    auto bound = [rank](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + rank : v, 0, rank); };
+    const int64_t b = bound(n.attr_int("start", 0)), e = bound(n.attr_int("end", rank));
+    graph::Shape out;
+    for (int64_t k = b; k < e; ++k) out.push_back((*t->shape)[k]);
+    return out;
+  }
+  if (op == "Identity" || op == "Cast" || op == "Squeeze" || op == "Unsqueeze" ||
+      op == "Reshape") {
+    if (op == "Cast") {
+      const int64_t to = n.attr_int("to", 0);
+      if (to != static_cast<int64_t>(DataType::kInt64) &&
+          to != static_cast<int64_t>(DataType::kInt32))
+        return std::nullopt;
+    }
+    if (op != "Identity" && op != "Cast") {  // only a vector of one element <-> a scalar
+      auto in = dims_of_input(ctx, 0);
+      if (!in || in->size() != 1) return std::nullopt;
+    }
+    return dims_of_input(ctx, 0);
+  }
+  if (op == "Concat") {
+    graph::Shape out;
+    for (size_t i = 0; i < n.inputs().size(); ++i) {
+      auto d = dims_of_input(ctx, i);
+      if (!d) return std::nullopt;
+      out.insert(out.end(), d->begin(), d->end());
+    }
+    return out;
+  }
+  if (op == "Gather") {
+    auto data = dims_of_input(ctx, 0);
+    auto idx = ints_of_input(ctx, 1);
+    if (!data || !idx || n.attr_int("axis", 0) != 0) return std::nullopt;
+    graph::Shape out;
+    const auto len = static_cast<int64_t>(data->size());
+    for (int64_t k : *idx) {
+      if (k < 0) k += len;
+      if (k < 0 || k >= len) return std::nullopt;
+      out.push_back((*data)[k]);
+    }
+    return out;
+  }
+  if (op == "Slice" && ctx.onnx_opset() >= 10) {
+    auto data = dims_of_input(ctx, 0);
+    auto starts = ints_of_input(ctx, 1), ends = ints_of_input(ctx, 2);
+    if (!data || !starts || !ends || starts->size() != 1 || ends->size() != 1)
+      return std::nullopt;
+    int64_t step = 1;
+    if (n.inputs().size() > 3 && n.input(3)) {
+      auto axes = ints_of_input(ctx, 3);
+      if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return std::nullopt;
+    }
+    if (n.inputs().size() > 4 && n.input(4)) {
+      auto steps = ints_of_input(ctx, 4);
+      if (!steps || steps->size() != 1) return std::nullopt;
+      step = (*steps)[0];
+    }
+    graph::Shape out;
+    const auto len = static_cast<int64_t>(data->size());
+    for (int64_t k : slice_positions(len, (*starts)[0], (*ends)[0], step)) out.push_back((*data)[k]);
+    return out;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void run_inference(const OpSchema& schema, InferenceContext& ctx) {
   if (schema.infer) schema.infer(ctx);
   bool already = !ctx.output_values.empty();
   for (const auto& v : ctx.output_values) already = already && v.has_value();
+  if (!already && !ctx.output_dim_values.empty() && !worth_folding(ctx, schema)) {
+    // Only where the caller tracks dim values, and only for what folding cannot compute.
+    if (auto d = propagate_dims(ctx)) ctx.output_dim_values[0] = std::move(*d);
+    return;
+  }
   if (already || !worth_folding(ctx, schema)) return;
   std::vector<graph::Tensor> outputs;
   HostContext host(ctx, outputs);

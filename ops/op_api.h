@@ -161,6 +161,13 @@ struct InferenceContext {
   // Optional: values fully determined by the input types (Shape, Size, Constant). The planner
   // treats them as constants, which is how exporter shape subgraphs fold away.
   std::vector<std::optional<graph::Tensor>> output_values;
+  // Elements of small int vectors (and scalars) as dims: known values and the symbols of the
+  // graph's symbolic dims, e.g. Concat(Shape(x)[0], [16], [96]) = [batch, 16, 96]. Filled by
+  // ops::run_inference for the shape-subgraph ops (ops/infer.h); Reshape reads its target from
+  // it, so a dynamic-batch export's views keep every dim but the batch static. nullptr / nullopt
+  // where unknown. Callers that do not track them leave the inputs empty.
+  std::vector<const graph::Shape*> input_dim_values = {};
+  std::vector<std::optional<graph::Shape>> output_dim_values = {};
   // The ai.onnx opset the model imports (what KernelContext::opset() returns); 0 = `opset`.
   // ai.onnxtrain grad ops that copy a forward op's semantics read it through onnx_opset().
   int64_t default_opset = 0;
@@ -171,6 +178,9 @@ struct InferenceContext {
   }
   const graph::Tensor* input_value(size_t i) const {
     return i < input_values.size() ? input_values[i] : nullptr;
+  }
+  const graph::Shape* input_dim_value(size_t i) const {
+    return i < input_dim_values.size() ? input_dim_values[i] : nullptr;
   }
   // "Conv 'name': " prefix for errors.
   std::string where() const;

@@ -7,7 +7,8 @@
 
 namespace onnxtrain::passes {
 
-void infer_node(const graph::Model& model, graph::Node& node, ConstantValues& known) {
+void infer_node(const graph::Model& model, graph::Node& node, ConstantValues& known,
+                DimValues* dims) {
   graph::Node* n = &node;
   int64_t opset = model.opset_version(n->domain).value_or(1);
   const ops::OpSchema* schema = ops::OpRegistry::global().find(n->domain, n->op_type, opset);
@@ -20,9 +21,14 @@ void infer_node(const graph::Model& model, graph::Node& node, ConstantValues& kn
     ictx.input_types.push_back(v ? &v->type : nullptr);
     auto it = v ? known.find(v) : known.end();
     ictx.input_values.push_back(it != known.end() ? &it->second : nullptr);
+    if (dims) {
+      auto d = v ? dims->find(v) : dims->end();
+      ictx.input_dim_values.push_back(d != dims->end() ? &d->second : nullptr);
+    }
   }
   ictx.output_types.resize(n->outputs().size());
   ictx.output_values.resize(n->outputs().size());
+  if (dims) ictx.output_dim_values.resize(n->outputs().size());
   ops::run_inference(*schema, ictx);
   for (size_t i = 0; i < n->outputs().size(); ++i) {
     graph::Value* out = n->outputs()[i];
@@ -37,6 +43,8 @@ void infer_node(const graph::Model& model, graph::Node& node, ConstantValues& kn
     }
     if (i < ictx.output_values.size() && ictx.output_values[i])
       known.insert_or_assign(out, std::move(*ictx.output_values[i]));
+    else if (dims && i < ictx.output_dim_values.size() && ictx.output_dim_values[i])
+      dims->insert_or_assign(out, std::move(*ictx.output_dim_values[i]));
   }
 }
 
@@ -56,7 +64,8 @@ void infer_shapes(graph::Model& model) {
   graph::Graph& g = *model.graph;
   // Values inference can read: initializers, and what earlier nodes propagated.
   ConstantValues known = constant_initializers(g);
-  for (graph::Node* n : g.topological_order()) infer_node(model, *n, known);
+  DimValues dims;
+  for (graph::Node* n : g.topological_order()) infer_node(model, *n, known, &dims);
 }
 
 }  // namespace onnxtrain::passes

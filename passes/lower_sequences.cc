@@ -18,9 +18,10 @@ using graph::Value;
 // reported by the caller (require_supported_ops), not here; types only get more precise.
 ConstantValues infer_best_effort(graph::Model& model) {
   ConstantValues known = constant_initializers(*model.graph);
+  DimValues dims;  // shape subgraphs over a symbolic batch: Reshape keeps the static dims
   for (Node* n : model.graph->topological_order()) {
     try {
-      infer_node(model, *n, known);
+      infer_node(model, *n, known, &dims);
     } catch (const Error&) {
     }
   }

@@ -31,7 +31,11 @@ void infer_shapes(graph::Model& model);
 // The per-node step of infer_shapes, for passes that add nodes one at a time: fills the types
 // of n's outputs and records small constant results (shape vectors) in `known`.
 using ConstantValues = std::map<const graph::Value*, graph::Tensor>;
-void infer_node(const graph::Model& model, graph::Node& n, ConstantValues& known);
+// Int vectors of shape subgraphs with symbolic elements (ops::InferenceContext::
+// input_dim_values), e.g. [batch, 16, 96]: given, infer_node reads and extends it too.
+using DimValues = std::map<const graph::Value*, graph::Shape>;
+void infer_node(const graph::Model& model, graph::Node& n, ConstantValues& known,
+                DimValues* dims = nullptr);
 // Initializers that are not graph inputs (their values cannot change), typing them on the way.
 ConstantValues constant_initializers(graph::Graph& g);
 

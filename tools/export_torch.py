@@ -98,8 +98,10 @@ def _restore_initializers(path, saved):
         if not np.array_equal(numpy_helper.to_array(t), want):
             t.CopyFrom(numpy_helper.from_array(want, t.name))
             changed = True
-    if changed:
-        onnx.save(m, path)
+    if changed:  # a temp file renamed over the export: an interrupted save leaves the export
+        tmp = path + ".tmp"
+        onnx.save(m, tmp)
+        os.replace(tmp, path)
 
 
 def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, input_names=None,
@@ -134,9 +136,18 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
         dynamic_axes = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
     was_training = model.training
     settings = {}
+    patched = False
     try:
         if exporter == "classic":
             model.train()
+            if kwargs:
+                # The classic exporter traces model(*args, **kwargs) with the keywords turned
+                # into positions of forward's signature, so a keyword that is not forward's next
+                # parameter (GPT-2: attention_mask comes after past_key_values) lands on the
+                # wrong one. Call forward by keyword from positional inputs instead.
+                names, inner = list(kwargs), model.forward
+                model.forward = lambda *a: inner(**dict(zip(names, a)))
+                args, kwargs, patched = tuple(args) + tuple(kwargs.values()), {}, True
             settings = dict(dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
                             do_constant_folding=False, export_params=True,
                             opset_version=opset or 17)
@@ -154,6 +165,8 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
         torch.onnx.export(model, args, path, kwargs=kwargs or None, input_names=list(input_names),
                           output_names=list(output_names), dynamic_axes=dynamic_axes, **settings)
     finally:
+        if patched:
+            del model.forward  # the instance attribute; the class's forward is back
         model.train(was_training)
         with torch.no_grad():
             for k, v in model.state_dict(keep_vars=True).items():
@@ -161,6 +174,7 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
     _restore_initializers(path, saved)
     info = describe(model, path)
     info.update(exporter=exporter, path=path, inputs=list(input_names), outputs=list(output_names),
+                dynamic_batch=dynamic_batch,
                 settings={k: str(v) for k, v in settings.items()})
     if verbose:
         print(summary(info))
@@ -170,7 +184,8 @@ def export_for_training(model, args, path, *, exporter="dynamo", kwargs=None, in
 def summary(info):
     s = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     lines = [f"export_torch: {info['path']}: {info['exporter']} exporter ({s}), "
-             f"dynamic batch axis on {', '.join(info['inputs'] + info['outputs'])}"]
+             + (f"dynamic batch axis on {', '.join(info['inputs'] + info['outputs'])}"
+                if info["dynamic_batch"] else "static shapes (dynamic_batch=False)")]
     lines.append(f"export_torch: {info['kept_by_name']}/{info['parameters']} parameters keep "
                  f"torch's names, {len(info['renamed'])} renamed, {len(info['lost'])} not found "
                  f"as initializers; BatchNormalization: {info['batchnorm_modules']} modules, "

@@ -61,9 +61,11 @@ void check_config(const TrainConfig& c) {
 }
 
 // Running sums of the epoch in progress (checkpointed, so a resumed epoch reports the same).
-EpochMetrics epoch_metrics(const train::RunPosition& p, int64_t epoch, bool ce) {
+EpochMetrics epoch_metrics(const train::RunPosition& p, int64_t epoch, bool ce,
+                           const char* rate_unit) {
   EpochMetrics m;
   m.epoch = epoch;
+  m.rate_unit = rate_unit;
   m.steps = p.epoch_steps;
   m.examples = p.epoch_examples;
   m.seconds = p.epoch_seconds;
@@ -134,7 +136,9 @@ TrainResult run_training(const TrainConfig& config) {
   const bool validate = data.sets.val && lead;
 
   std::string inputs;
+  const char* rate_unit = "samples/s";  // images: a float input of rank >= 3 past the batch
   for (const runtime::ModelInput& in : trainer.model_inputs()) {
+    if (graph::is_float_dtype(in.dtype) && in.dims.size() >= 3) rate_unit = "img/s";
     inputs += cat(inputs.empty() ? "" : ", ", "'", in.name, "' [N");
     for (int64_t d : in.dims) inputs += d < 0 ? std::string(",?") : cat(",", d);
     inputs += cat("] ", graph::dtype_short_name(in.dtype));
@@ -182,7 +186,7 @@ TrainResult run_training(const TrainConfig& config) {
                   ce ? std::optional<double>(pos.epoch_correct / seen) : std::nullopt);
     const bool epoch_end = (s + 1) % spe == 0 || s + 1 == res.total_steps;
     if (epoch_end) {
-      EpochMetrics m = epoch_metrics(pos, epoch, ce);
+      EpochMetrics m = epoch_metrics(pos, epoch, ce, rate_unit);
       if (validate) {
         train::EvalResult v = trainer.evaluate(*data.sets.val, *data.val_adapter, res.global_batch);
         m.val_loss = v.loss;

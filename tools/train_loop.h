@@ -30,6 +30,7 @@ struct EpochMetrics {
   int64_t epoch = 0;  // 1-based
   int64_t steps = 0;  // steps run in this epoch
   int64_t examples = 0;
+  const char* rate_unit = "img/s";  // "samples/s" for models not fed images (token ids, rows)
   double seconds = 0;
   double loss = 0;                 // mean over the epoch's examples
   std::optional<double> accuracy;  // cross-entropy only

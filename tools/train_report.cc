@@ -122,7 +122,7 @@ std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_
       cat("Epoch ", m.epoch, "/", epochs, "  ", m.steps, "/", steps_per_epoch, "  ",
           fmt("%.1fs", m.seconds), "  ",
           per_step(m.seconds / static_cast<double>(std::max<int64_t>(m.steps, 1))), "  ",
-          fmt("%.0f img/s", static_cast<double>(m.examples) / sec), "  loss ", fmt("%.4f", m.loss));
+          fmt("%.0f ", static_cast<double>(m.examples) / sec) + m.rate_unit, "  loss ", fmt("%.4f", m.loss));
   if (m.accuracy) s += "  accuracy " + fmt("%.4f", *m.accuracy);
   if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
   if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);

@@ -23,6 +23,11 @@ std::optional<graph::Shape> InferArgs::shape_of(size_t i) const {
   return t->shape;
 }
 
+std::optional<graph::Shape> InferArgs::dims(size_t i) const {
+  const graph::Shape* d = ctx_.input_dim_value(i);
+  return d ? std::optional(*d) : std::nullopt;
+}
+
 std::optional<std::vector<int64_t>> KernelArgs::ints(size_t i) const {
   return input_ints(ctx_, static_cast<int>(i));
 }

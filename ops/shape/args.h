@@ -23,6 +23,9 @@ class ArgSource {
   virtual bool present(size_t i) const = 0;
   // Values of the int32/int64 input i: always in a kernel, only for constants in inference.
   virtual std::optional<std::vector<int64_t>> ints(size_t i) const = 0;
+  // Elements of the int input i as dims where ints(i) cannot tell: in inference, the
+  // propagated dim value (InferenceContext::input_dim_values: known entries and symbols).
+  virtual std::optional<graph::Shape> dims(size_t) const { return std::nullopt; }
   // Number of elements of the 1-D input i when its type tells (inference) or always (kernel).
   virtual std::optional<int64_t> static_length(size_t i) const = 0;
   // Shape of input i; nullopt when absent or the rank is unknown.
@@ -38,6 +41,7 @@ class InferArgs : public ArgSource {
   std::optional<std::vector<int64_t>> ints(size_t i) const override;
   std::optional<int64_t> static_length(size_t i) const override;
   std::optional<graph::Shape> shape_of(size_t i) const override;
+  std::optional<graph::Shape> dims(size_t i) const override;
 
  private:
   const InferenceContext& ctx_;

@@ -29,6 +29,14 @@ std::optional<Shape> reshape_rule(const std::optional<Shape>& in, const ArgSourc
   const std::string& where = args.where();
   auto target = args.opset() < 5 ? std::optional(args.node().attr_ints("shape")) : args.ints(1);
   if (!target) {
+    // A target built from Shape ops: its known entries are sizes, its symbols are dims of the
+    // input (never 0 or -1), so the output has them as they are; only unknown entries stay open.
+    if (auto d = args.opset() >= 5 ? args.dims(1) : std::nullopt) {
+      const bool allowzero = args.opset() >= 14 && args.node().attr_int("allowzero", 0) != 0;
+      for (size_t k = 0; k < d->size(); ++k)
+        if ((*d)[k] == Dim::known(0) && !allowzero) (*d)[k] = in && k < in->size() ? (*in)[k] : Dim{};
+      return *d;
+    }
     auto rank = args.static_length(1);
     return rank ? std::optional(Shape(static_cast<size_t>(*rank))) : std::nullopt;
   }

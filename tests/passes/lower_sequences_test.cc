@@ -168,6 +168,41 @@ TEST(LowerSequences, NoSplitKeepdims) {
   }
 }
 
+// The dynamo exporter's GPT-2 attention: x [batch, 16*6] viewed as [batch, 16, 6] through a
+// target built from Shape ops (Concat(Reshape(Squeeze(Shape(x)[0:1]), [-1]), [16], [6])), then
+// split into 3 pieces of 2 on the last axis. Only the batch is symbolic, so the Reshape's output
+// is [batch, 16, 6] (dim values through Shape, Squeeze, Reshape, Concat) and the split lowers.
+TEST(LowerSequences, SplitAfterViewWithSymbolicBatch) {
+  auto m = new_model(18);
+  Graph& g = *m->graph;
+  Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("batch"),
+                                                                        Dim::known(96)}));
+  Node* shape = g.add_node("Shape", {x}, {"sh"}, "sh");
+  shape->set_attr(attr("end", 1));
+  Value* b = node1(g, "Squeeze", {shape->output(0)}, "b");
+  Value* b1 = node1(g, "Reshape", {b, constant(g, "minus1", i64({1}, {-1}))}, "b1");
+  Value* target = node1(g, "Concat",
+                        {b1, constant(g, "c16", i64({1}, {16})), constant(g, "c6", i64({1}, {6}))},
+                        "target", {attr("axis", 0)});
+  Node* view = g.add_node("Reshape", {x, target}, {"v"}, "v");
+  view->set_attr(attr("allowzero", 1));
+  Value* seq = node1(g, "SplitToSequence", {view->output(0), constant(g, "two", i64({}, {2}))},
+                     "seq", {attr("axis", 2)});
+  g.add_output(node1(g, "SequenceAt", {seq, constant(g, "i", i64({}, {1}))}, "mid"));
+  infer_shapes(*m);
+  EXPECT_EQ(graph::format_shape(view->output(0)->type.shape),
+            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(6)}));
+  lower_all(*m);
+  EXPECT_EQ(graph::format_shape(m->graph->outputs()[0]->type.shape),
+            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(2)}));
+  // Two batch sizes through the same lowered graph: the split does not depend on the batch.
+  for (int64_t batch : {1, 3}) {
+    const std::vector<float> xs = iota(batch * 96);
+    auto out = passtest::run(*m, {{"x", f32({batch, 96}, xs)}});
+    expect_tensor(out["mid"], {batch, 16, 2}, columns(xs, batch * 16, 6, 2, 4), "mid");
+  }
+}
+
 TEST(LowerSequences, ConstructAndConcat) {
   struct Case {
     int64_t axis, new_axis;
