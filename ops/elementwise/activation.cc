@@ -335,7 +335,8 @@ void infer_prelu_grad(InferenceContext& ctx) {
 }
 
 // dy: X, x: X, min/max: optional scalars (attributes before opset 11) -> dx: X, dy where
-// min <= x <= max, 0 where x was clipped.
+// min < x < max, 0 where x was clipped or sits on a bound (torch's hardtanh/ReLU6 backward; a
+// BN channel constant over the batch gives exact zeros on ReLU6's lower bound).
 class ClipGradKernel final : public Kernel {
  public:
   explicit ClipGradKernel(const graph::Node&) {}
@@ -347,7 +348,7 @@ class ClipGradKernel final : public Kernel {
       using T = typename decltype(tag)::type;
       const T lo = clip_bound<T>(ctx, 2, "min", false);
       const T hi = clip_bound<T>(ctx, 3, "max", true);
-      auto pass = [lo, hi](T g, T v) { return v >= lo && v <= hi ? g : T{0}; };
+      auto pass = [lo, hi](T g, T v) { return v > lo && v < hi ? g : T{0}; };
       broadcast_apply<T>(ctx, ctx.output(0, dy.dims), pass, operand<T>(dy), operand<T>(x));
     });
   }

@@ -47,10 +47,6 @@ CHECKS = ("fwd", "step", "r2")
 # (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
 # the list stays true; the table still shows them (as xfail).
 EXPECTED_FAIL = {
-    ('mobilenet_v2', 'classic', 'step'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
-    ('mobilenet_v2', 'classic', 'r2'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
-    ('mobilenet_v2', 'dynamo', 'step'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
-    ('mobilenet_v2', 'dynamo', 'r2'): "onnxtrain's step is 1e-3..8e-3 (relative to the update) off float64 from features.5/6 down (BN biases, depthwise weights) where torch float32 is 3e-5; not found yet (not ClipGrad's bounds)",
 }
 
 
@@ -149,6 +145,30 @@ def make_batch(kind, name=""):
     mask = np.ones((BATCH, SEQ), np.int64)
     mask[2, SEQ - 4:] = 0
     return {"input_ids": ids, "attention_mask": mask}, labels
+
+
+# torch float32's own error, the noise floor of the step check, is measured on the batch and on
+# F32_TRIALS - 1 copies whose float inputs are moved by one ulp (as the rounding of the data
+# would), and the largest error counts. One trial can be lucky: where an input of ReLU6/ReLU
+# lies within float32 noise of the kink, which side float32 lands on decides that element's
+# gradient, and one flip through a BatchNorm of small variance moves a bias gradient by 40 %
+# (torchvision mobilenet_v2 at 64x64: a ReLU6 input of 4.5e-7 next to values up to 3.8, and
+# every batch of 32 seeds has such elements). Torch float32 flips them too, on other elements.
+F32_TRIALS = 4
+
+
+def nudged(inputs, trial):
+    """inputs with every float element moved one ulp up or down (random), trial > 0."""
+    if trial == 0:
+        return inputs
+    g = np.random.default_rng(1000 + trial)
+    out = {}
+    for k, v in inputs.items():
+        if v.dtype == np.float32:
+            toward = np.where(g.random(v.shape) < 0.5, np.float32(-np.inf), np.float32(np.inf))
+            v = np.nextafter(v, toward).astype(np.float32)
+        out[k] = v
+    return out
 
 
 def call(model, inputs, dtype):
@@ -315,6 +335,9 @@ class Case:
             names = list(mapping)
             pot_t = {n: pot[mapping[n]] for n in names}
             e32 = max_err(p32, p64, names)
+            for trial in range(1, F32_TRIALS):
+                _, p32n, _ = torch_step(model, nudged(inputs, trial), labels, self.kind, torch.float32)
+                e32 = max(e32, max_err(p32n, p64, names))
             eot = max_err(pot_t, p64, names)
             tol = step_tolerance(e32, p64, names)
             worst = max(names, key=lambda n: float(np.max(np.abs(pot_t[n] - p64[n]))) if p64[n].size else 0)

@@ -152,6 +152,17 @@ TEST(ElementwiseGradKernels, ClipGradMasksClippedElements) {
   EXPECT_EQ(values_of(r), (std::vector<double>{0, 2, 3, 4, 0}));
 }
 
+// At a bound the gradient is 0, as torch's hardtanh / ReLU6 backward has it (and Relu's at 0).
+// It matters: a channel that is constant over the batch normalizes to exactly 0, which ReLU6
+// (Clip 0..6) then sees on its lower bound; passing the gradient there moved torchvision
+// mobilenet_v2's BN biases 1e-3..8e-3 (relative) away from torch autograd in one SGD step.
+TEST(ElementwiseGradKernels, ClipGradIsZeroOnTheBounds) {
+  Tensor dy = f64({5}, {1, 2, 3, 4, 5});
+  Tensor x = f64({5}, {-1, 0, 3, 6, 7});
+  EXPECT_EQ(values_of(run_grad_op("ClipGrad", {dy, x, f64({}, {0}), f64({}, {6})})),
+            (std::vector<double>{0, 0, 3, 0, 0}));
+}
+
 TEST(ElementwiseGradKernels, PowGradBaseAndExponent) {
   // z = x^e: dx = dz * e * x^(e-1), de = dz * z * log(x); e broadcasts from (1).
   Tensor dz = f64({3}, {1, 1, 2});
