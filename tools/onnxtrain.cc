@@ -72,7 +72,7 @@ model and optimizer:
                           last, (N, T, C) with per-token labels (N, T))
   --ignore-index N        cross-entropy labels equal to N are padding: out of the loss, its
                           mean and the accuracy (torch's ignore_index; default: none)
-  --bn-mode MODE           train (default, like model.train(): batch statistics, running
+  --bn-mode MODE          train (default, like model.train(): batch statistics, running
                           statistics updated) | frozen (like BN in eval(): the running
                           statistics normalize and stay as they are; scale/bias still train)
   --untie-initializers    give each node its own copy of a parameter an exporter merged

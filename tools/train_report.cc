@@ -86,8 +86,15 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n",
                std::string(train::optimizer_kind_name(o.optimizer.kind)).c_str(),
                static_cast<double>(o.schedule.lr), o.schedule.lr_schedule.c_str());
-  std::fprintf(f, "loss        %s on '%s'\n",
-               std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str());
+  std::string loss_detail;  // cross-entropy over a sequence: where the classes are, the padding
+  if (p.info.loss.kind == passes::LossKind::kCrossEntropy) {
+    if (o.model.class_axis != 1) loss_detail += cat("classes on axis ", o.model.class_axis);
+    if (o.model.ignore_index)
+      loss_detail += cat(loss_detail.empty() ? "" : ", ", "labels ", *o.model.ignore_index, " ignored");
+  }
+  std::fprintf(f, "loss        %s on '%s'%s\n",
+               std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str(),
+               loss_detail.empty() ? "" : cat(" (", loss_detail, ")").c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (all > 1) {
