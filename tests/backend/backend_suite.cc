@@ -49,6 +49,8 @@ const char* const kUsage =
     "                        run; nodes without a kernel there run on the CPU through host\n"
     "                        copies. cuda without a GPU: exit 77 (skipped)\n"
     "  --list-unsupported    list the ops that keep tests from running, with the tests\n"
+    "  --optimize            rewrite each model with onnxrun's default inference optimizations\n"
+    "                        (passes::optimize_inference) before running it\n"
     "  --verbose             one line per test\n"
     "  --help\n";
 
@@ -68,6 +70,7 @@ struct Options {
   int64_t device_nodes = 0, staged_nodes = 0;
   bool verbose = false;
   bool list_unsupported = false;
+  bool optimize = false;  // passes::optimize_inference first, as onnxrun does by default
 };
 
 enum class Outcome { kPass, kFail, kSkip };
@@ -289,6 +292,7 @@ Result run_data_sets(const TestCase& tc, std::unique_ptr<graph::Model> model, Op
   runtime::SessionOptions so;
   so.threads = opts.threads;
   so.device = opts.dev;
+  if (opts.optimize) passes::optimize_inference(*model);
   runtime::InferenceSession session(std::move(model), so);
   auto data_sets = sorted_entries(tc.dir, "test_data_set_", true);
   OT_CHECK(!data_sets.empty(), "no test_data_set_* folder");
@@ -414,6 +418,8 @@ Options parse_args(int argc, char** argv) {
       o.threads = static_cast<int>(n);
     } else if (a == "--device") {
       o.device = value(i);
+    } else if (a == "--optimize") {
+      o.optimize = true;
     } else if (a == "--verbose" || a == "-v") {
       o.verbose = true;
     } else if (a == "--list-unsupported") {
