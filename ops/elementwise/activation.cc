@@ -335,8 +335,9 @@ void infer_prelu_grad(InferenceContext& ctx) {
 }
 
 // dy: X, x: X, min/max: optional scalars (attributes before opset 11) -> dx: X, dy where
-// min < x < max, 0 where x was clipped or sits on a bound (torch's hardtanh/ReLU6 backward; a
-// BN channel constant over the batch gives exact zeros on ReLU6's lower bound).
+// min < x < max, 0 where x was clipped or sits on a bound (torch's hardtanh/ReLU6 backward,
+// which exported ReLU6 = Clip(0, 6) must match; torch.clamp's passes the bounds, but an export
+// does not say which one a Clip was).
 class ClipGradKernel final : public Kernel {
  public:
   explicit ClipGradKernel(const graph::Node&) {}

@@ -152,10 +152,10 @@ TEST(ElementwiseGradKernels, ClipGradMasksClippedElements) {
   EXPECT_EQ(values_of(r), (std::vector<double>{0, 2, 3, 4, 0}));
 }
 
-// At a bound the gradient is 0, as torch's hardtanh / ReLU6 backward has it (and Relu's at 0).
-// It matters: a channel that is constant over the batch normalizes to exactly 0, which ReLU6
-// (Clip 0..6) then sees on its lower bound; passing the gradient there moved torchvision
-// mobilenet_v2's BN biases 1e-3..8e-3 (relative) away from torch autograd in one SGD step.
+// At a bound the gradient is 0, as torch's hardtanh / ReLU6 backward has it (and Relu's at 0):
+// an exported ReLU6 is a Clip(0, 6), and an input exactly on 0 (a dead or constant channel)
+// must get torch's gradient. (torch.clamp's own backward passes it on the bounds; exports do not
+// say which of the two a Clip was, and activations are the common case.)
 TEST(ElementwiseGradKernels, ClipGradIsZeroOnTheBounds) {
   Tensor dy = f64({5}, {1, 2, 3, 4, 5});
   Tensor x = f64({5}, {-1, 0, 3, 6, 7});
