@@ -68,8 +68,9 @@ model and optimizer:
                           targets. output:NAME trains a model that computes its own scalar
                           loss as output NAME (e.g. an export taking the labels as an input;
                           its arrays all feed inputs, none is taken as labels)
-  --class-axis A          cross-entropy's class axis: 1 (default, (N, C, ...)) or -1 (classes
-                          last, (N, T, C) with per-token labels (N, T))
+  --class-axis A          cross-entropy's class axis: 1 ((N, C, ...), torch's) or -1 (classes
+                          last, (N, T, C) with per-token labels (N, T)); default: -1 when the
+                          labels' shape fits only that (an LM head), else 1
   --ignore-index N        cross-entropy labels equal to N are padding: out of the loss, its
                           mean and the accuracy (torch's ignore_index; default: none)
   --bn-mode MODE          train (default, like model.train(): batch statistics, running
@@ -275,6 +276,7 @@ Args parse_args(int argc, char** argv) {
       const std::string a = value();
       if (a != "1" && a != "-1") usage_fail(arg, ": expected 1 or -1, got '", a, "'");
       c.train.model.class_axis = a == "1" ? 1 : -1;
+      c.train.model.class_axis_auto = false;
     } else if (arg == "--ignore-index") {
       c.train.model.ignore_index = parse_int(arg, value(), std::numeric_limits<int64_t>::min());
     } else if (arg == "--output-name") {

@@ -147,6 +147,7 @@ TrainResult run_training(const TrainConfig& config) {
                        .inputs = inputs,
                        .output_name = trainer.info().prepared.logits,
                        .classes = trainer.classes(),
+                       .class_axis = trainer.options().model.class_axis,
                        .train_name = data.sets.train.name(),
                        .train_examples = data.sets.train.size(),
                        .val_name = data.sets.val ? data.sets.val->name() : "",

@@ -88,7 +88,7 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                static_cast<double>(o.schedule.lr), o.schedule.lr_schedule.c_str());
   std::string loss_detail;  // cross-entropy over a sequence: where the classes are, the padding
   if (p.info.loss.kind == passes::LossKind::kCrossEntropy) {
-    if (o.model.class_axis != 1) loss_detail += cat("classes on axis ", o.model.class_axis);
+    if (p.class_axis != 1) loss_detail += cat("classes on axis ", p.class_axis);
     if (o.model.ignore_index)
       loss_detail += cat(loss_detail.empty() ? "" : ", ", "labels ", *o.model.ignore_index, " ignored");
   }

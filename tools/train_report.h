@@ -18,6 +18,7 @@ struct PlanFacts {
   std::string inputs;  // "'input' [N,1,28,28] f32, ..."
   std::string output_name;
   int64_t classes = 0;
+  int64_t class_axis = 1;  // as the trainer resolved it (--class-axis, or from the labels)
   std::string train_name;
   int64_t train_examples = 0;
   std::string val_name;  // "" = no validation

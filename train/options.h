@@ -24,6 +24,9 @@ struct ModelOptions {
   // Cross-entropy: the logits' class axis (1, or -1 for classes last: (N, T, C) with per-token
   // labels) and the padding label (torch's -100) left out of the loss and its mean.
   int64_t class_axis = 1;
+  // Unset by an explicit --class-axis: logits (N, T, C) whose integer labels are (N, T) in the
+  // training data (and not (N, C)) then mean -1 (Trainer::build; the plan says so).
+  bool class_axis_auto = true;
   std::optional<int64_t> ignore_index;
 };
 

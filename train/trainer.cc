@@ -107,6 +107,29 @@ std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name)
   return dims;
 }
 
+// Cross-entropy's class axis from the labels of one example: logits (N, d1..dk, C) with labels
+// (d1..dk) that do not also fit (N, C, d1..dk) mean the classes are last (-1: an LM head's
+// (N, T, C) with per-token labels (N, T)); anything else keeps torch's axis 1. Needs the output's
+// static dims past the batch (the output named, or the model's only one).
+int64_t infer_class_axis(const graph::Model& original, const std::string& output,
+                         const std::vector<int64_t>& label_dims) {
+  if (label_dims.empty()) return 1;
+  const graph::Graph& g = *original.graph;
+  std::string name = output;
+  if (name.empty() && g.outputs().size() == 1) name = g.outputs()[0]->name();
+  if (name.empty()) return 1;
+  std::unique_ptr<graph::Model> typed = original.clone();
+  try {
+    passes::infer_shapes(*typed);
+  } catch (const Error&) {
+    return 1;
+  }
+  const std::vector<int64_t> dims = output_dims(*typed, name);
+  if (dims.size() != label_dims.size() + 1) return 1;
+  const std::vector<int64_t> last(dims.begin(), dims.end() - 1), first(dims.begin() + 1, dims.end());
+  return label_dims == last && label_dims != first ? -1 : 1;
+}
+
 // The input of `role` in a graph's training signature (one the passes always create).
 const std::string& input_named(const graph::TrainingSignature& sig, graph::InputRole role) {
   const graph::InputBinding* b = sig.find_input(role);
@@ -279,16 +302,20 @@ void Trainer::build() {
   }
   model_inputs_ = model_inputs_of(*original_);
   devices_ = replica_devices(p);
-  passes::TrainingOptions topts = graph_options(opts_);
-  // --loss auto follows the labels' dtype when the data says it (integer labels: classes).
-  if (opts_.model.loss == passes::LossKind::kAuto && !opts_.data.train.empty()) {
+  // What the training labels are, when a file says (npy:, npz:): decides --loss auto (integer
+  // labels: classes) and, unless --class-axis was given, where the classes are.
+  std::optional<runtime::LabelFacts> labels;
+  if (!opts_.data.train.empty()) {
     try {
-      topts.integer_labels =
-          runtime::integer_labels(runtime::parse_data_spec(opts_.data.train), opts_.data.labels);
+      labels = runtime::label_facts(runtime::parse_data_spec(opts_.data.train), opts_.data.labels);
     } catch (const Error&) {
       // A malformed spec is reported when the data loads.
     }
   }
+  if (labels && labels->integer && opts_.model.class_axis_auto)
+    opts_.model.class_axis = infer_class_axis(*original_, opts_.model.output, labels->example_dims);
+  passes::TrainingOptions topts = graph_options(opts_);
+  if (opts_.model.loss == passes::LossKind::kAuto && labels) topts.integer_labels = labels->integer;
   topts.replicas = p.replicas;
   // Placement for people reading the graph (partitions follow the recorded replica index).
   for (const auto& d : devices_) topts.devices.push_back(d->name());

@@ -127,10 +127,15 @@ struct DataSpec {
   bool named() const { return kind == Kind::kNpz || kind == Kind::kNamedNpy; }
 };
 DataSpec parse_data_spec(const std::string& text);
-// Whether the labels of a file dataset (npy:, npz:) are integer classes (true) or float targets
-// (false), reading no more than the labels; nullopt for built-in datasets and when the labels
-// cannot be read (loading then says why).
-std::optional<bool> integer_labels(const DataSpec& spec, const std::string& labels_name);
+// What the labels of a file dataset (npy:, npz:) are, reading no more than the labels:
+// integer classes (true) or float targets (false), and the dims of one example's labels (past
+// the rows: () for one class per example, (T) per token). nullopt for built-in datasets and when
+// the labels cannot be read (loading then says why).
+struct LabelFacts {
+  bool integer = false;
+  std::vector<int64_t> example_dims;
+};
+std::optional<LabelFacts> label_facts(const DataSpec& spec, const std::string& labels_name);
 
 // A model data input as the loaders see it: name, dtype and dims past the batch (-1: any size).
 struct ModelInput {

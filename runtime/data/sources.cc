@@ -661,7 +661,7 @@ DataSpec parse_data_spec(const std::string& text) {
   return spec;
 }
 
-std::optional<bool> integer_labels(const DataSpec& spec, const std::string& labels_name) {
+std::optional<LabelFacts> label_facts(const DataSpec& spec, const std::string& labels_name) {
   std::optional<graph::Tensor> truth;
   try {
     switch (spec.kind) {
@@ -681,10 +681,14 @@ std::optional<bool> integer_labels(const DataSpec& spec, const std::string& labe
   } catch (const Error&) {
     return std::nullopt;
   }
-  if (!truth) return std::nullopt;
-  if (is_int_dtype(truth->dtype()) && truth->dtype() != graph::DataType::kBool) return true;
-  if (graph::is_float_dtype(truth->dtype())) return false;
-  return std::nullopt;
+  if (!truth || truth->rank() < 1) return std::nullopt;
+  LabelFacts facts;
+  if (is_int_dtype(truth->dtype()) && truth->dtype() != graph::DataType::kBool)
+    facts.integer = true;
+  else if (!graph::is_float_dtype(truth->dtype()))
+    return std::nullopt;
+  facts.example_dims.assign(truth->dims().begin() + 1, truth->dims().end());
+  return facts;
 }
 
 LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {

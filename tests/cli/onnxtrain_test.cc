@@ -640,8 +640,15 @@ TEST_F(OnnxtrainTest, TokenModelsTrainFromNamedArrays) {
   std::unique_ptr<graph::Model> trained = graph::import_onnx_file(path("lm_trained.onnx"));
   ASSERT_EQ(trained->graph->inputs().size(), 1u);
   EXPECT_EQ(trained->graph->inputs()[0]->name(), "input_ids");
-  // Without --class-axis -1 the labels (N,8) cannot fit logits (N,8,12).
+  // Without --class-axis, labels (N,8) that fit logits (N,8,12) only with the classes last mean
+  // -1 (the plan says so); an explicit --class-axis 1 is kept, and the labels then do not fit.
   r = train({path("lm.onnx"), "--data", data, "--ignore-index", "-100", "--steps", "1"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_TRUE(has_line_matching(
+      r.out, "loss +cross-entropy on 'logits' \\(classes on axis -1, labels -100 ignored\\)"))
+      << r.out;
+  r = train({path("lm.onnx"), "--data", data, "--class-axis", "1", "--ignore-index", "-100",
+             "--steps", "1"});
   expect_error(r, 1, ".*labels of shape \\(N,8\\) do not fit output 'logits'.*--class-axis -1.*");
   // The text classifier: synthetic ids and masks on 2 replicas; Fashion-MNIST cannot feed it.
   zoo("textcls", {"--input", "8", "--vocab", "30", "--width", "8"}, "cls.onnx");

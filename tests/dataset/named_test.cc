@@ -357,17 +357,22 @@ TEST(NamedData, SyntheticIdsStayBelowTheTableAndMasksAreOnes) {
   EXPECT_NE(e.find("has a dimension of no fixed size"), std::string::npos) << e;
 }
 
-TEST(NamedData, LabelDtypeDecidesAutoLoss) {
+TEST(NamedData, LabelFactsDecideAutoLossAndClassAxis) {
   ScratchDir dir("named_auto");
   const std::string path = TokenArchive().write(dir, "a.npz", false, false);
-  EXPECT_EQ(integer_labels(parse_data_spec("npz:" + path), "labels"), std::optional<bool>(true));
+  auto tokens = label_facts(parse_data_spec("npz:" + path), "labels");
+  ASSERT_TRUE(tokens.has_value());
+  EXPECT_TRUE(tokens->integer);
+  EXPECT_EQ(tokens->example_dims, std::vector<int64_t>{4});  // per token: (6, 4) labels
   write_npy(dir.file("x.npy"), Tensor(DataType::kFloat, {3, 2}));
   write_npy(dir.file("y.npy"), Tensor(DataType::kFloat, {3, 1}));
-  EXPECT_EQ(integer_labels(parse_data_spec(cat("npy:", dir.file("x.npy"), ",", dir.file("y.npy"))),
-                           "labels"),
-            std::optional<bool>(false));
-  EXPECT_FALSE(integer_labels(parse_data_spec("fashion-mnist"), "labels").has_value());
-  EXPECT_FALSE(integer_labels(parse_data_spec("npz:" + path), "nothing").has_value());
+  auto targets =
+      label_facts(parse_data_spec(cat("npy:", dir.file("x.npy"), ",", dir.file("y.npy"))), "labels");
+  ASSERT_TRUE(targets.has_value());
+  EXPECT_FALSE(targets->integer);
+  EXPECT_EQ(targets->example_dims, std::vector<int64_t>{1});
+  EXPECT_FALSE(label_facts(parse_data_spec("fashion-mnist"), "labels").has_value());
+  EXPECT_FALSE(label_facts(parse_data_spec("npz:" + path), "nothing").has_value());
 }
 
 }  // namespace
