@@ -36,7 +36,7 @@ ctest --test-dir build --output-on-failure -j"$jobs" -LE models
 # The real-model corpus against torch (tests/models, label models): 17 torchvision/transformers
 # models x 2 exporters x 4 checks. Its venv (4.7 GB, current torch/torchvision/transformers/
 # onnxscript from PyPI, wheels cached in ~/.cache/onnxtrain-wheels) takes ~3 min to build with
-# an empty cache, ~1 min from it; the corpus itself ~4 min on 2 idle cores (218 s measured 2026-12-05). ONNXTRAIN_MODELS=0
+# an empty cache, ~1 min from it; the corpus itself 4-7 min on 2 cores (2026-12-05). ONNXTRAIN_MODELS=0
 # skips it (e.g. offline).
 if [ "${ONNXTRAIN_MODELS:-1}" != "0" ]; then
   echo "== real-model corpus (tests/models; ONNXTRAIN_MODELS=0 skips it)"
