@@ -110,6 +110,11 @@ files:
   --checkpoint-dir DIR    write DIR/ckpt-<step>.otck (the last 3 are kept)
   --checkpoint-every N    every N steps (default: at the end of every epoch)
   --resume                continue from the newest checkpoint in --checkpoint-dir
+  --on-nonfinite MODE     a step whose loss is NaN/Inf: stop (default: exit 1 naming the step
+                          and the first non-finite value; nothing is written after it) | skip
+                          (its update is dropped, as torch's GradScaler does; keeps a copy of
+                          the state from before every step)
+  --max-nonfinite-skips N with skip: stop after N such steps in a row (default 10)
   --metrics-json FILE     append one JSON object per epoch
   --profile FILE          Chrome trace of the executed kernels (FILE.r<k> per replica)
 
@@ -310,6 +315,12 @@ Args parse_args(int argc, char** argv) {
       c.train.checkpoint.dir = path();
     } else if (arg == "--checkpoint-every") {
       c.train.checkpoint.every = parse_int(arg, value(), 1);
+    } else if (arg == "--on-nonfinite") {
+      const std::string v = value();
+      if (v != "stop" && v != "skip") usage_fail(arg, ": expected stop or skip, got '", v, "'");
+      c.train.guard.on_nonfinite = v == "stop" ? train::OnNonFinite::kStop : train::OnNonFinite::kSkip;
+    } else if (arg == "--max-nonfinite-skips") {
+      c.train.guard.max_skips = parse_int(arg, value(), 1);
     } else if (arg == "--resume") {
       no_value();
       c.train.checkpoint.resume = true;

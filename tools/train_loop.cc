@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "graph/error.h"
 #include "graph/onnx_io.h"
+#include "runtime/checkpoint.h"
 #include "runtime/data/loader.h"
+#include "runtime/finite.h"
 #include "runtime/lr_schedule.h"
 #include "tools/train_report.h"
 #include "train/trainer.h"
@@ -58,6 +61,24 @@ void check_config(const TrainConfig& c) {
            "--epochs must be >= 1 and --steps >= 0");
   OT_CHECK(o.data.batch_size >= 1 && o.data.global_batch >= 0, "batch sizes must be >= 1");
   OT_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0");
+}
+
+// What a diagnosis (Trainer::diagnose_nonfinite) that finds every forward value finite means.
+constexpr const char* kNoneInForward =
+    "none in the forward pass (the loss's sum over the batch or the backward pass overflowed)";
+
+// "; the newest checkpoint is DIR/ckpt-N.otck (...)" and what happened to --output, for the
+// message that ends a run at a non-finite step.
+std::string newest_checkpoint_text(const std::string& dir, const TrainConfig& c) {
+  std::string out;
+  if (!dir.empty()) {
+    const std::vector<runtime::CheckpointFile> files = runtime::list_checkpoints(dir);
+    out = files.empty() ? cat("; no checkpoint was written to '", dir, "'")
+                        : cat("; the newest checkpoint is ", files.back().path,
+                              " (continue from it with --resume, e.g. with a lower --lr)");
+  }
+  if (!c.output.empty()) out += cat("; --output '", c.output, "' was not written");
+  return out;
 }
 
 // Running sums of the epoch in progress (checkpointed, so a resumed epoch reports the same).
@@ -170,15 +191,56 @@ TrainResult run_training(const TrainConfig& config) {
                              runtime::LoaderPosition{res.start_step / spe, res.start_step % spe});
   const bool ce = trainer.cross_entropy();
   Progress progress(c, spe, len.epochs);
+  const bool skip_nonfinite = o.guard.on_nonfinite == train::OnNonFinite::kSkip;
+  std::map<std::string, graph::Tensor> before;  // skip: the state from before the step
+  int64_t skipped = 0, skipped_in_row = 0;       // skipped steps: this epoch, in a row
   for (int64_t s = res.start_step; s < res.total_steps; ++s) {
     const auto t0 = Clock::now();
     runtime::Batch b = loader.next();
     const int64_t n = b.size(), targets = trainer.targets(b);
+    runtime::Batch kept = b;  // for a diagnosis when the step turns out non-finite
+    if (skip_nonfinite) before = trainer.state();
     runtime::StepResult r = trainer.run_step(std::move(b), s);
-    pos.epoch_loss_sum += r.loss * static_cast<double>(targets);
+    // The loss is summed over every replica and process, so all of them decide alike.
+    if (!std::isfinite(r.loss)) {
+      const std::string loss_text = runtime::nonfinite_text(r.loss);
+      if (skip_nonfinite) {
+        trainer.set_state(before);  // the update never happened
+        const std::string bad = trainer.nonfinite_state();
+        OT_CHECK(bad.empty(), "step ", s + 1, ": the loss is ", loss_text,
+                 " and the state from before the step is not finite either: ", bad,
+                 " (an earlier step's update made it so with a finite loss); stopping");
+        ++skipped;
+        ++skipped_in_row;
+        const std::string why = lead ? trainer.diagnose_nonfinite(kept) : "";
+        std::fprintf(c.log, "%swarning     step %lld: the loss is %s; its update is skipped "
+                     "(--on-nonfinite skip, %lld in a row)%s\n", c.live ? "\r\033[K" : "",
+                     static_cast<long long>(s + 1), loss_text.c_str(),
+                     static_cast<long long>(skipped_in_row),
+                     cat("; first non-finite value: ", why.empty() ? kNoneInForward : why).c_str());
+        std::fflush(c.log);
+        OT_CHECK(skipped_in_row < o.guard.max_skips, "step ", s + 1, ": ", skipped_in_row,
+                 " steps in a row had a non-finite loss (--max-nonfinite-skips ",
+                 o.guard.max_skips, "); stopping", newest_checkpoint_text(o.checkpoint.dir, c));
+      } else {
+        // Stop before anything is written: no checkpoint or model of this state exists.
+        const std::string why = lead ? trainer.diagnose_nonfinite(kept) : "";
+        fail("step ", s + 1, ": the loss is ", loss_text,
+             "; first non-finite value (forward pass on the step's batch with the weights after "
+             "it): ", why.empty() ? kNoneInForward : why,
+             "; stopped (--on-nonfinite stop; skip drops such steps)",
+             newest_checkpoint_text(o.checkpoint.dir, c));
+      }
+    } else {
+      skipped_in_row = 0;
+    }
+    const bool counted = std::isfinite(r.loss);
+    if (!counted) r = runtime::StepResult{};
+    const int64_t counted_targets = counted ? targets : 0;
+    pos.epoch_loss_sum += r.loss * static_cast<double>(counted_targets);
     pos.epoch_correct += r.correct;
     pos.epoch_examples += n;
-    pos.epoch_targets += targets;
+    pos.epoch_targets += counted_targets;
     pos.epoch_steps += 1;
     pos.epoch_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     const double seen = static_cast<double>(std::max<int64_t>(pos.epoch_targets, 1));
@@ -188,6 +250,8 @@ TrainResult run_training(const TrainConfig& config) {
     const bool epoch_end = (s + 1) % spe == 0 || s + 1 == res.total_steps;
     if (epoch_end) {
       EpochMetrics m = epoch_metrics(pos, epoch, ce, rate_unit);
+      m.skipped = skipped;
+      skipped = 0;
       if (validate) {
         train::EvalResult v = trainer.evaluate(*data.sets.val, *data.val_adapter, res.global_batch);
         m.val_loss = v.loss;

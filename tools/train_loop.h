@@ -36,6 +36,7 @@ struct EpochMetrics {
   std::optional<double> accuracy;  // cross-entropy only
   std::optional<double> val_loss;  // with validation
   std::optional<double> val_accuracy;
+  int64_t skipped = 0;  // steps whose update was dropped (--on-nonfinite skip); out of the means
 };
 
 struct TrainResult {

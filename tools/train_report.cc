@@ -133,6 +133,7 @@ std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_
   if (m.accuracy) s += "  accuracy " + fmt("%.4f", *m.accuracy);
   if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
   if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);
+  if (m.skipped > 0) s += cat("  skipped ", m.skipped, " non-finite");
   return s;
 }
 
@@ -142,7 +143,8 @@ std::string metrics_json(const EpochMetrics& m) {
              ", \"seconds\": ", json_number(m.seconds), ", \"images_per_sec\": ", json_number(ips),
              ", \"loss\": ", json_number(m.loss), ", \"accuracy\": ", json_number(m.accuracy),
              ", \"val_loss\": ", json_number(m.val_loss),
-             ", \"val_accuracy\": ", json_number(m.val_accuracy), "}");
+             ", \"val_accuracy\": ", json_number(m.val_accuracy),
+             ", \"skipped_nonfinite\": ", m.skipped, "}");
 }
 
 void write_metrics_line(std::FILE* f, const EpochMetrics& m) {

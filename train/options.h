@@ -72,6 +72,17 @@ struct ParallelOptions {
   std::string profile;  // Chrome trace of the executed kernels ("" = none)
 };
 
+// A step whose loss is not finite (NaN, Inf: too high a learning rate, an overflow). stop: end
+// the run with exit 1 naming the step and the first non-finite value, writing nothing after it.
+// skip: drop the step's update (the state from before it is restored, as torch's GradScaler
+// skips the optimizer step) and go on; stop after max_skips steps in a row. skip keeps a host
+// copy of the training state from before every step (weights and optimizer state).
+enum class OnNonFinite { kStop, kSkip };
+struct GuardOptions {
+  OnNonFinite on_nonfinite = OnNonFinite::kStop;
+  int64_t max_skips = 10;  // kSkip: consecutive skipped steps that end the run
+};
+
 struct CheckpointOptions {
   std::string dir;    // "" = no checkpoints
   int64_t every = 0;  // steps; 0 = at the end of every epoch
@@ -85,6 +96,7 @@ struct Options {
   ScheduleOptions schedule;
   ParallelOptions parallel;
   CheckpointOptions checkpoint;
+  GuardOptions guard;
 };
 
 }  // namespace onnxtrain::train

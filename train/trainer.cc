@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "graph/onnx_io.h"
 #include "ops/plugin.h"
 #include "runtime/checkpoint.h"
+#include "runtime/finite.h"
 
 namespace onnxtrain::train {
 namespace {
@@ -597,7 +599,14 @@ void Trainer::save_checkpoint(const RunPosition& position) const {
   const std::string& dir = opts_.checkpoint.dir;
   runtime::Checkpoint ck;
   ck.metadata = to_metadata(CheckpointState{identity(), position});
-  for (auto& [name, t] : session().state()) ck.add_tensor(name, std::move(t));
+  for (auto& [name, t] : session().state()) {
+    // A non-finite state is never written: the older checkpoints stay, none is pruned.
+    if (auto bad = runtime::find_nonfinite(t))
+      fail("checkpoint of step ", position.step, " not written: '", name,
+           "' is not finite (element ", bad->index, " is ", runtime::nonfinite_text(bad->value),
+           ")");
+    ck.add_tensor(name, std::move(t));
+  }
   const fs::path file = fs::path(dir) / runtime::checkpoint_file_name(position.step);
   runtime::write_checkpoint(file.string(), ck);
   runtime::prune_checkpoints(dir, kKeepCheckpoints);
@@ -681,7 +690,72 @@ void Trainer::check_weights_agree() const {
 }
 
 void Trainer::export_model(const std::string& path) const {
-  graph::export_onnx_file(*trained_model(), path);
+  std::unique_ptr<graph::Model> m = trained_model();
+  for (const graph::Value* v : m->graph->initializers())
+    if (auto bad = runtime::find_nonfinite(v->initializer()))
+      fail(path, ": not written: weight '", v->name(), "' is not finite (element ", bad->index,
+           " is ", runtime::nonfinite_text(bad->value), ")");
+  graph::export_onnx_file(*m, path);
+}
+
+std::string Trainer::nonfinite_state() const {
+  for (const auto& [name, t] : session().state())
+    if (auto bad = runtime::find_nonfinite(t))
+      return cat("'", name, "' (element ", bad->index, " is ", runtime::nonfinite_text(bad->value),
+                 ")");
+  return "";
+}
+
+std::string Trainer::diagnose_nonfinite(const runtime::Batch& batch) const {
+  constexpr int64_t kMaxRows = 256;
+  runtime::Batch b = batch.size() > kMaxRows ? batch.rows(0, kMaxRows) : batch;
+  std::map<std::string, Tensor> feeds = model_feeds(std::move(b));
+  for (const auto& [name, t] : feeds)
+    if (auto bad = runtime::find_nonfinite(t)) {
+      const int64_t per_row = t.dims().empty() || t.dims()[0] == 0 ? 1 : t.numel() / t.dims()[0];
+      return cat("model input '", name, "' of the batch (row ", bad->index / per_row, " is ",
+                 runtime::nonfinite_text(bad->value), ")");
+    }
+  std::unique_ptr<graph::Model> m = trained_model();
+  for (const graph::Value* v : m->graph->initializers())
+    if (auto bad = runtime::find_nonfinite(v->initializer()))
+      return cat("weight '", v->name(), "' (element ", bad->index, " is ",
+                 runtime::nonfinite_text(bad->value), ")");
+  passes::lower_sequences(*m);
+  // Every float value a node makes becomes a graph output, in graph order, so none is reused.
+  graph::Graph& g = *m->graph;
+  std::vector<std::string> what;  // per graph output: "node 'n' (Op) output 'v'"
+  std::set<const graph::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  std::map<const graph::Value*, size_t> order;
+  std::vector<graph::Value*> added;
+  for (graph::Node* n : g.topological_order())
+    for (graph::Value* o : n->outputs()) {
+      if (!o) continue;
+      order[o] = order.size();
+      if (!outputs.count(o) && graph::is_float_dtype(o->type.dtype)) added.push_back(o);
+    }
+  for (graph::Value* o : added) g.add_output(o);
+  std::vector<std::pair<size_t, std::string>> named;  // (graph order, description) per output
+  for (const graph::Value* o : g.outputs()) {
+    const graph::Node* n = o->producer();
+    named.emplace_back(order.count(o) ? order[o] : 0,
+                       n ? cat("node '", n->name, "' (", n->op_type, ") output '", o->name(), "'")
+                         : cat("graph output '", o->name(), "'"));
+  }
+  runtime::SessionOptions so;
+  so.threads = threads_;
+  runtime::InferenceSession session(std::move(m), so);
+  std::vector<Tensor> got = session.run(feeds);
+  size_t first = named.size();
+  std::string text;
+  for (size_t i = 0; i < got.size() && i < named.size(); ++i)
+    if (auto bad = runtime::find_nonfinite(got[i]); bad && (first == named.size() ||
+                                                             named[i].first < named[first].first)) {
+      first = i;
+      text = cat(named[i].second, " (element ", bad->index, " is ",
+                 runtime::nonfinite_text(bad->value), ")");
+    }
+  return text;
 }
 
 int64_t Trainer::trainable_parameters() const {

@@ -113,7 +113,19 @@ class Trainer {
     return session_->trained_model(*original_);
   }
   // Writes the original inference graph with the trained weights and BN running statistics.
+  // Refuses (Error, nothing written) when a weight is not finite.
   void export_model(const std::string& path) const;
+
+  // ---- the non-finite guard (tools/train_loop.cc; GuardOptions)
+  // "" when every float state tensor (weights, optimizer state, BN statistics) is finite;
+  // otherwise the first that is not: "'fc.weight' (element 3 is nan)".
+  std::string nonfinite_state() const;
+  // Where the first non-finite value of a forward pass over `batch` (a GLOBAL batch, at most its
+  // first 256 rows) with the current weights comes from: a non-finite model input (its row), a
+  // non-finite weight, or the first node in graph order whose output is not finite ("node
+  // 'Exp_3' (Exp) output 'x'"). "" when the forward stays finite. Runs the trained inference
+  // model with every value kept (memory grows with the model's activations); on rank 0.
+  std::string diagnose_nonfinite(const runtime::Batch& batch) const;
 
   // ---- what was built
   const Options& options() const { return opts_; }

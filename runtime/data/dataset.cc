@@ -9,6 +9,7 @@
 
 #include "graph/error.h"
 #include "runtime/data/random.h"
+#include "runtime/finite.h"
 
 namespace onnxtrain::runtime {
 
@@ -267,6 +268,26 @@ void Dataset::set_label_origin(std::string file, int64_t base, int64_t stride) {
   label_file_ = std::move(file);
   label_base_ = base;
   label_stride_ = stride;
+}
+
+void Dataset::check_finite() const {
+  const Storage& s = *storage_;
+  auto check = [&](const std::string& what, const float* p, int64_t n, int64_t per_row) {
+    for (int64_t i = 0; i < n; ++i)
+      OT_CHECK(std::isfinite(p[i]), name_, ": ", what, " row ", per_row > 0 ? i / per_row : i,
+               " (as stored) is not finite (element ", per_row > 0 ? i % per_row : 0, " is ",
+               nonfinite_text(p[i]), "); every step that draws it would be non-finite");
+  };
+  check("features", s.features.data(), static_cast<int64_t>(s.features.size()), s.example_numel);
+  check("targets", s.targets.data(), static_cast<int64_t>(s.targets.size()), s.target_numel);
+  for (const auto& [array, t] : s.arrays)
+    if (auto bad = find_nonfinite(t)) {
+      const int64_t rows = t.dims().empty() ? 1 : std::max<int64_t>(t.dims()[0], 1);
+      const int64_t per_row = t.numel() / rows;
+      fail(name_, ": array '", array, "' row ", bad->index / per_row,
+           " is not finite (element ", bad->index % per_row, " is ", nonfinite_text(bad->value),
+           "); every step that draws it would be non-finite");
+    }
 }
 
 void Dataset::check_labels(int64_t classes) const {

@@ -97,6 +97,9 @@ class Dataset {
   // Throws when a label is >= classes (classes > 0): names the file and byte offset (or the
   // example and element).
   void check_labels(int64_t classes) const;
+  // Throws when a float feature, array or target is NaN or Inf, naming the dataset (its files),
+  // the array and the row as stored: such a row makes every step that draws it non-finite.
+  void check_finite() const;
 
   // Storage index of example i (tests use it to check subsets and shuffles).
   int64_t storage_index(int64_t i) const;

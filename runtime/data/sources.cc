@@ -716,6 +716,8 @@ LoadedData load_dataset(const DataSpec& spec, const LoadOptions& options) {
   }
   out.train.check_labels(options.num_classes);
   if (out.test) out.test->check_labels(options.num_classes);
+  out.train.check_finite();
+  if (out.test) out.test->check_finite();
   return out;
 }
 

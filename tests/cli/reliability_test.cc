@@ -1,0 +1,187 @@
+// What onnxtrain guarantees about the user's files (issue #17), end to end through the binary:
+// every case asserts the exit code, the one-line message, and that every file the user had
+// before is byte-identical afterwards.
+//   - a step with a non-finite loss stops the run (default) before anything is written: no
+//     checkpoint of that state, no --output over the previous good model, no pruning;
+//   - --on-nonfinite skip drops that step's update (the weights stay those from before it) and
+//     stops after --max-nonfinite-skips steps in a row;
+//   - a NaN in the data is named with its file and row before step 1;
+//   - an output path that is an input, or another output, is refused before step 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "graph/onnx_io.h"
+#include "graph/tensor.h"
+#include "runtime/checkpoint.h"
+#include "runtime/npy.h"
+#include "tests/cli/cli_support.h"
+
+namespace onnxtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using cli_test::has_line_matching;
+using cli_test::read_file;
+using cli_test::run_process;
+using cli_test::RunResult;
+using graph::DataType;
+using graph::Tensor;
+
+const std::string kOnnxtrain = ONNXTRAIN_BIN_DIR "/onnxtrain";
+const std::string kOnnxzoo = ONNXTRAIN_BIN_DIR "/onnxzoo";
+
+class ReliabilityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = cli_test::fresh_test_dir("onnxtrain_reliability_");
+    RunResult r = run_process({kOnnxzoo, "mlp", "--input", "16", "--width", "8", "-o",
+                               path("mlp.onnx")},
+                              dir_);
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) fs::remove_all(dir_, ec);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  RunResult train(std::vector<std::string> args) {
+    args.insert(args.begin(), kOnnxtrain);
+    return run_process(args, dir_);
+  }
+  // Every regular file under the test folder (but the tools' captured output) -> its bytes.
+  std::map<std::string, std::string> snapshot() const {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir_))
+      if (e.is_regular_file() && e.path().filename() != "stdout.txt" &&
+          e.path().filename() != "stderr.txt")
+        files[fs::relative(e.path(), dir_).string()] = read_file(e.path());
+    return files;
+  }
+  // What the user had is still there, byte for byte (new files may have appeared).
+  void expect_kept(const std::map<std::string, std::string>& before) const {
+    const auto now = snapshot();
+    for (const auto& [name, bytes] : before) {
+      auto it = now.find(name);
+      ASSERT_NE(it, now.end()) << name << " was deleted";
+      EXPECT_TRUE(it->second == bytes) << name << " was changed";
+    }
+  }
+  static void expect_error(const RunResult& r, const std::string& pattern) {
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("onnxtrain: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(std::regex_search(r.err, std::regex(pattern))) << r.err << " !~ " << pattern;
+  }
+  // x (n, 16) all equal to `value` with class labels: 3e38 overflows the MLP's first Gemm.
+  std::string npy_data(int64_t n, float value, const std::string& stem) {
+    Tensor x(DataType::kFloat, {n, 16}), y(DataType::kInt64, {n});
+    for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = value;
+    for (int64_t i = 0; i < n; ++i) y.mutable_data_as<int64_t>()[i] = i % 10;
+    runtime::write_npy(path(stem + "_x.npy"), x);
+    runtime::write_npy(path(stem + "_y.npy"), y);
+    return "npy:" + path(stem + "_x.npy") + "," + path(stem + "_y.npy");
+  }
+  fs::path dir_;
+};
+
+// A good run leaves a model and checkpoints; a run that diverges (--lr 1e30) into another
+// checkpoint folder with the same --output stops at the first non-finite step with exit 1,
+// naming the step, where the first non-finite value came from, the newest good checkpoint,
+// and that --output was not written. Every checkpoint it did write is finite.
+TEST_F(ReliabilityTest, NonFiniteLossStopsBeforeWritingAnything) {
+  RunResult r = train({path("mlp.onnx"), "--data", "synthetic:256", "--val-data", "none",
+                       "--epochs", "2", "--threads", "1", "--checkpoint-dir", path("good"),
+                       "--output", path("out.onnx")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto before = snapshot();
+  ASSERT_TRUE(before.count("out.onnx"));
+  r = train({path("mlp.onnx"), "--data", "synthetic:256", "--val-data", "none", "--epochs", "3",
+             "--optimizer", "sgd", "--lr", "1e30", "--threads", "1", "--checkpoint-dir",
+             path("bad"), "--checkpoint-every", "1", "--output", path("out.onnx")});
+  expect_error(r, "step [0-9]+: the loss is (nan|inf|-inf); first non-finite value .*(weight|node) "
+                  "'.*'.*; stopped \\(--on-nonfinite stop.*; the newest checkpoint is .*ckpt-[0-9]+"
+                  "\\.otck \\(continue from it with --resume.*; --output '.*out\\.onnx' was not written");
+  expect_kept(before);
+  const auto written = runtime::list_checkpoints(path("bad"));
+  ASSERT_FALSE(written.empty());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("step ([0-9]+):")));
+  const int64_t failed = std::stoll(m[1]);
+  for (const auto& f : written) {
+    EXPECT_LT(f.step, failed) << f.path;
+    for (const auto& [name, t] : runtime::read_checkpoint(f.path).tensors) {
+      if (t.dtype() != DataType::kFloat) continue;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        ASSERT_TRUE(std::isfinite(t.data_as<float>()[i])) << f.path << " " << name;
+      }
+    }
+  }
+}
+
+// --on-nonfinite skip: a batch that overflows the logits has its update dropped, so after one
+// such step the written weights are the initial ones, bit for bit; the epoch line and the
+// metrics count it. Too many in a row end the run (exit 1) without writing --output.
+TEST_F(ReliabilityTest, SkipDropsTheUpdateAndStopsAfterTooManyInARow) {
+  const std::string data = npy_data(32, 3e38f, "huge");
+  // Width 64: 16 inputs of 3e38 overflow the first Gemm (the diagnosis names it).
+  RunResult r = run_process({kOnnxzoo, "mlp", "--input", "16", "--width", "64", "-o",
+                             path("wide.onnx")},
+                            dir_);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = train({path("wide.onnx"), "--data", data, "--val-data", "none", "--steps", "1",
+                       "--optimizer", "sgd", "--lr", "0.1", "--threads", "1", "--on-nonfinite",
+                       "skip", "--output", path("skipped.onnx"), "--metrics-json",
+                       path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "warning +step 1: the loss is (nan|inf); its update is "
+                                       "skipped \\(--on-nonfinite skip, 1 in a row\\); first "
+                                       "non-finite value: node 'fc1' \\(Gemm\\) output "
+                                       "'fc1' \\(element [0-9]+ is -?inf\\)"))
+      << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "Epoch 1/1 .*skipped 1 non-finite")) << r.out;
+  EXPECT_NE(read_file(path("m.jsonl")).find("\"skipped_nonfinite\": 1"), std::string::npos);
+  auto start = graph::import_onnx_file(path("wide.onnx"));
+  auto after = graph::import_onnx_file(path("skipped.onnx"));
+  for (const graph::Value* v : start->graph->initializers()) {
+    const graph::Value* w = after->graph->find_value(v->name());
+    ASSERT_TRUE(w && w->has_initializer()) << v->name();
+    const Tensor& a = v->initializer();
+    const Tensor& b = w->initializer();
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << v->name();
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << v->name();
+  }
+  const auto before = snapshot();
+  r = train({path("wide.onnx"), "--data", data, "--val-data", "none", "--steps", "5",
+             "--threads", "1", "--on-nonfinite", "skip", "--max-nonfinite-skips", "3", "--output",
+             path("skipped.onnx")});
+  expect_error(r, "step 3: 3 steps in a row had a non-finite loss \\(--max-nonfinite-skips 3\\); "
+                  "stopping; --output '.*skipped\\.onnx' was not written");
+  expect_kept(before);
+}
+
+// One NaN in a feature file is named with the file and the row before step 1.
+TEST_F(ReliabilityTest, NonFiniteDataIsNamedWithFileAndRow) {
+  Tensor x(DataType::kFloat, {40, 16}), y(DataType::kInt64, {40});
+  for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = 0.5f;
+  for (int64_t i = 0; i < 40; ++i) y.mutable_data_as<int64_t>()[i] = i % 10;
+  x.mutable_data_as<float>()[37 * 16 + 5] = std::nanf("");
+  runtime::write_npy(path("x.npy"), x);
+  runtime::write_npy(path("y.npy"), y);
+  const auto before = snapshot();
+  RunResult r = train({path("mlp.onnx"), "--data", "npy:" + path("x.npy") + "," + path("y.npy"),
+                       "--steps", "1", "--output", path("out.onnx")});
+  expect_error(r, "npy:.*x\\.npy,.*y\\.npy: features row 37 \\(as stored\\) is not finite "
+                  "\\(element 5 is nan\\)");
+  expect_kept(before);
+  EXPECT_FALSE(fs::exists(path("out.onnx")));
+}
+
+}  // namespace
+}  // namespace onnxtrain
