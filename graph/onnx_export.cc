@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 #include "graph/onnx_io.h"
 #include "graph/onnx_placement.h"
 #include "onnx/onnx_pb.h"
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 
 struct ExternalWriter {
   std::string file_name;  // relative to the model folder
-  std::ofstream* out = nullptr;
+  OutputFile* out = nullptr;
   int64_t threshold = 0;
   int64_t offset = 0;
 };
@@ -201,28 +202,6 @@ std::string serialize(const onnx::ModelProto& mp, const std::string& what) {
   return bytes;
 }
 
-// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
-void write_atomically(const fs::path& path, const std::string& bytes) {
-  fs::path tmp = path;
-  tmp += cat(".tmp", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    OT_CHECK(out.good(), path.string(), ": cannot write (", std::strerror(errno), ")");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      fail(path.string(), ": write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail(path.string(), ": cannot replace file: ", ec.message());
-  }
-}
-
 }  // namespace
 
 std::string export_onnx_bytes(const Model& m) { return serialize(to_proto(m, nullptr), "export"); }
@@ -231,7 +210,7 @@ void export_onnx_file(const Model& m, const std::string& path, const SaveOptions
   fs::path p(path);
   OT_CHECK(!fs::is_directory(p), path, ": is a directory");
   if (opts.external_data_threshold <= 0) {
-    write_atomically(p, serialize(to_proto(m, nullptr), path));
+    write_file(path, serialize(to_proto(m, nullptr), path));
     return;
   }
   ExternalWriter ext;
@@ -239,26 +218,13 @@ void export_onnx_file(const Model& m, const std::string& path, const SaveOptions
                                                   : opts.external_data_file;
   OT_CHECK(fs::path(ext.file_name).filename() == ext.file_name, path,
            ": external data file name '", ext.file_name, "' must be a plain file name");
-  fs::path data_path = p.parent_path() / ext.file_name;
-  fs::path data_tmp = data_path;
-  data_tmp += cat(".tmp", ::getpid());
-  std::ofstream data(data_tmp, std::ios::binary | std::ios::trunc);
-  OT_CHECK(data.good(), data_path.string(), ": cannot write (", std::strerror(errno), ")");
+  // The data file first, then the model that names it (both through file_io's one writer).
+  OutputFile data((p.parent_path() / ext.file_name).string());
   ext.out = &data;
   ext.threshold = opts.external_data_threshold;
-  std::string bytes;
-  try {
-    bytes = serialize(to_proto(m, &ext), path);
-    data.close();
-    OT_CHECK(data.good(), data_path.string(), ": write failed (disk full?)");
-  } catch (...) {
-    std::remove(data_tmp.c_str());
-    throw;
-  }
-  std::error_code ec;
-  fs::rename(data_tmp, data_path, ec);
-  OT_CHECK(!ec, data_path.string(), ": cannot replace file: ", ec.message());
-  write_atomically(p, bytes);
+  const std::string bytes = serialize(to_proto(m, &ext), path);
+  data.commit();
+  write_file(path, bytes);
 }
 
 }  // namespace onnxtrain::graph

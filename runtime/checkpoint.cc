@@ -18,6 +18,7 @@
 #include <span>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 
 namespace onnxtrain::runtime {
 namespace {
@@ -67,54 +68,22 @@ std::string errno_text() {
 
 // ---- writing ----
 
+// The checkpoint's bytes through graph/file_io's one writer (temporary file, fsync, rename,
+// folder fsync), with the running CRC of everything written.
 class FileWriter {
  public:
-  FileWriter(std::string path, std::string tmp) : path_(std::move(path)), tmp_(std::move(tmp)) {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    OT_CHECK(fd_ >= 0, path_, ": cannot create temporary file '", tmp_, "': ", errno_text());
-  }
-  ~FileWriter() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
+  explicit FileWriter(const std::string& path) : file_(path) {}
   void write(const void* p, size_t n) {
     crc_ = crc_update(crc_, p, n);
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      OT_CHECK(w > 0, path_, ": write to '", tmp_, "' failed: ", errno_text());
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
+    file_.write(p, n);
   }
   void write(const std::string& s) { write(s.data(), s.size()); }
   uint32_t crc() const { return crc_; }
-
-  // fsync + close + rename over the target + fsync of the folder that holds the new entry.
-  void commit() {
-    OT_CHECK(::fsync(fd_) == 0, path_, ": fsync of '", tmp_, "' failed: ", errno_text());
-    int fd = fd_;
-    fd_ = -1;
-    OT_CHECK(::close(fd) == 0, path_, ": close of '", tmp_, "' failed: ", errno_text());
-    OT_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, path_, ": rename from '", tmp_,
-             "' failed: ", errno_text());
-    committed_ = true;
-    fs::path dir = fs::path(path_).parent_path();
-    if (dir.empty()) dir = ".";
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    OT_CHECK(dfd >= 0, path_, ": cannot open folder '", dir.string(), "' to fsync: ", errno_text());
-    int rc = ::fsync(dfd);
-    ::close(dfd);
-    OT_CHECK(rc == 0, path_, ": fsync of folder '", dir.string(), "' failed: ", errno_text());
-  }
+  void commit() { file_.commit(); }
 
  private:
-  std::string path_, tmp_;
-  int fd_ = -1;
+  graph::OutputFile file_;
   uint32_t crc_ = 0;
-  bool committed_ = false;
 };
 
 void write_record(FileWriter& out, uint32_t kind, const std::string& name,
@@ -328,7 +297,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& ckpt) {
              " bytes is too long");
   const uint64_t record_count = ckpt.metadata.size() + ckpt.tensors.size();
 
-  FileWriter out(path, cat(path, ".tmp.", ::getpid()));
+  FileWriter out(path);
   Packer header;
   header.bytes.assign(kMagic, sizeof kMagic);
   header.put<uint32_t>(kVersion);

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 #include "graph/onnx_io.h"
 
 namespace onnxtrain::runtime {
@@ -333,29 +334,12 @@ void write_npy(const std::string& path, const Tensor& t) {
   auto len = static_cast<uint32_t>(header.size());
   for (size_t i = 0; i < prelude_len - 8; ++i) prelude.push_back(static_cast<char>(len >> (8 * i)));
 
-  // Temporary file + rename: a failed write never leaves a half-written file behind.
-  std::string tmp = cat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    OT_CHECK(out.good(), path, ": cannot create: ", errno_text());
-    out.write(prelude.data(), static_cast<std::streamsize>(prelude.size()));
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    if (t.nbytes())
-      out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.nbytes()));
-    out.flush();
-    if (!out.good()) {
-      std::string why = errno_text();
-      out.close();
-      std::remove(tmp.c_str());
-      fail(path, ": write failed: ", why);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail(path, ": cannot replace: ", ec.message());
-  }
+  // graph/file_io's one writer: a failed write never leaves a half-written file behind.
+  graph::OutputFile out(path);
+  out.write(prelude);
+  out.write(header);
+  if (t.nbytes()) out.write(t.data(), t.nbytes());
+  out.commit();
 }
 
 Tensor read_tensor_pb(const std::string& path) {

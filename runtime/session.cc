@@ -5,9 +5,11 @@
 
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 #include "graph/printer.h"
 #include "ops/op_api.h"
 #include "ops/sequence/static_sequences.h"
@@ -228,8 +230,7 @@ const PlanStats& InferenceSession::last_plan_stats() const {
 }
 
 void InferenceSession::write_profile(const std::string& path) const {
-  std::ofstream out(path, std::ios::trunc);
-  OT_CHECK(out.good(), path, ": cannot write profile");
+  std::ostringstream out;
   out << "{\"traceEvents\":[\n";
   for (size_t i = 0; i < trace_.size(); ++i) {
     const auto& e = trace_[i];
@@ -243,7 +244,7 @@ void InferenceSession::write_profile(const std::string& path) const {
         << ",\"pid\":0,\"tid\":0}";
   }
   out << "\n],\"displayTimeUnit\":\"ms\"}\n";
-  OT_CHECK(out.good(), path, ": write failed");
+  graph::write_file(path, out.str());
 }
 
 }  // namespace onnxtrain::runtime

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 #include "graph/onnx_io.h"
 #include "ops/op_api.h"
 #include "ops/plugin.h"
@@ -249,6 +250,22 @@ int run(int argc, char** argv) {
 
   std::vector<std::string> out_names;
   for (const auto* v : g.outputs()) out_names.push_back(v->name());
+  // Before the run (issue #17): no file written is a file read or another file written, and each
+  // can be written where it goes.
+  {
+    std::vector<graph::FileRole> reads{{"the model", a.model}};
+    for (const auto& [name, file] : a.inputs) reads.push_back({cat("--input ", name), file});
+    for (const std::string& lib : a.custom_op_libs) reads.push_back({"--custom-op-lib", lib});
+    std::vector<graph::FileRole> writes{{"--profile", a.profile}};
+    if (!a.output_dir.empty()) {
+      const auto files = output_file_names(out_names);
+      for (size_t i = 0; i < files.size(); ++i)
+        writes.push_back({cat("output '", out_names[i], "'"),
+                          (fs::path(a.output_dir) / files[i]).string()});
+    }
+    graph::check_distinct_files(reads, writes);
+    graph::check_writable({"--profile", a.profile});
+  }
   // Sequences with a static structure become tensor ops; the check names any that stay.
   passes::lower_sequences(*model);
   runtime::require_supported_ops(*model, a.model);

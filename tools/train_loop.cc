@@ -2,6 +2,8 @@
 // it through the loader, validating, reporting and checkpointing per epoch.
 #include "tools/train_loop.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -9,8 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <regex>
 
 #include "graph/error.h"
+#include "graph/file_io.h"
 #include "graph/onnx_io.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data/loader.h"
@@ -30,32 +34,43 @@ int close_file(std::FILE* f) {
   return f ? std::fclose(f) : 0;
 }
 
-// Same file, also when one of them does not exist yet (then compared as absolute paths).
-bool same_path(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
+// The files a data spec reads (npy:, npz:, npy:NAME=FILE; folders and built-ins: none).
+std::vector<std::string> data_files(const std::string& spec_text) {
+  if (spec_text.empty() || spec_text == "none") return {};
+  const runtime::DataSpec spec = runtime::parse_data_spec(spec_text);
+  std::vector<std::string> files{spec.x_path, spec.y_path, spec.path};
+  for (const auto& [name, file] : spec.files) files.push_back(file);
+  return files;
+}
+
+// Before anything runs (issue #17): no output is an input or another output, every output can
+// be written where it goes, and none lands where checkpoints are pruned.
+void check_files(const TrainConfig& c) {
+  const train::Options& o = c.train;
+  std::vector<graph::FileRole> inputs{{"the input model", o.model.path}};
+  for (const std::string& lib : o.model.custom_op_libs) inputs.push_back({"--custom-op-lib", lib});
+  for (const std::string& f : data_files(o.data.train)) inputs.push_back({"--data", f});
+  for (const std::string& f : data_files(o.data.val)) inputs.push_back({"--val-data", f});
+  const std::vector<graph::FileRole> outputs{{"--output", c.output},
+                                             {"--save-graph", c.save_graph},
+                                             {"--metrics-json", c.metrics_json},
+                                             {"--profile", o.parallel.profile}};
+  graph::check_distinct_files(inputs, outputs);
+  for (const graph::FileRole& out : outputs) {
+    graph::check_writable(out);
+    if (out.path.empty() || o.checkpoint.dir.empty()) continue;
+    std::error_code ec;
+    const bool in_dir = fs::equivalent(fs::absolute(out.path).parent_path(), o.checkpoint.dir, ec);
+    const std::string name = fs::path(out.path).filename().string();
+    OT_CHECK(!in_dir || !std::regex_match(name, std::regex("ckpt-[0-9]+\\.otck")), out.what, " '",
+             out.path, "' is named like a checkpoint in --checkpoint-dir, where old checkpoints "
+             "are deleted; choose another name");
+  }
 }
 
 void check_config(const TrainConfig& c) {
   const train::Options& o = c.train;
-  const std::string& model = o.model.path;
   OT_CHECK(o.parallel.replicas >= 1, "--replicas must be >= 1, got ", o.parallel.replicas);
-  OT_CHECK(model.empty() || c.output.empty() || !same_path(model, c.output), "--output '", c.output,
-           "' is the input model; choose another file");
-  OT_CHECK(model.empty() || c.save_graph.empty() || !same_path(model, c.save_graph),
-           "--save-graph '", c.save_graph, "' is the input model; choose another file");
-  for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--output", c.output},
-                                   {"--save-graph", c.save_graph},
-                                   {"--metrics-json", c.metrics_json},
-                                   {"--profile", o.parallel.profile}}) {
-    if (file.empty()) continue;
-    // A missing folder would only show after training, when the file is written.
-    const fs::path parent = fs::absolute(file).parent_path();
-    std::error_code ec;
-    OT_CHECK(fs::is_directory(parent, ec), flag, " '", file, "': folder '", parent.string(),
-             "' does not exist");
-  }
   OT_CHECK(!o.checkpoint.resume || !o.checkpoint.dir.empty(), "--resume needs --checkpoint-dir");
   OT_CHECK(o.schedule.epochs >= 1 && o.schedule.steps >= 0,
            "--epochs must be >= 1 and --steps >= 0");
@@ -120,6 +135,7 @@ TrainResult run_training(const TrainConfig& config) {
   runtime::parse_data_spec(o.data.train);
   if (!o.data.val.empty() && o.data.val != "none") runtime::parse_data_spec(o.data.val);
   runtime::parse_lr_schedule(o.schedule.lr_schedule, o.schedule.lr);
+  check_files(c);
 
   train::Trainer trainer(o);
   if (!c.save_graph.empty()) graph::export_onnx_file(trainer.training_graph(), c.save_graph);
@@ -268,7 +284,21 @@ TrainResult run_training(const TrainConfig& config) {
   }
   trainer.check_weights_agree();
   if (!c.output.empty()) {
-    trainer.export_model(c.output);
+    try {
+      trainer.export_model(c.output);
+    } catch (const Error& e) {
+      // The trained weights are not lost with the write: a rescue copy next to the checkpoints
+      // (or in the working folder), named in the error. A non-finite model is never written.
+      if (!trainer.nonfinite_state().empty()) throw;
+      const fs::path dir = o.checkpoint.dir.empty() ? fs::current_path() : fs::path(o.checkpoint.dir);
+      const std::string rescue = (dir / cat("onnxtrain-rescue-", ::getpid(), ".onnx")).string();
+      try {
+        trainer.export_model(rescue);
+      } catch (const Error& e2) {
+        fail(e.what(), "; the rescue copy failed too: ", e2.what());
+      }
+      fail(e.what(), "; the trained model was written to '", rescue, "' instead");
+    }
     std::fprintf(c.log, "wrote %s\n", c.output.c_str());
   }
   std::fflush(c.log);

@@ -8,6 +8,7 @@
 //   - a NaN in the data is named with its file and row before step 1;
 //   - an output path that is an input, or another output, is refused before step 1.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/file_io.h"
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
 #include "runtime/checkpoint.h"
@@ -33,6 +35,7 @@ using cli_test::run_process;
 using cli_test::RunResult;
 using graph::DataType;
 using graph::Tensor;
+using graph::write_file;
 
 const std::string kOnnxtrain = ONNXTRAIN_BIN_DIR "/onnxtrain";
 const std::string kOnnxzoo = ONNXTRAIN_BIN_DIR "/onnxzoo";
@@ -181,6 +184,81 @@ TEST_F(ReliabilityTest, NonFiniteDataIsNamedWithFileAndRow) {
                   "\\(element 5 is nan\\)");
   expect_kept(before);
   EXPECT_FALSE(fs::exists(path("out.onnx")));
+}
+
+// An output that is an input, or another output, is refused before anything runs, by onnxtrain
+// and onnxrun alike; the input is byte-identical afterwards.
+TEST_F(ReliabilityTest, OutputsThatAreInputsAreRefused) {
+  const std::string data = npy_data(32, 0.5f, "small");
+  const auto before = snapshot();
+  const std::string model = path("mlp.onnx");
+  RunResult r = train({model, "--data", data, "--steps", "1", "--metrics-json", model});
+  expect_error(r, "--metrics-json '.*mlp\\.onnx' is the input model .*choose another file");
+  r = train({model, "--data", data, "--steps", "1", "--profile", path("./mlp.onnx")});
+  expect_error(r, "--profile '.*mlp\\.onnx' is the input model");
+  r = train({model, "--data", data, "--steps", "1", "--output", path("small_x.npy")});
+  expect_error(r, "--output '.*small_x\\.npy' is --data");
+  r = train({model, "--data", data, "--steps", "1", "--output", path("o.onnx"), "--save-graph",
+             path("o.onnx")});
+  expect_error(r, "--save-graph '.*o\\.onnx' and --output '.*o\\.onnx' are the same file");
+  // A hard link is the same file under another name.
+  fs::create_hard_link(model, path("alias.onnx"));
+  r = train({model, "--data", data, "--steps", "1", "--output", path("alias.onnx")});
+  expect_error(r, "--output '.*alias\\.onnx' is the input model");
+  fs::remove(path("alias.onnx"));
+  // onnxrun: its profile, and an output .npy that would land on an input file.
+  const std::string onnxrun = ONNXTRAIN_BIN_DIR "/onnxrun";
+  Tensor x(DataType::kFloat, {2, 16});
+  fs::create_directory(path("run"));
+  runtime::write_npy(path("run/logits.npy"), x);
+  const auto before_run = snapshot();
+  r = run_process({onnxrun, model, "--input", "input=" + path("run/logits.npy"), "--profile",
+                   model},
+                  dir_);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--profile '" + model + "' is the model"), std::string::npos) << r.err;
+  r = run_process({onnxrun, model, "--input", "input=" + path("run/logits.npy"), "--output-dir",
+                   path("run")},
+                  dir_);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("output 'logits' '" + path("run/logits.npy") + "' is --input input"),
+            std::string::npos)
+      << r.err;
+  expect_kept(before);
+  expect_kept(before_run);
+}
+
+// Output locations are checked before step 1: a directory as --output stops the run before it
+// trains. Writes never replace what is not a regular file: a named pipe without a reader as
+// --output fails only at the end, so the trained model goes to a rescue file next to the
+// checkpoints (named in the error), and the pipe is still a pipe. A symbolic link keeps being a
+// link: the file it points to gets the model.
+TEST_F(ReliabilityTest, OutputsAreCheckedFirstAndNeverReplaceWhatIsNoFile) {
+  const std::string data = npy_data(32, 0.5f, "small");
+  fs::create_directory(path("adir"));
+  RunResult r = train({path("mlp.onnx"), "--data", data, "--steps", "1", "--output",
+                       path("adir")});
+  expect_error(r, "--output '.*adir' is a directory; give a file name");
+  EXPECT_EQ(r.out.find("Epoch"), std::string::npos) << r.out;
+
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0600), 0);
+  const auto before = snapshot();
+  r = train({path("mlp.onnx"), "--data", data, "--steps", "2", "--checkpoint-dir", path("ck"),
+             "--output", path("pipe")});
+  expect_error(r, "pipe: cannot open the named pipe \\(no reader\\?\\) for writing.*; the trained "
+                  "model was written to '.*ck/onnxtrain-rescue-[0-9]+\\.onnx' instead");
+  EXPECT_TRUE(fs::is_fifo(path("pipe")));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("written to '([^']+)'")));
+  EXPECT_NO_THROW(graph::import_onnx_file(m[1]));
+  expect_kept(before);
+
+  write_file(path("real.onnx"), "old");
+  fs::create_symlink(path("real.onnx"), path("link.onnx"));
+  r = train({path("mlp.onnx"), "--data", data, "--steps", "1", "--output", path("link.onnx")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(path("link.onnx")));
+  EXPECT_NO_THROW(graph::import_onnx_file(path("real.onnx")));
 }
 
 }  // namespace
