@@ -422,8 +422,9 @@ int run(int argc, char** argv) {
     // mpirun hands ranks a terminal even when its own output goes to a file: epoch lines only.
     a.config.live = false;
   }
+  TrainResult result;
   try {
-    run_training(a.config);
+    result = run_training(a.config);
   } catch (const runtime::WorldConsistentError& e) {
     // Every process stops here alike: each prints, then MPI_Finalize (~world) as usual.
     std::fprintf(stderr, "onnxtrain: error: %s\n", e.what());
@@ -435,7 +436,8 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "onnxtrain: error: rank %d: %s\n", world->rank(), e.what());
     world->abort(1);
   }
-  return 0;
+  // Stopped by a signal after writing what it had: the shell's convention, 128 + the signal.
+  return result.stopped_by_signal != 0 ? 128 + result.stopped_by_signal : 0;
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <csignal>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -76,6 +78,50 @@ void check_config(const TrainConfig& c) {
            "--epochs must be >= 1 and --steps >= 0");
   OT_CHECK(o.data.batch_size >= 1 && o.data.global_batch >= 0, "batch sizes must be >= 1");
   OT_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0");
+}
+
+// ---- signals: the first one asks the loop to stop after its step, a second one ends at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) ::_exit(128 + sig);
+  g_stop_signal = sig;
+}
+
+// Installs on_stop_signal for SIGINT, SIGTERM and SIGHUP while the loop runs; restores the
+// previous handlers after it.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The signal to stop for, agreed by every process (the first one any process got).
+  static int agreed(runtime::ProcessWorld* world) {
+    int sig = g_stop_signal;
+    if (world && world->size() > 1) {
+      double v[2] = {static_cast<double>(sig), sig != 0 ? 1.0 : 0.0};
+      world->all_reduce(v, 2, graph::DataType::kDouble, "stop signal");
+      if (v[1] > 0 && sig == 0) sig = SIGTERM;  // another process got one
+    }
+    return sig;
+  }
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
+const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
 }
 
 // What a diagnosis (Trainer::diagnose_nonfinite) that finds every forward value finite means.
@@ -210,6 +256,7 @@ TrainResult run_training(const TrainConfig& config) {
   const bool skip_nonfinite = o.guard.on_nonfinite == train::OnNonFinite::kSkip;
   std::map<std::string, graph::Tensor> before;  // skip: the state from before the step
   int64_t skipped = 0, skipped_in_row = 0;       // skipped steps: this epoch, in a row
+  StopSignals signals;
   for (int64_t s = res.start_step; s < res.total_steps; ++s) {
     const auto t0 = Clock::now();
     runtime::Batch b = loader.next();
@@ -279,8 +326,20 @@ TrainResult run_training(const TrainConfig& config) {
       pos = train::RunPosition{.step = s + 1, .steps_per_epoch = spe};
     }
     pos.step = s + 1;
+    const int stop = StopSignals::agreed(world);
     const bool due = o.checkpoint.every > 0 ? (s + 1) % o.checkpoint.every == 0 : epoch_end;
-    if (checkpoints && (due || s + 1 == res.total_steps)) trainer.save_checkpoint(pos);
+    if (checkpoints && (due || s + 1 == res.total_steps || stop != 0)) trainer.save_checkpoint(pos);
+    if (stop != 0 && s + 1 < res.total_steps) {
+      res.stopped_by_signal = stop;
+      std::fprintf(c.log, "%sstopped     %s after step %lld of %lld%s\n", c.live ? "\r\033[K" : "",
+                   signal_name(stop), static_cast<long long>(s + 1),
+                   static_cast<long long>(res.total_steps),
+                   checkpoints ? cat("; checkpoint in '", o.checkpoint.dir,
+                                     "': run the same command with --resume to continue").c_str()
+                               : "; no --checkpoint-dir, so the run cannot be resumed");
+      std::fflush(c.log);
+      break;
+    }
   }
   trainer.check_weights_agree();
   if (!c.output.empty()) {

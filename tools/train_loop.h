@@ -46,10 +46,17 @@ struct TrainResult {
   int64_t global_batch = 0;
   int64_t trainable_parameters = 0;
   std::vector<EpochMetrics> epochs;  // the epochs finished by this run
+  // SIGINT / SIGTERM / SIGHUP ended the run after a finished step (its checkpoint and --output
+  // written); the CLI exits with 128 + this. 0: the run went to its end.
+  int stopped_by_signal = 0;
 };
 
 // Runs the whole thing. Throws onnxtrain::Error (one line) for a bad model, data spec, option
 // combination, checkpoint or output path; nothing is trained before those checks pass.
+// While it steps, the first SIGINT/SIGTERM/SIGHUP makes it finish the step, write a checkpoint
+// (with --checkpoint-dir) and --output, say how to resume and return (stopped_by_signal); a
+// second one exits the process at once (128 + signal; files are never half-written: every
+// write goes to a temporary name first).
 TrainResult run_training(const TrainConfig& config);
 
 }  // namespace onnxtrain::tools

@@ -7,15 +7,22 @@
 //     stops after --max-nonfinite-skips steps in a row;
 //   - a NaN in the data is named with its file and row before step 1;
 //   - an output path that is an input, or another output, is refused before step 1.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "graph/file_io.h"
@@ -259,6 +266,55 @@ TEST_F(ReliabilityTest, OutputsAreCheckedFirstAndNeverReplaceWhatIsNoFile) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(fs::is_symlink(path("link.onnx")));
   EXPECT_NO_THROW(graph::import_onnx_file(path("real.onnx")));
+}
+
+// SIGINT while training: the step finishes, a checkpoint of it and --output are written, the
+// message says how to go on, exit 130; --resume continues from that checkpoint to the end.
+TEST_F(ReliabilityTest, SigintWritesCheckpointAndModelThenResumes) {
+  std::vector<std::string> args = {kOnnxtrain, path("mlp.onnx"), "--data", "synthetic:2000",
+                                   "--val-data", "none", "--batch-size", "8", "--epochs", "2000",
+                                   "--threads", "1", "--checkpoint-dir", path("ck"),
+                                   "--checkpoint-every", "100", "--output", path("out.onnx")};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, path("run.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&fa, 2, path("run.err").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  // Signal once training is under way (a first checkpoint exists).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (runtime::list_checkpoints(path("ck")).empty() &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by the signal instead of stopping";
+  EXPECT_EQ(WEXITSTATUS(status), 130) << read_file(path("run.err"));
+  const std::string out = read_file(path("run.out"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped +SIGINT after step ([0-9]+) of "
+                                                   "[0-9]+; checkpoint in '.*ck': run the same "
+                                                   "command with --resume to continue")))
+      << out;
+  const int64_t stopped = std::stoll(m[1]);
+  EXPECT_EQ(runtime::list_checkpoints(path("ck")).back().step, stopped);
+  EXPECT_NO_THROW(graph::import_onnx_file(path("out.onnx")));
+  // Resume with a shorter run that ends soon after the stop: it picks up at that step.
+  args[9] = std::to_string(stopped * 8 / 2000 + 1);  // --epochs
+  args.push_back("--resume");
+  args.erase(args.begin());
+  RunResult r = train(args);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has_line_matching(r.out, ".*\\(resuming after step " + std::to_string(stopped) +
+                                           "\\)"))
+      << r.out;
 }
 
 }  // namespace
