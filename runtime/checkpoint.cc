@@ -320,7 +320,21 @@ void write_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   out.commit();
 }
 
+namespace {
+Checkpoint read_checkpoint_file(const std::string& path, bool metadata_only);
+}  // namespace
+
 Checkpoint read_checkpoint(const std::string& path) {
+  return read_checkpoint_file(path, false);
+}
+
+Checkpoint read_checkpoint_metadata(const std::string& path) {
+  return read_checkpoint_file(path, true);
+}
+
+namespace {
+
+Checkpoint read_checkpoint_file(const std::string& path, bool metadata_only) {
   FileReader in(path);
   const uint64_t size = in.size();
   char magic[8] = {};
@@ -363,6 +377,7 @@ Checkpoint read_checkpoint(const std::string& path) {
     uint32_t stored_crc = in.read_value<uint32_t>(where + " checksum");
     uint32_t pad = in.read_value<uint32_t>(where + " padding");
     OT_CHECK(kind == kKindTensor || kind == kKindMeta, path, ": ", where, ": unknown kind ", kind);
+    if (metadata_only && kind == kKindTensor) return ckpt;  // the metadata records come first
     OT_CHECK(pad == 0, path, ": ", where, ": nonzero padding ", pad);
     const uint64_t room = records_end - in.offset();
     OT_CHECK(name_len <= kMaxNameBytes && name_len <= room && payload_len <= room - name_len, path,
@@ -411,6 +426,8 @@ Checkpoint read_checkpoint(const std::string& path) {
   return ckpt;
 }
 
+}  // namespace
+
 // ---- directories ----
 
 std::string checkpoint_file_name(int64_t step) {
@@ -449,16 +466,27 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
   return std::nullopt;
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id,
+                                           int keep_last) {
   OT_CHECK(keep_last >= 0, dir, ": keep_last is negative (", keep_last, ")");
-  std::vector<CheckpointFile> files = list_checkpoints(dir);
+  OT_CHECK(!run_id.empty(), dir, ": pruning needs the run's id");
+  std::vector<CheckpointFile> own;
+  for (const CheckpointFile& f : list_checkpoints(dir)) {
+    try {
+      const Checkpoint meta = read_checkpoint_metadata(f.path);
+      auto it = meta.metadata.find(kRunIdKey);
+      if (it != meta.metadata.end() && it->second == run_id) own.push_back(f);
+    } catch (const Error&) {
+      // unreadable: not provably this run's, so never deleted
+    }
+  }
   std::vector<std::string> removed;
   const size_t keep = static_cast<size_t>(keep_last);
-  for (size_t i = 0; i + keep < files.size(); ++i) {
+  for (size_t i = 0; i + keep < own.size(); ++i) {
     std::error_code ec;
-    fs::remove(files[i].path, ec);
-    OT_CHECK(!ec, files[i].path, ": cannot delete old checkpoint: ", ec.message());
-    removed.push_back(files[i].path);
+    fs::remove(own[i].path, ec);
+    OT_CHECK(!ec, own[i].path, ": cannot delete old checkpoint: ", ec.message());
+    removed.push_back(own[i].path);
   }
   return removed;
 }

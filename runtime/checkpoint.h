@@ -53,6 +53,9 @@ void write_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // record's checksum and the whole-file checksum. Throws a one-line Error naming the file, the
 // record and the byte offset for a truncated, corrupt or foreign file.
 Checkpoint read_checkpoint(const std::string& path);
+// Only the metadata records (they come first), with their checksums checked; no tensor is read.
+// For telling whose a checkpoint is without reading its tensors.
+Checkpoint read_checkpoint_metadata(const std::string& path);
 
 // ---- directories of checkpoints: <dir>/ckpt-<step>.otck ----
 
@@ -74,7 +77,12 @@ struct LoadedCheckpoint {
 // (their Error messages are appended to `skipped` when given). nullopt when none reads.
 std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
                                                        std::vector<std::string>* skipped = nullptr);
-// Deletes all but the `keep_last` newest checkpoints (by step); returns the deleted paths.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int keep_last);
+// The metadata key naming the run that wrote a checkpoint (a random id, kept across --resume).
+inline constexpr const char* kRunIdKey = "run_id";
+// Deletes all but the `keep_last` newest checkpoints of run `run_id` (by step): only files whose
+// metadata reads back and names that run. Files of other runs, older files without a run id and
+// unreadable ones are never deleted. Returns the deleted paths.
+std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id,
+                                           int keep_last);
 
 }  // namespace onnxtrain::runtime

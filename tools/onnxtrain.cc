@@ -110,6 +110,8 @@ files:
   --checkpoint-dir DIR    write DIR/ckpt-<step>.otck (the last 3 are kept)
   --checkpoint-every N    every N steps (default: at the end of every epoch)
   --resume                continue from the newest checkpoint in --checkpoint-dir
+  --overwrite-checkpoints start a fresh run in a --checkpoint-dir that holds another run's
+                          checkpoints (refused otherwise; they are never pruned)
   --on-nonfinite MODE     a step whose loss is NaN/Inf: stop (default: exit 1 naming the step
                           and the first non-finite value; nothing is written after it) | skip
                           (its update is dropped, as torch's GradScaler does; keeps a copy of
@@ -324,6 +326,9 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--resume") {
       no_value();
       c.train.checkpoint.resume = true;
+    } else if (arg == "--overwrite-checkpoints") {
+      no_value();
+      c.train.checkpoint.overwrite = true;
     } else if (arg == "--metrics-json") {
       c.metrics_json = path();
     } else if (arg == "--profile") {

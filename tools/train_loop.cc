@@ -207,6 +207,14 @@ TrainResult run_training(const TrainConfig& config) {
     fs::create_directories(o.checkpoint.dir, ec);
     OT_CHECK(fs::is_directory(o.checkpoint.dir), "--checkpoint-dir '", o.checkpoint.dir,
              "': cannot create the folder", ec ? cat(": ", ec.message()) : "");
+    // A fresh run never mixes its checkpoints into another run's (--resume continues that one).
+    const std::vector<runtime::CheckpointFile> there = runtime::list_checkpoints(o.checkpoint.dir);
+    OT_CHECK(o.checkpoint.resume || o.checkpoint.overwrite || there.empty(), "--checkpoint-dir '",
+             o.checkpoint.dir, "' already holds ", there.size(), " checkpoint",
+             there.size() == 1 ? "" : "s", " (newest ",
+             there.empty() ? "" : fs::path(there.back().path).filename().string(),
+             "): continue that run with --resume, use an empty folder, or give "
+             "--overwrite-checkpoints (those files are then kept, never pruned)");
   }
 
   trainer.start();

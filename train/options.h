@@ -87,6 +87,9 @@ struct CheckpointOptions {
   std::string dir;    // "" = no checkpoints
   int64_t every = 0;  // steps; 0 = at the end of every epoch
   bool resume = false;
+  // A fresh run into a folder that already holds checkpoints (another run's) is refused unless
+  // this is set; even then those files are never pruned (only this run's own are).
+  bool overwrite = false;
 };
 
 struct Options {

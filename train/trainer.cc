@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -288,7 +289,15 @@ Trainer::Trainer(std::unique_ptr<graph::Model> model, const Options& opts)
 
 Trainer::~Trainer() = default;
 
+// 16 hex digits from the OS's entropy: which checkpoints in a folder are this run's.
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return hex16(v);
+}
+
 void Trainer::build() {
+  if (run_id_.empty()) run_id_ = new_run_id();
   const ParallelOptions& p = opts_.parallel;
   OT_CHECK(p.replicas >= 1, "--replicas must be >= 1, got ", p.replicas);
   world_ = p.world && p.world->size() > 1 ? p.world : nullptr;
@@ -599,6 +608,7 @@ void Trainer::save_checkpoint(const RunPosition& position) const {
   const std::string& dir = opts_.checkpoint.dir;
   runtime::Checkpoint ck;
   ck.metadata = to_metadata(CheckpointState{identity(), position});
+  ck.metadata[runtime::kRunIdKey] = run_id_;
   for (auto& [name, t] : session().state()) {
     // A non-finite state is never written: the older checkpoints stay, none is pruned.
     if (auto bad = runtime::find_nonfinite(t))
@@ -609,7 +619,7 @@ void Trainer::save_checkpoint(const RunPosition& position) const {
   }
   const fs::path file = fs::path(dir) / runtime::checkpoint_file_name(position.step);
   runtime::write_checkpoint(file.string(), ck);
-  runtime::prune_checkpoints(dir, kKeepCheckpoints);
+  runtime::prune_checkpoints(dir, run_id_, kKeepCheckpoints);
 }
 
 RunPosition Trainer::resume() {
@@ -620,8 +630,13 @@ RunPosition Trainer::resume() {
     std::optional<runtime::LoadedCheckpoint> got = runtime::load_latest_checkpoint(dir, &skipped);
     OT_CHECK(got, "--resume: no readable checkpoint (ckpt-<step>.otck) in '", dir, "'",
              skipped.empty() ? std::string() : cat(" (skipped: ", skipped.front(), ")"));
+    for (const std::string& why : skipped)
+      std::fprintf(stderr, "onnxtrain: warning: --resume: skipping a newer checkpoint that does "
+                           "not read back (left in place): %s\n", why.c_str());
     const runtime::Checkpoint& ck = got->ckpt;
     const std::string& path = got->file.path;
+    auto id = ck.metadata.find(runtime::kRunIdKey);
+    if (id != ck.metadata.end() && !id->second.empty()) run_id_ = id->second;
     const CheckpointState saved = from_metadata(ck.metadata, path);
     const RunIdentity now = identity();
     if (!(saved.identity == now)) {

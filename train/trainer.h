@@ -92,10 +92,16 @@ class Trainer {
 
   // ---- checkpoints (opts.checkpoint.dir; after plan_length)
   RunIdentity identity() const;
-  // Rank 0 writes DIR/ckpt-<step>.otck and keeps the newest few; other ranks do nothing.
+  // Rank 0 writes DIR/ckpt-<step>.otck with this run's id and keeps the newest few of this run
+  // (runtime::prune_checkpoints: other runs' files, unreadable ones and files without an id
+  // are never deleted); other ranks do nothing. Refuses a non-finite state.
+  // The run's id: random for a fresh run, the checkpoint's after resume() (a new one when that
+  // checkpoint predates run ids).
+  const std::string& run_id() const { return run_id_; }
   void save_checkpoint(const RunPosition& position) const;
-  // Rank 0 reads the newest checkpoint (a different identity is an error naming the fields);
-  // every process gets its state and position.
+  // Rank 0 reads the newest checkpoint that reads back (a different identity is an error
+  // naming the fields); a newer one that does not read is named on stderr, with why, and left in
+  // place. Every process gets its state and position.
   RunPosition resume();
 
   // ---- several processes (no-ops without a world)
@@ -159,6 +165,7 @@ class Trainer {
   std::map<std::string, graph::Tensor> model_feeds(runtime::Batch&& b) const;
 
   Options opts_;
+  std::string run_id_;
   runtime::ProcessWorld* world_ = nullptr;  // nullptr: this process alone
   std::unique_ptr<graph::Model> original_;
   std::string model_hash_;  // of the model file; "" for a model handed over in memory

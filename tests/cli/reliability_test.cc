@@ -268,6 +268,62 @@ TEST_F(ReliabilityTest, OutputsAreCheckedFirstAndNeverReplaceWhatIsNoFile) {
   EXPECT_NO_THROW(graph::import_onnx_file(path("real.onnx")));
 }
 
+// Checkpoints belong to the run that wrote them. A fresh run into a folder holding another
+// run's checkpoints is refused (exit 1, files untouched) unless --overwrite-checkpoints; even
+// then it prunes only its own, so the other run's files and unreadable ckpt-1000..1002 stay and
+// its own newest three are kept. --resume with a corrupt newest checkpoint names it on stderr,
+// leaves it in place and continues from the one before.
+TEST_F(ReliabilityTest, CheckpointsAreOwnedByTheirRun) {
+  const std::vector<std::string> common = {path("mlp.onnx"), "--data", "synthetic:64",
+                                           "--val-data", "none", "--batch-size", "8",
+                                           "--threads", "1", "--checkpoint-every", "1",
+                                           "--checkpoint-dir", path("ck")};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  RunResult r = train(with({"--steps", "4"}));  // run A: ckpt-2..4 (3 kept)
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(runtime::list_checkpoints(path("ck")).size(), 3u);
+  for (int64_t step : {1000, 1001, 1002}) write_file(path("ck/ckpt-" + std::to_string(step) + ".otck"), "junk");
+  const auto before = snapshot();
+  r = train(with({"--steps", "6"}));
+  expect_error(r, "--checkpoint-dir '.*ck' already holds 6 checkpoints \\(newest ckpt-1002\\.otck\\):"
+                  " continue that run with --resume, use an empty folder, or give "
+                  "--overwrite-checkpoints");
+  expect_kept(before);
+  // Run B overwrites A's ckpt-2..4 by name (that is what the flag allows) and writes 5, 6; it
+  // prunes only its own, keeping its newest three, and deletes no file of A or the junk.
+  r = train(with({"--steps", "6", "--seed", "3", "--overwrite-checkpoints"}));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<int64_t> steps;
+  for (const auto& f : runtime::list_checkpoints(path("ck"))) steps.push_back(f.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 5, 6, 1000, 1001, 1002}));
+  for (int64_t step : {1000, 1001, 1002})
+    EXPECT_EQ(read_file(path("ck/ckpt-" + std::to_string(step) + ".otck")), "junk");
+  // A corrupt newest checkpoint: --resume says which and why, keeps it, uses ckpt-5 (a run
+  // whose length is 5 steps, so nothing is written after it).
+  fs::remove_all(path("ck2"));
+  r = train({path("mlp.onnx"), "--data", "synthetic:64", "--val-data", "none", "--batch-size", "8",
+             "--threads", "1", "--checkpoint-every", "1", "--checkpoint-dir", path("ck2"),
+             "--steps", "6"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::string bytes = read_file(path("ck2/ckpt-6.otck"));
+  bytes[bytes.size() / 2] ^= 0x5a;
+  write_file(path("ck2/ckpt-6.otck"), bytes);
+  r = train({path("mlp.onnx"), "--data", "synthetic:64", "--val-data", "none", "--batch-size", "8",
+             "--threads", "1", "--checkpoint-every", "1", "--checkpoint-dir", path("ck2"),
+             "--steps", "5", "--resume"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("onnxtrain: warning: --resume: skipping a newer checkpoint that does not "
+                       "read back (left in place): " + path("ck2/ckpt-6.otck")),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(has_line_matching(r.out, ".*\\(resuming after step 5\\)")) << r.out;
+  EXPECT_TRUE(read_file(path("ck2/ckpt-6.otck")) == bytes) << "the corrupt checkpoint changed";
+}
+
 // SIGINT while training: the step finishes, a checkpoint of it and --output are written, the
 // message says how to go on, exit 130; --resume continues from that checkpoint to the end.
 TEST_F(ReliabilityTest, SigintWritesCheckpointAndModelThenResumes) {

@@ -277,6 +277,7 @@ TEST_F(CheckpointTest, DirectoryHelpersPickTheNewestAndPrune) {
   for (int64_t step : {5, 100, 20}) {
     Checkpoint c = sample_checkpoint();
     c.metadata["step"] = std::to_string(step);
+    c.metadata[kRunIdKey] = "mine";
     write_checkpoint(path(checkpoint_file_name(step)), c);
   }
   write_bytes(path("ckpt-abc.otck"), "x");
@@ -295,16 +296,27 @@ TEST_F(CheckpointTest, DirectoryHelpersPickTheNewestAndPrune) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->ckpt.meta("step"), "100");
 
-  auto removed = prune_checkpoints(dir_.string(), 2);
+  // Pruning deletes only the run's own: another run's file, one without a run id and newer
+  // unreadable ones (ckpt-1000..1002) stay, and never push the run's valid ones out.
+  Checkpoint other = sample_checkpoint();
+  other.metadata[kRunIdKey] = "theirs";
+  write_checkpoint(path("ckpt-3.otck"), other);
+  write_checkpoint(path("ckpt-4.otck"), sample_checkpoint());  // no run id (older format)
+  for (int64_t step : {1000, 1001, 1002}) write_bytes(path(checkpoint_file_name(step)), "junk");
+  auto removed = prune_checkpoints(dir_.string(), "mine", 2);
   ASSERT_EQ(removed.size(), 1u);
   EXPECT_EQ(removed[0], path("ckpt-5.otck"));
   files = list_checkpoints(dir_.string());
-  ASSERT_EQ(files.size(), 2u);
-  EXPECT_EQ(files[0].step, 20);
+  ASSERT_EQ(files.size(), 7u);  // 3, 4, 20, 100, 1000..1002
+  EXPECT_EQ(files[0].step, 3);
+  EXPECT_EQ(files[2].step, 20);
   EXPECT_TRUE(fs::exists(path("ckpt-7.otck.tmp.99")));
-  EXPECT_THROW(prune_checkpoints(dir_.string(), -1), Error);
-  EXPECT_EQ(prune_checkpoints(dir_.string(), 0).size(), 2u);
-  EXPECT_TRUE(list_checkpoints(dir_.string()).empty());
+  EXPECT_THROW(prune_checkpoints(dir_.string(), "mine", -1), Error);
+  EXPECT_THROW(prune_checkpoints(dir_.string(), "", 1), Error);
+  EXPECT_EQ(prune_checkpoints(dir_.string(), "mine", 0).size(), 2u);
+  EXPECT_EQ(list_checkpoints(dir_.string()).size(), 5u);
+  EXPECT_EQ(read_checkpoint_metadata(path("ckpt-3.otck")).meta(kRunIdKey), "theirs");
+  EXPECT_TRUE(read_checkpoint_metadata(path("ckpt-3.otck")).tensors.empty());
   EXPECT_THROW(checkpoint_file_name(-1), Error);
 }
 
