@@ -2,6 +2,7 @@
 #include "graph/ir.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "graph/error.h"
 
@@ -354,6 +355,49 @@ void Graph::remove_value(Value* v) {
   values_.erase(std::find_if(values_.begin(), values_.end(), [&](auto& p) { return p.get() == v; }));
 }
 
+void Graph::remove_nodes(const std::vector<Node*>& doomed) {
+  const std::unordered_set<const Node*> gone(doomed.begin(), doomed.end());
+  const std::unordered_set<const Value*> graph_outputs(outputs_.begin(), outputs_.end());
+  std::unordered_set<const Value*> dead;
+  for (Node* n : doomed) {
+    OT_CHECK(n->owner_ == this, "graph '", name, "': ", n->describe(), " is not in this graph");
+    for (Value* out : n->outputs_) {
+      if (!out) continue;
+      OT_CHECK(!graph_outputs.count(out), "graph '", name, "': cannot remove ", n->describe(),
+               ": output '", out->name(), "' is a graph output");
+      for (const Use& u : out->uses_)
+        OT_CHECK(gone.count(u.node), "graph '", name, "': cannot remove ", n->describe(),
+                 ": output '", out->name(), "' is still used by ", u.node->describe());
+      dead.insert(out);
+    }
+  }
+  for (Node* n : doomed) {
+    for (size_t i = 0; i < n->inputs_.size(); ++i) n->set_input(i, nullptr);
+    n->attributes.clear();  // releases uses held by subgraphs
+  }
+  for (const Value* v : dead) {
+    Value* out = const_cast<Value*>(v);
+    out->producer_ = nullptr;
+    clear_initializer(out);
+    by_name_.erase(out->name_);
+  }
+  std::erase_if(nodes_, [&](const std::unique_ptr<Node>& p) { return gone.count(p.get()) > 0; });
+  std::erase_if(values_, [&](const std::unique_ptr<Value>& p) { return dead.count(p.get()) > 0; });
+}
+
+void Graph::remove_values(const std::vector<Value*>& values) {
+  const std::unordered_set<const Value*> graph_outputs(outputs_.begin(), outputs_.end());
+  const std::unordered_set<const Value*> gone(values.begin(), values.end());
+  for (Value* v : values) {
+    OT_CHECK(v->owner_ == this, "graph '", name, "': value '", v->name(), "' is not in this graph");
+    OT_CHECK(!v->producer_ && v->uses_.empty() && !v->is_input_ && !graph_outputs.count(v),
+             "graph '", name, "': value '", v->name(), "' is still connected");
+    clear_initializer(v);
+    by_name_.erase(v->name_);
+  }
+  std::erase_if(values_, [&](const std::unique_ptr<Value>& p) { return gone.count(p.get()) > 0; });
+}
+
 void Graph::replace_all_uses(Value* from, Value* to) {
   if (from == to) return;
   std::vector<Use> uses = from->uses_;
@@ -384,7 +428,15 @@ void Model::set_opset(const std::string& d, int64_t version) {
   opsets.push_back({d, version});
 }
 
+std::unique_ptr<Model> Model::clone_if(const std::function<bool(const Node&)>& keep) const {
+  return clone_with(graph->clone_if(keep));
+}
+
 std::unique_ptr<Model> Model::clone() const {
+  return clone_with(graph->clone(nullptr));
+}
+
+std::unique_ptr<Model> Model::clone_with(std::unique_ptr<Graph> g) const {
   auto m = std::make_unique<Model>();
   m->ir_version = ir_version;
   m->opsets = opsets;
@@ -396,7 +448,7 @@ std::unique_ptr<Model> Model::clone() const {
   m->metadata = metadata;
   m->source_path = source_path;
   m->training = training;
-  m->graph = graph->clone(nullptr);
+  m->graph = std::move(g);
   return m;
 }
 

@@ -94,6 +94,7 @@ class GraphPtr {
   Graph& operator*() const { return *g_; }
 
  private:
+
   std::unique_ptr<Graph> g_;
 };
 
@@ -261,6 +262,11 @@ class Graph {
   void remove_node(Node* n);
   // Deletes a value that has no producer and no uses and is not a graph input/output.
   void remove_value(Value* v);
+  // remove_node / remove_value for many at once, in one pass over the graph (the one-at-a-time
+  // forms search the node and value lists each time: quadratic when a pass drops most of a
+  // graph, as partition does per replica). The outputs of `nodes` may be read only by `nodes`.
+  void remove_nodes(const std::vector<Node*>& nodes);
+  void remove_values(const std::vector<Value*>& values);
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   size_t num_nodes() const { return nodes_.size(); }
 
@@ -282,11 +288,18 @@ class Graph {
 
   // Deep copy with the same names; captured outer values resolve by name in `parent`.
   std::unique_ptr<Graph> clone(Graph* parent) const;
+  // Only the nodes `keep` accepts, the graph inputs, and the values and initializers those nodes
+  // read; a kept node's input made by a dropped node becomes an omitted input, a graph output
+  // made by one is left out. Proportional to what is kept, not to the whole graph (partition
+  // copies one replica's share of a graph of R replicas this way).
+  std::unique_ptr<Graph> clone_if(const std::function<bool(const Node&)>& keep) const;
 
   // Values from enclosing graphs that nodes of this graph (or nested subgraphs) read.
   std::vector<Value*> captured_values() const;
 
  private:
+  std::unique_ptr<Graph> clone_filtered(Graph* parent,
+                                        const std::function<bool(const Node&)>* keep) const;
   friend class Node;
   Node* create_node(size_t position, const std::string& op_type, const std::vector<Value*>& inputs,
                     const std::vector<std::string>& output_names, const std::string& name,
@@ -330,6 +343,13 @@ class Model {
   std::optional<int64_t> opset_version(std::string_view domain) const;
   void set_opset(const std::string& domain, int64_t version);
   std::unique_ptr<Model> clone() const;
+  // clone() with Graph::clone_if's node filter on the main graph.
+  std::unique_ptr<Model> clone_if(const std::function<bool(const Node&)>& keep) const;
+
+ private:
+  std::unique_ptr<Model> clone_with(std::unique_ptr<Graph> g) const;
+
+ public:
 };
 
 }  // namespace onnxtrain::graph

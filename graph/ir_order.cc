@@ -136,6 +136,15 @@ std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,
 }
 
 std::unique_ptr<Graph> Graph::clone(Graph* parent) const {
+  return clone_filtered(parent, nullptr);
+}
+
+std::unique_ptr<Graph> Graph::clone_if(const std::function<bool(const Node&)>& keep) const {
+  return clone_filtered(nullptr, &keep);
+}
+
+std::unique_ptr<Graph> Graph::clone_filtered(Graph* parent,
+                                             const std::function<bool(const Node&)>* keep) const {
   auto g = std::make_unique<Graph>(name, parent);
   g->doc_string = doc_string;
   std::unordered_map<const Value*, Value*> map;
@@ -145,11 +154,25 @@ std::unique_ptr<Graph> Graph::clone(Graph* parent) const {
     map[v] = c;
     return c;
   };
+  std::unordered_set<const Node*> kept;
+  if (keep)
+    for (const auto& n : nodes_)
+      if ((*keep)(*n)) kept.insert(n.get());
+  // Without a filter every value without a producer; with one, graph inputs and what kept
+  // nodes read.
+  auto wanted = [&](const Value* v) {
+    if (!keep || v->is_input_) return true;
+    for (const Use& u : v->uses_)
+      if (kept.count(u.node)) return true;
+    return false;
+  };
   for (const auto& v : values_)
-    if (!v->producer_) copy_value(v.get());
+    if (!v->producer_ && wanted(v.get())) copy_value(v.get());
   for (const Value* v : inputs_) g->mark_input(map.at(v));
-  for (const Value* v : initializer_order_) g->set_initializer(map.at(v), *v->initializer_);
+  for (const Value* v : initializer_order_)
+    if (map.count(v)) g->set_initializer(map.at(v), *v->initializer_);
   for (const auto& n : nodes_) {
+    if (keep && !kept.count(n.get())) continue;
     std::vector<std::string> out_names;
     for (Value* o : n->outputs_) out_names.push_back(o ? o->name_ : "");
     std::vector<Value*> ins;
@@ -198,10 +221,15 @@ std::unique_ptr<Graph> Graph::clone(Graph* parent) const {
   for (const auto& cn : g->nodes_)
     for (size_t i = 0; i < cn->inputs_.size(); ++i) {
       Value* in = cn->inputs_[i];
-      if (in && in->owner_ == this) cn->set_input(i, map.at(in));
+      if (in && in->owner_ == this) {
+        auto it = map.find(in);
+        OT_CHECK(it != map.end() || keep, "graph '", name, "': clone: '", in->name_, "' is unknown");
+        cn->set_input(i, it != map.end() ? it->second : nullptr);  // made by a dropped node
+      }
     }
   for (const Value* v : outputs_) {
     auto it = map.find(v);
+    if (it == map.end() && keep) continue;  // made by a dropped node
     g->outputs_.push_back(it != map.end() ? it->second : (parent ? parent->lookup(v->name_) : nullptr));
   }
   return g;

@@ -81,20 +81,19 @@ int dce(graph::Model& model) {
     // Subgraph captures keep their outer values alive.
     for_each_capture(*p, [&](const graph::Value* c) { work.push_back(c); });
   }
-  int removed = 0;
-  std::vector<graph::Node*> order = g.topological_order();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    if (live.count(*it)) continue;
-    g.remove_node(*it);
-    ++removed;
-  }
+  // Dead nodes' outputs are read only by dead nodes (a live reader would make them live): they
+  // go in one pass, as do the initializers nothing reads any more.
+  std::vector<graph::Node*> dead;
+  for (const auto& n : g.nodes())
+    if (!live.count(n.get())) dead.push_back(n.get());
+  g.remove_nodes(dead);
+  const int removed = static_cast<int>(dead.size());
   const std::unordered_set<const graph::Value*> caps = captured(g);
   for (graph::Node* n : g.topological_order()) empty_unused_outputs(g, n, caps);
+  std::vector<graph::Value*> unused;
   for (graph::Value* v : g.initializers())
-    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
-      g.clear_initializer(v);
-      g.remove_value(v);
-    }
+    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) unused.push_back(v);
+  g.remove_values(unused);
   return removed;
 }
 

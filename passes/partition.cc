@@ -106,21 +106,21 @@ void partition(graph::Model& model, int replica) {
     if (!v->producer() || v->producer()->replica < 0 || v->producer()->replica == k)
       outs.push_back(v);
   g.set_outputs(outs);
-  std::vector<Node*> order = g.topological_order();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    if (n->replica < 0 || n->replica == k) continue;
+  // In one pass each (the graph holds every replica: one removal at a time would make setup
+  // cubic in the replica count).
+  std::vector<Node*> others;
+  for (const auto& n : g.nodes())
+    if (n->replica >= 0 && n->replica != k) others.push_back(n.get());
+  for (Node* n : others)  // readers outside the other replicas (none expected) lose the input
     for (Value* o : n->outputs())
       if (o)
         for (const graph::Use& u : std::vector<graph::Use>(o->uses()))
-          u.node->set_input(u.input_index, nullptr);
-    g.remove_node(n);
-  }
+          if (u.node->replica < 0 || u.node->replica == k) u.node->set_input(u.input_index, nullptr);
+  g.remove_nodes(others);
+  std::vector<Value*> unused;
   for (Value* v : g.initializers())
-    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) {
-      g.clear_initializer(v);
-      g.remove_value(v);
-    }
+    if (v->uses().empty() && !v->is_graph_output() && !v->is_graph_input()) unused.push_back(v);
+  g.remove_values(unused);
   keep_replica(sig.state, k);
   keep_replica(sig.gradients, k);
   keep_replica(sig.results, k);
@@ -136,8 +136,10 @@ std::vector<std::unique_ptr<graph::Model>> partition_replicas(const graph::Model
     parts.push_back(model.clone());
     return parts;
   }
+  // Each part copies only its replica's nodes and the shared ones (linear in the replicas, not
+  // quadratic as whole-graph copies would be); partition then trims the shared ones.
   for (int k = 0; k < sig.replicas; ++k) {
-    parts.push_back(model.clone());
+    parts.push_back(model.clone_if([k](const Node& n) { return n.replica < 0 || n.replica == k; }));
     partition(*parts.back(), k);
   }
   return parts;

@@ -404,12 +404,10 @@ class Replicator {
   }
 
   void remove_originals() {
-    for (auto it = layout_.nodes.rbegin(); it != layout_.nodes.rend(); ++it) g_.remove_node(*it);
-    for (Value* s : layout_.state) {
+    g_.remove_nodes(layout_.nodes);
+    for (Value* s : layout_.state)
       if (s->is_graph_input()) g_.remove_input(s);
-      g_.clear_initializer(s);
-      g_.remove_value(s);
-    }
+    g_.remove_values(layout_.state);
   }
 
   // A batch of known size N: each replica's values have other sizes than the originals, so

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -137,8 +138,10 @@ InferenceSession::~InferenceSession() {
   if (!opts_.profile_path.empty()) {
     try {
       write_profile(opts_.profile_path);
-    } catch (const Error&) {
-      // Destructors must not throw; write_profile() reports errors when called directly.
+    } catch (const Error& e) {
+      // Destructors must not throw: a profile that cannot be written is a warning, and nothing
+      // else (the trained model, the checkpoints) depends on it.
+      std::fprintf(stderr, "warning: profile not written: %s\n", e.what());
     }
   }
 }

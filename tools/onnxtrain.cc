@@ -94,6 +94,7 @@ replicas and threads:
                           (default: cuda when an NVIDIA GPU is present, else cpu)
   --no-tf32               full float32 matmul/conv on GPUs (default: TF32 where supported)
   --threads N             total intra-op threads, split across replicas (default: all cores)
+  --oversubscribe         allow more than 8 replicas or threads per CPU (refused otherwise)
   --bucket-mb F           gradient bucket size for AllReduce (default 25)
   --sync-batchnorm        training BatchNormalization uses the global batch's statistics
                           (all replicas'); with --replicas 1 it changes nothing
@@ -301,6 +302,9 @@ Args parse_args(int argc, char** argv) {
       c.train.model.trainable.trainable_regex = value();
     } else if (arg == "--threads") {
       c.train.parallel.threads = static_cast<int>(parse_int(arg, value(), 1));
+    } else if (arg == "--oversubscribe") {
+      no_value();
+      c.train.parallel.oversubscribe = true;
     } else if (arg == "--seed") {
       c.train.data.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
     } else if (arg == "--mean") {

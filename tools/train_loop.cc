@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <regex>
+#include <thread>
 
 #include "graph/error.h"
 #include "graph/file_io.h"
@@ -73,6 +74,15 @@ void check_files(const TrainConfig& c) {
 void check_config(const TrainConfig& c) {
   const train::Options& o = c.train;
   OT_CHECK(o.parallel.replicas >= 1, "--replicas must be >= 1, got ", o.parallel.replicas);
+  // Every replica is at least one thread: far more of them than CPUs only queue (and setup and
+  // memory grow with them), which is almost always a typo.
+  constexpr int kMaxOversubscription = 8;
+  const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int wanted = std::max(o.parallel.replicas, o.parallel.threads) * o.parallel.local_processes;
+  OT_CHECK(o.parallel.oversubscribe || wanted <= kMaxOversubscription * cpus, "--replicas ",
+           o.parallel.replicas, " / --threads ", o.parallel.threads, " need ", wanted,
+           " threads on this machine's ", cpus, " CPUs (more than ", kMaxOversubscription,
+           " per CPU); give --oversubscribe if that is what you want");
   OT_CHECK(!o.checkpoint.resume || !o.checkpoint.dir.empty(), "--resume needs --checkpoint-dir");
   OT_CHECK(o.schedule.epochs >= 1 && o.schedule.steps >= 0,
            "--epochs must be >= 1 and --steps >= 0");
@@ -329,7 +339,14 @@ TrainResult run_training(const TrainConfig& config) {
         m.val_accuracy = v.accuracy;
       }
       progress.epoch_done(m);
-      if (metrics) write_metrics_line(metrics.get(), m);
+      if (metrics) {
+        try {
+          write_metrics_line(metrics.get(), m);
+        } catch (const Error& e) {  // the metrics are a by-product: warn once, keep training
+          std::fprintf(stderr, "onnxtrain: warning: %s; no more metrics are written\n", e.what());
+          metrics.reset();
+        }
+      }
       res.epochs.push_back(m);
       pos = train::RunPosition{.step = s + 1, .steps_per_epoch = spe};
     }

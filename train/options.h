@@ -67,6 +67,8 @@ struct ParallelOptions {
   std::string device;
   bool tf32 = true;
   int threads = 0;  // total budget; 0 = all cores (a share of them per local process)
+  // Allows replicas or threads beyond kMaxOversubscription x the CPUs (tools/train_loop.cc).
+  bool oversubscribe = false;
   bool sync_batchnorm = false;
   double bucket_mb = 25;
   std::string profile;  // Chrome trace of the executed kernels ("" = none)

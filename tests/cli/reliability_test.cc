@@ -324,6 +324,15 @@ TEST_F(ReliabilityTest, CheckpointsAreOwnedByTheirRun) {
   EXPECT_TRUE(read_file(path("ck2/ckpt-6.otck")) == bytes) << "the corrupt checkpoint changed";
 }
 
+// Far more replicas than CPUs is refused before anything is built (setup and memory grow with
+// them), unless --oversubscribe.
+TEST_F(ReliabilityTest, ReplicasFarBeyondTheCpusAreRefused) {
+  RunResult r = train({path("mlp.onnx"), "--data", "synthetic:64", "--steps", "1", "--replicas",
+                       "100000"});
+  expect_error(r, "--replicas 100000 / --threads 0 need 100000 threads on this machine's [0-9]+ "
+                  "CPUs \\(more than 8 per CPU\\); give --oversubscribe if that is what you want");
+}
+
 // SIGINT while training: the step finishes, a checkpoint of it and --output are written, the
 // message says how to go on, exit 130; --resume continues from that checkpoint to the end.
 TEST_F(ReliabilityTest, SigintWritesCheckpointAndModelThenResumes) {

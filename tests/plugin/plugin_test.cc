@@ -4,6 +4,7 @@
 #include "ops/plugin.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -38,7 +39,9 @@ void load_example() {
 }
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("onnxtrain_plugin_test_" + name);
+  // Per process: the Release and sanitizer builds' runs of this test must not share files.
+  fs::path d = fs::temp_directory_path() /
+               ("onnxtrain_plugin_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
