@@ -114,20 +114,14 @@ std::vector<int64_t> output_dims(const graph::Model& m, const std::string& name)
 // (d1..dk) that do not also fit (N, C, d1..dk) mean the classes are last (-1: an LM head's
 // (N, T, C) with per-token labels (N, T)); anything else keeps torch's axis 1. Needs the output's
 // static dims past the batch (the output named, or the model's only one).
-int64_t infer_class_axis(const graph::Model& original, const std::string& output,
+int64_t infer_class_axis(const graph::Model& typed, const std::string& output,
                          const std::vector<int64_t>& label_dims) {
   if (label_dims.empty()) return 1;
-  const graph::Graph& g = *original.graph;
+  const graph::Graph& g = *typed.graph;
   std::string name = output;
   if (name.empty() && g.outputs().size() == 1) name = g.outputs()[0]->name();
   if (name.empty()) return 1;
-  std::unique_ptr<graph::Model> typed = original.clone();
-  try {
-    passes::infer_shapes(*typed);
-  } catch (const Error&) {
-    return 1;
-  }
-  const std::vector<int64_t> dims = output_dims(*typed, name);
+  const std::vector<int64_t> dims = output_dims(typed, name);
   if (dims.size() != label_dims.size() + 1) return 1;
   const std::vector<int64_t> last(dims.begin(), dims.end() - 1), first(dims.begin() + 1, dims.end());
   return label_dims == last && label_dims != first ? -1 : 1;
@@ -323,8 +317,12 @@ void Trainer::build() {
       // A malformed spec is reported when the data loads.
     }
   }
+  // The typed inference model (once): the class axis below, the trained output's dims after
+  // the training graph is built (replicated graphs rename the output).
+  std::unique_ptr<graph::Model> typed = original_->clone();
+  passes::infer_shapes(*typed);
   if (labels && labels->integer && opts_.model.class_axis_auto)
-    opts_.model.class_axis = infer_class_axis(*original_, opts_.model.output, labels->example_dims);
+    opts_.model.class_axis = infer_class_axis(*typed, opts_.model.output, labels->example_dims);
   passes::TrainingOptions topts = graph_options(opts_);
   if (opts_.model.loss == passes::LossKind::kAuto && labels) topts.integer_labels = labels->integer;
   topts.replicas = p.replicas;
@@ -335,9 +333,6 @@ void Trainer::build() {
   topts.collectives = world_ != nullptr;    // R == 1 too: the AllReduce spans the processes
   training_graph_ = original_->clone();
   info_ = passes::build_training_graph(*training_graph_, topts);
-  // The trained output's dims from the typed inference model (replicated graphs rename it).
-  std::unique_ptr<graph::Model> typed = original_->clone();
-  passes::infer_shapes(*typed);
   output_dims_ = output_dims(*typed, info_.prepared.logits);
   classes_ = cross_entropy() && !output_dims_.empty() ? output_dims_.back() : 0;
   threads_ = p.threads > 0 ? p.threads : default_threads(world_ ? p.local_processes : 1);
