@@ -162,7 +162,8 @@ def cpu_model():
 
 def versions(names, python=None):
     """'name version' for each installed distribution, of this interpreter or of `python`."""
-    if python and Path(python).resolve() != Path(sys.executable).resolve():
+    # (compared unresolved: a venv's python is a symlink to the interpreter it was made from)
+    if python and os.path.abspath(python) != os.path.abspath(sys.executable):
         code = ("import importlib.metadata as md, json, sys\n"
                 "out = {}\n"
                 "for n in sys.argv[1:]:\n"

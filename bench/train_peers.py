@@ -129,6 +129,7 @@ def worker_ort_prepare(a):
     requires_grad = [n for n in names if n not in stats]
     frozen = [n for n in names if n in stats]
     optim = getattr(artifacts.OptimType, "AdamW", None) or artifacts.OptimType.Adam
+    Path(a.artifacts).mkdir(parents=True, exist_ok=True)
     artifacts.generate_artifacts(model, requires_grad=requires_grad, frozen_params=frozen,
                                  loss=artifacts.LossType.CrossEntropyLoss, optimizer=optim,
                                  artifact_directory=a.artifacts)
