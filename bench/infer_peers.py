@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, emit, header, median, parse_result,  # noqa: E402
+from peers_common import (REPO, BenchError, describe_rc, emit, header, median, parse_result,  # noqa: E402
                           print_table, resolve_tool, rotated, run_child, tail, time_steps,
                           uptime, versions)
 
@@ -64,7 +64,7 @@ def one_run(a, peer, batch, work):
                "--threads", a.threads, "--runs", a.runs_of[batch], "--warmup", a.warmup]
     rc, so, se, rss, _ = run_child(cmd, timeout=a.timeout)
     if rc != 0:
-        return None, f"exit {rc}: {tail(se or so)}", rss
+        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
     if peer == "onnxrun":
         m = re.search(r"median latency:\s*([0-9.eE+-]+)\s*ms", so)
         if not m:

@@ -54,7 +54,10 @@ def emit(result):
 
 
 def emit_na(reason):
-    emit({"na": str(reason).strip().splitlines()[-1][:300] if str(reason).strip() else "n/a"})
+    """A RESULT that marks the peer n/a, with the first non-empty line of the reason (an
+    exception's message line; torch appends hints after it)."""
+    lines = [l.strip() for l in str(reason).splitlines() if l.strip()]
+    emit({"na": lines[0][:300] if lines else "n/a"})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,6 +105,17 @@ def parse_result(stdout):
             except ValueError:
                 return None
     return None
+
+
+def describe_rc(rc):
+    """'exit N', or the signal that ended the child ('signal 11 (SIGSEGV)')."""
+    if rc < 0:
+        import signal
+        try:
+            return f"killed by signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit {rc}"
 
 
 def tail(text, n=6):

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, emit, header, median, parse_result,  # noqa: E402
+from peers_common import (REPO, BenchError, describe_rc, emit, header, median, parse_result,  # noqa: E402
                           print_table, read_onnxtrain_metrics, resolve_tool, rotated, run_child,
                           step_result, tail, time_steps, uptime, versions)
 
@@ -94,9 +94,10 @@ def worker_tf_mirrored(a):
                                                classes=CLASSES, classifier_activation=None)
         opt = tf.keras.optimizers.Adam(learning_rate=LR)
         opt.build(model.trainable_variables)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE
-        if hasattr(tf.keras.losses, "Reduction") else None)
+    # per-example losses (Keras 3 spells no reduction "none"; Keras 2 Reduction.NONE), averaged
+    # over the global batch by compute_average_loss
+    none = tf.keras.losses.Reduction.NONE if hasattr(tf.keras.losses, "Reduction") else "none"
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=none)
 
     def batch_of(ctx):
         return (tf.random.normal((a.batch, h, w, c)),
@@ -160,7 +161,7 @@ def one_run(a, name, work):
         rate, steady = 0.0, True
         for (rc, so, se, _, _), m in zip(outs, ms):
             if rc != 0:
-                return None, None, f"exit {rc}: {tail(se or so)}"
+                return None, None, f"{describe_rc(rc)}: {tail(se or so)}"
             try:
                 res = read_onnxtrain_metrics(m, a.batch * replicas)
             except (OSError, ValueError, KeyError, BenchError) as e:
@@ -181,7 +182,7 @@ def one_run(a, name, work):
         for rc, so, se, _, _ in outs:
             res = parse_result(so) if rc == 0 else None
             if res is None:
-                return None, None, f"exit {rc}: {tail(se or so)}"
+                return None, None, f"{describe_rc(rc)}: {tail(se or so)}"
             results.append(res)
         # a step ends for both ranks at the same AllReduce: the slower rank's median sets the rate
         return min(r["img_s"] for r in results), None, None
@@ -195,7 +196,7 @@ def one_run(a, name, work):
     rc, so, se, _, _ = run_child(cmd, timeout=a.timeout)
     res = parse_result(so) if rc == 0 else None
     if res is None:
-        return None, None, f"exit {rc}: {tail(se or so)}"
+        return None, None, f"{describe_rc(rc)}: {tail(se or so)}"
     return res["img_s"], None, None
 
 

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, emit, emit_na, fmt, header, median,  # noqa: E402
+from peers_common import (REPO, BenchError, describe_rc, emit, emit_na, fmt, header, median,  # noqa: E402
                           parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
                           rotated, run_child, step_result, tail, time_steps, uptime, versions)
 
@@ -224,7 +224,7 @@ def one_run(a, peer, inp, batch, threads, work, model, artifacts):
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rc, so, se, rss, _ = run_child(cmd, env=env, timeout=a.timeout)
     if rc != 0:
-        return None, f"exit {rc}: {tail(se or so)}", rss
+        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
     if peer == "onnxtrain":
         try:
             return read_onnxtrain_metrics(metrics, batch), None, rss
@@ -328,6 +328,7 @@ def main(argv):
                     res["rss"] = rss
                     got[p].append(res)
                     if "na" in res:
+                        errors.setdefault(p, None)  # not retried in later rounds either
                         print(f"  round {r + 1} {p:<14} n/a: {res['na']}", flush=True)
                         continue
                     print(f"  round {r + 1} {p:<14} {res['median_ms']:9.1f} ms/step "
@@ -352,7 +353,7 @@ def main(argv):
                     ratio = f"{ours / ips:.2f}x" if ours else "-"
                     rows.append([label, f"{ms:.1f}{mark}", f"{ips:.2f}{mark}",
                                  f"{first / ms:.2f}" if first else "-", f"{rss:.0f}", ratio])
-                elif p in errors:
+                elif errors.get(p):
                     rows.append([label, "failed", "", "", "", ""])
                 else:
                     na = next((x["na"] for x in got[p] if "na" in x), "n/a")
