@@ -92,10 +92,16 @@ class KernelContext {
   virtual TensorView& output(int i, std::span<const int64_t> dims) = 0;
   // Output i with the dims the plan inferred; throws if the plan could not infer them.
   virtual TensorView& output(int i) = 0;
-  // Per-node scratch memory on the kernel's device (device memory for a CUDA kernel), 64-byte
-  // (CPU) / 256-byte (CUDA) aligned, kept across runs; a larger request in the same run() may
-  // move it, so request the total once.
+  // Scratch memory on the kernel's device (device memory for a CUDA kernel), 64-byte (CPU) /
+  // 256-byte (CUDA) aligned, valid until run() returns. On the CPU every node of a plan shares
+  // one workspace (its size is the largest request, not the sum: issue #18), so nothing may
+  // read it after run() returns -- a deferred completion uses persistent_scratch(). A larger
+  // request in the same run() may move it, so request the total once. A request from prepare()
+  // sizes the workspace before the first run.
   virtual void* scratch(size_t bytes) = 0;
+  // Scratch owned by this node and kept across runs, for work that outlives run() (AllReduce's
+  // packed buffer, read by its deferred completion).
+  virtual void* persistent_scratch(size_t bytes) { return scratch(bytes); }
   virtual DeviceKind device() const = 0;
   // The device stream (cudaStream_t on CUDA, nullptr on CPU). CUDA kernels enqueue their work on
   // it and return without synchronizing; the runtime orders steps by the stream.

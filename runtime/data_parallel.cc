@@ -189,24 +189,18 @@ uint64_t DataParallelSession::mix_seed(uint64_t a, uint64_t b) {
   return z ? z : 1;
 }
 
-StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                     float loss_scale, uint64_t seed) {
+void DataParallelSession::on_every_replica(const std::function<void(size_t k)>& job) {
   auto& reps = impl_->replicas;
-  if (!impl_->group) return reps[0]->session->step(batch, lr, loss_scale, seed);
   OT_CHECK(!impl_->group->aborted(), "data parallel: an earlier step failed: ",
            impl_->group->abort_reason());
-  std::vector<StepResult> results(reps.size());
   for (size_t k = 0; k < reps.size(); ++k) {
     Replica* r = reps[k].get();
     std::lock_guard lock(r->mu);
     r->error.clear();
     r->busy = true;
-    const uint64_t global_replica =
-        static_cast<uint64_t>(world_ ? world_->rank() : 0) * reps.size() + k;
-    const uint64_t replica_seed = seed ? mix_seed(seed, global_replica) : 0;
-    r->job = [this, r, k, &batch, lr, loss_scale, replica_seed, &results] {
+    r->job = [this, r, k, &job] {
       try {
-        results[k] = r->session->step(batch, lr, loss_scale, replica_seed);
+        job(k);
       } catch (const std::exception& e) {
         r->error = e.what();
         impl_->group->abort(cat("replica ", k, " failed: ", e.what()));
@@ -214,17 +208,37 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
     };
     r->cv.notify_all();
   }
-  StepResult total;
   std::string first_error;
   for (size_t k = 0; k < reps.size(); ++k) {
     Replica* r = reps[k].get();
     std::unique_lock lock(r->mu);
     r->cv.wait(lock, [&] { return !r->busy; });
     if (!r->error.empty() && first_error.empty()) first_error = r->error;
-    total.loss += results[k].loss;
-    total.correct += results[k].correct;
   }
   if (!first_error.empty()) fail(first_error);
+}
+
+void DataParallelSession::prepare(const std::map<std::string, graph::Tensor>& batch) {
+  auto& reps = impl_->replicas;
+  if (!impl_->group) return reps[0]->session->prepare(batch);
+  on_every_replica([&](size_t k) { reps[k]->session->prepare(batch); });
+}
+
+StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
+                                     float loss_scale, uint64_t seed) {
+  auto& reps = impl_->replicas;
+  if (!impl_->group) return reps[0]->session->step(batch, lr, loss_scale, seed);
+  std::vector<StepResult> results(reps.size());
+  const uint64_t first_replica = static_cast<uint64_t>(world_ ? world_->rank() : 0) * reps.size();
+  on_every_replica([&](size_t k) {
+    const uint64_t replica_seed = seed ? mix_seed(seed, first_replica + k) : 0;
+    results[k] = reps[k]->session->step(batch, lr, loss_scale, replica_seed);
+  });
+  StepResult total;
+  for (const StepResult& r : results) {
+    total.loss += r.loss;
+    total.correct += r.correct;
+  }
   if (world_) {
     double sums[2] = {total.loss, total.correct};
     world_->all_reduce(sums, 2, DataType::kDouble, "step loss");

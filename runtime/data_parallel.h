@@ -14,6 +14,7 @@
 // HierarchicalCommunicator as global rank p*R + k of P*R.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +49,9 @@ class DataParallelSession {
   // the batch is this process's rows and the sums cover every process's replicas.
   // `seed` (non-zero): the step's random seed; global replica g runs with a seed derived from it
   // and g (different Dropout masks per replica, the same ones again after a resume).
+  // Builds every replica's plan for a global batch of these dtypes and dims, in parallel, before
+  // the first step (TrainingSession::prepare).
+  void prepare(const std::map<std::string, graph::Tensor>& global_batch);
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
                   float loss_scale, uint64_t seed = 0);
 
@@ -67,6 +71,9 @@ class DataParallelSession {
   static uint64_t mix_seed(uint64_t a, uint64_t b);
 
  private:
+  // Runs job(k) on replica k's thread for every k and waits for all; the first error throws
+  // (and aborts the group, so replicas waiting in a collective return).
+  void on_every_replica(const std::function<void(size_t k)>& job);
   void pin_replica_threads(int threads_per_replica);
   struct Impl;
   std::unique_ptr<Impl> impl_;

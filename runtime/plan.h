@@ -61,7 +61,8 @@ struct Step {
   std::unique_ptr<ops::Kernel> kernel;
   std::vector<int> in, out;  // slot ids, -1 for omitted
   bool dynamic = false;      // output dims only known at run time
-  // Kernel scratch, kept across runs so steady-state steps do not allocate.
+  // Scratch this node keeps across runs (KernelContext::persistent_scratch, and every device
+  // kernel's scratch); host kernels' ordinary scratch is the plan's shared workspace.
   std::shared_ptr<std::byte[]> scratch;
   size_t scratch_bytes = 0;
   // Runners of the node's graph attributes (If / Loop bodies), by attribute name, made on first
@@ -101,6 +102,8 @@ class Plan {
   // buffers are released.
   void plan_memory();
   void prepare_kernels();
+  // The host kernels' shared scratch, at least `bytes` (KernelContext::scratch).
+  std::byte* host_workspace(size_t bytes);
   // Binds a constant's buffer; on a device, `upload` also copies it to device memory.
   void bind_constant(int slot, bool upload = true);
   void execute(Step& step, int index, bool at_plan_time);
@@ -135,6 +138,8 @@ class Plan {
   std::vector<Step> steps_;
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
   std::shared_ptr<std::byte[]> arena_;
+  std::shared_ptr<std::byte[]> workspace_;
+  size_t workspace_bytes_ = 0;
   PlanStats stats_;
   // The session's device; device_mode_ when its memory is not host memory (a GPU): then
   // Slot::bind holds device pointers, Slot::host_view the host side.

@@ -19,6 +19,7 @@ using graph::Tensor;
 using graph::ValueType;
 using plan_util::concrete;
 using plan_util::make_host_buffer;
+using plan_util::touch_pages;
 
 int Plan::slot_of(const graph::Value* v) {
   auto it = slot_index_.find(v);
@@ -111,6 +112,24 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs, const Resid
   if (!parent_) plan_aliases();
   plan_memory();
   prepare_kernels();
+  for (const Slot& slot : slots_)
+    if (slot.is_constant) stats_.constant_bytes += static_cast<int64_t>(slot.constant.nbytes());
+  // The first run should cost what every later one does (issue #18): the kernels were prepared
+  // (primitives made, workspace sized), and the pages of the arena and workspace are touched
+  // now, not by the first run's page faults.
+  if (!device_mode_) {
+    touch_pages(arena_.get(), static_cast<size_t>(stats_.arena_bytes), session_.opts_.threads);
+    touch_pages(workspace_.get(), workspace_bytes_, session_.opts_.threads);
+  }
+}
+
+std::byte* Plan::host_workspace(size_t bytes) {
+  if (bytes > workspace_bytes_) {
+    workspace_ = make_host_buffer(bytes);
+    workspace_bytes_ = bytes;
+    stats_.workspace_bytes = static_cast<int64_t>(bytes);
+  }
+  return workspace_.get();
 }
 
 void Plan::plan_aliases() {

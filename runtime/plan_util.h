@@ -54,4 +54,14 @@ inline std::shared_ptr<std::byte[]> make_host_buffer(size_t bytes) {
       p, [](std::byte* q) { ::operator delete[](q, std::align_val_t{kArenaAlign}); });
 }
 
+// Writes one byte per page of [p, p + bytes) so the OS maps the pages now (a fresh buffer's
+// pages are otherwise mapped, zeroed, by page faults in whatever kernel first writes them).
+inline void touch_pages(std::byte* p, size_t bytes, int threads) {
+  if (!p || bytes == 0) return;
+  constexpr size_t kPage = 4096;
+  const auto pages = static_cast<int64_t>((bytes + kPage - 1) / kPage);
+#pragma omp parallel for num_threads(threads > 1 ? threads : 1) schedule(static)
+  for (int64_t i = 0; i < pages; ++i) p[static_cast<size_t>(i) * kPage] = std::byte{0};
+}
+
 }  // namespace onnxtrain::runtime::plan_util

@@ -153,8 +153,22 @@ std::unique_ptr<InferenceSession> InferenceSession::load(const std::string& path
 }
 
 std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, graph::Tensor>& inputs) {
-  const std::string file = model_->source_path.empty() ? "model" : model_->source_path;
   std::map<std::string, const graph::Tensor*> bound;
+  ResidentMap resident;
+  Plan& plan = plan_for(inputs, bound, resident);
+  return plan.run(bound, resident);
+}
+
+void InferenceSession::prepare(const std::map<std::string, graph::Tensor>& inputs) {
+  std::map<std::string, const graph::Tensor*> bound;
+  ResidentMap resident;
+  plan_for(inputs, bound, resident);
+}
+
+Plan& InferenceSession::plan_for(const std::map<std::string, graph::Tensor>& inputs,
+                                 std::map<std::string, const graph::Tensor*>& bound,
+                                 ResidentMap& resident) {
+  const std::string file = model_->source_path.empty() ? "model" : model_->source_path;
   std::string missing;
   for (const graph::Value* v : model_->graph->inputs()) {
     auto it = inputs.find(v->name());
@@ -172,7 +186,6 @@ std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, gra
     OT_CHECK(!resident_.count(name), file, ": input '", name,
              "' is resident on the device (set_resident); do not pass it to run()");
   }
-  ResidentMap resident;
   for (const auto& [name, t] : resident_) resident[name] = &t;
   std::string signature;
   for (const auto& [name, t] : bound) {
@@ -189,7 +202,7 @@ std::vector<graph::Tensor> InferenceSession::run(const std::map<std::string, gra
   if (it == plans_.end())
     it = plans_.emplace(signature, std::make_unique<Plan>(*this, bound, resident)).first;
   last_plan_ = it->second.get();
-  return last_plan_->run(bound, resident);
+  return *last_plan_;
 }
 
 void InferenceSession::set_resident(const std::string& name, const graph::Tensor& value) {

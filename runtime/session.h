@@ -43,6 +43,9 @@ struct SessionOptions {
 struct PlanStats {
   int64_t arena_bytes = 0;      // peak bytes of planned intermediates (buffers reused by liveness)
   int64_t unshared_bytes = 0;   // what they would need without reuse
+  int64_t workspace_bytes = 0;  // the host kernels' shared scratch (KernelContext::scratch)
+  int64_t persistent_scratch_bytes = 0;  // scratch kept per node (device kernels, AllReduce)
+  int64_t constant_bytes = 0;   // initializers and folded values the plan holds
   int folded_nodes = 0;         // nodes computed once at plan time
   int kernel_nodes = 0;         // nodes run per step
   int dynamic_nodes = 0;        // nodes whose output shapes are only known at run time
@@ -66,6 +69,10 @@ class InferenceSession {
   // Runs the graph. `inputs` by graph input name (initializer-backed inputs may be omitted);
   // returns the graph outputs in order.
   std::vector<graph::Tensor> run(const std::map<std::string, graph::Tensor>& inputs);
+  // Builds (or finds) the plan run() would use for these inputs' dtypes and dims -- shapes
+  // inferred, kernels prepared, memory planned and touched -- without running it, so the first
+  // run() costs what later ones do. Only the inputs' dtypes and dims are read.
+  void prepare(const std::map<std::string, graph::Tensor>& inputs);
 
   const graph::Model& model() const { return *model_; }
   Device& device() const { return *opts_.device; }
@@ -89,6 +96,10 @@ class InferenceSession {
   std::map<std::string, std::unique_ptr<Plan>> plans_;  // by input-shape signature
   std::map<std::string, DeviceTensor> resident_;
   Plan* last_plan_ = nullptr;
+  // The plan for these inputs (built when new); fills what its run() takes.
+  Plan& plan_for(const std::map<std::string, graph::Tensor>& inputs,
+                 std::map<std::string, const graph::Tensor*>& bound,
+                 std::map<std::string, const DeviceTensor*>& resident);
   struct TraceEvent {
     std::string name, op;
     int64_t start_us, dur_us;

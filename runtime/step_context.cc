@@ -88,15 +88,26 @@ ops::TensorView& StepContext::output(int i) {
 }
 
 void* StepContext::scratch(size_t bytes) {
+  // A device's kernels keep their own (their work may still be queued when the next node runs);
+  // host kernels run to completion, so they share the plan's workspace.
+  if (!native_) return plan_.host_workspace(bytes);
+  return persistent_scratch(bytes);
+}
+
+void* StepContext::persistent_scratch(size_t bytes) {
   if (native_) {
     if (bytes > step_.device_scratch_bytes) {
       step_.device_scratch = plan_.device_->make_buffer(bytes);
+      plan_.stats_.persistent_scratch_bytes +=
+          static_cast<int64_t>(bytes - step_.device_scratch_bytes);
       step_.device_scratch_bytes = bytes;
     }
     return step_.device_scratch.get();
   }
   if (bytes > step_.scratch_bytes) {
     step_.scratch = plan_util::make_host_buffer(bytes);
+    plan_util::touch_pages(step_.scratch.get(), bytes, 1);
+    plan_.stats_.persistent_scratch_bytes += static_cast<int64_t>(bytes - step_.scratch_bytes);
     step_.scratch_bytes = bytes;
   }
   return step_.scratch.get();

@@ -52,6 +52,7 @@ class StepContext final : public ops::KernelContext {
   ops::TensorView& output(int i) override;
   // Grows the step's buffer; a second call in the same run() may move it.
   void* scratch(size_t bytes) override;
+  void* persistent_scratch(size_t bytes) override;
   ops::DeviceKind device() const override {
     return native_ ? plan_.device_->kind() : ops::DeviceKind::kCpu;
   }

@@ -63,9 +63,8 @@ void TrainingSession::sync_host() const {
   host_stale_ = false;
 }
 
-StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                 float loss_scale, uint64_t seed) {
-  session_->set_random_seed(seed);
+std::map<std::string, graph::Tensor> TrainingSession::feeds(
+    const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale) {
   std::map<std::string, graph::Tensor> feeds = batch;
   // On a device the state is resident in device memory and updated there; on the CPU the step
   // updates these buffers in place: detach them first from copies handed out earlier
@@ -77,7 +76,17 @@ StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& bat
     }
   if (!lr_input_.empty()) feeds[lr_input_] = float_scalar(lr);
   if (!loss_scale_input_.empty()) feeds[loss_scale_input_] = float_scalar(loss_scale);
-  std::vector<graph::Tensor> outs = session_->run(feeds);
+  return feeds;
+}
+
+void TrainingSession::prepare(const std::map<std::string, graph::Tensor>& batch) {
+  session_->prepare(feeds(batch, 0, 1));
+}
+
+StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
+                                 float loss_scale, uint64_t seed) {
+  session_->set_random_seed(seed);
+  std::vector<graph::Tensor> outs = session_->run(feeds(batch, lr, loss_scale));
   host_stale_ = on_device_;
   // Updated state was written into state_ (SessionOptions::output_aliases).
   StepResult r;

@@ -35,6 +35,10 @@ class TrainingSession {
   StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale,
                   uint64_t seed = 0);
 
+  // Builds the plan step() will run for a batch of these dtypes and dims (the values are not
+  // read), so the first step costs what later ones do (InferenceSession::prepare).
+  void prepare(const std::map<std::string, graph::Tensor>& batch);
+
   const std::vector<std::string>& state_names() const { return state_names_; }
   bool has_state(const std::string& name) const { return state_.count(name) != 0; }
   // On a device the state lives in device memory (InferenceSession::set_resident) and these
@@ -55,9 +59,13 @@ class TrainingSession {
   const graph::Model& model() const { return session_->model(); }
   const graph::TrainingSignature& signature() const { return signature_; }
   InferenceSession& session() { return *session_; }
+  const InferenceSession& session() const { return *session_; }
 
  private:
   void sync_host() const;
+  // The session's inputs for one step: the batch, the state, lr and loss_scale.
+  std::map<std::string, graph::Tensor> feeds(const std::map<std::string, graph::Tensor>& batch,
+                                             float lr, float loss_scale);
   std::unique_ptr<InferenceSession> session_;
   std::vector<std::string> state_names_;
   // The state; on a device a host copy, refreshed by sync_host() when host_stale_.

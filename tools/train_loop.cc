@@ -2,6 +2,7 @@
 // it through the loader, validating, reporting and checkpointing per epoch.
 #include "tools/train_loop.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,6 +168,12 @@ EpochMetrics epoch_metrics(const train::RunPosition& p, int64_t epoch, bool ce,
   return m;
 }
 
+// The process's peak resident memory so far, bytes (Linux reports ru_maxrss in KiB); 0 unknown.
+int64_t max_rss_bytes() {
+  struct rusage ru {};
+  return ::getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<int64_t>(ru.ru_maxrss) * 1024 : 0;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config) {
@@ -236,6 +243,22 @@ TrainResult run_training(const TrainConfig& config) {
   }
   const bool validate = data.sets.val && lead;
 
+  runtime::LoaderOptions tl;
+  tl.batch_size = res.global_batch;
+  tl.seed = o.data.seed;
+  runtime::DataLoader loader(data.sets.train, data.adapter, tl,
+                             runtime::LoaderPosition{res.start_step / spe, res.start_step % spe});
+  // The first batch is read now and every replica's plan built for its shape, so step 1 costs
+  // what later steps do (issue #18) and the plan can say what the memory holds.
+  std::optional<runtime::Batch> first;
+  double prepare_seconds = 0;
+  if (res.start_step < res.total_steps) {
+    const auto t0 = Clock::now();
+    first = loader.next();
+    trainer.prepare(*first);
+    prepare_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
   std::string inputs;
   const char* rate_unit = "samples/s";  // images: a float input of rank >= 3 past the batch
   for (const runtime::ModelInput& in : trainer.model_inputs()) {
@@ -261,23 +284,20 @@ TrainResult run_training(const TrainConfig& config) {
                        .devices = trainer.devices_text(),
                        .processes = trainer.processes(),
                        .allreduce_bytes = trainer.allreduce_bytes(),
-                       .untie = &trainer.untie_report()};
+                       .untie = &trainer.untie_report(),
+                       .memory = first ? trainer.memory_facts() : train::MemoryFacts{},
+                       .prepare_seconds = prepare_seconds};
   print_plan(c, plan);
-
-  runtime::LoaderOptions tl;
-  tl.batch_size = res.global_batch;
-  tl.seed = o.data.seed;
-  runtime::DataLoader loader(data.sets.train, data.adapter, tl,
-                             runtime::LoaderPosition{res.start_step / spe, res.start_step % spe});
   const bool ce = trainer.cross_entropy();
   Progress progress(c, spe, len.epochs);
   const bool skip_nonfinite = o.guard.on_nonfinite == train::OnNonFinite::kSkip;
   std::map<std::string, graph::Tensor> before;  // skip: the state from before the step
   int64_t skipped = 0, skipped_in_row = 0;       // skipped steps: this epoch, in a row
+  EpochMetrics steady;  // this epoch's run-first-step and steady-state figures
   StopSignals signals;
   for (int64_t s = res.start_step; s < res.total_steps; ++s) {
     const auto t0 = Clock::now();
-    runtime::Batch b = loader.next();
+    runtime::Batch b = s == res.start_step && first ? std::move(*first) : loader.next();
     const int64_t n = b.size(), targets = trainer.targets(b);
     runtime::Batch kept = b;  // for a diagnosis when the step turns out non-finite
     if (skip_nonfinite) before = trainer.state();
@@ -323,7 +343,15 @@ TrainResult run_training(const TrainConfig& config) {
     pos.epoch_examples += n;
     pos.epoch_targets += counted_targets;
     pos.epoch_steps += 1;
-    pos.epoch_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    pos.epoch_seconds += step_seconds;
+    if (s == res.start_step) {
+      steady.first_step_seconds = step_seconds;
+    } else {
+      steady.steady_steps += 1;
+      steady.steady_examples += n;
+      steady.steady_seconds += step_seconds;
+    }
     const double seen = static_cast<double>(std::max<int64_t>(pos.epoch_targets, 1));
     const int64_t epoch = s / spe + 1;
     progress.step(epoch, s % spe + 1, pos.epoch_seconds, pos.epoch_loss_sum / seen,
@@ -333,6 +361,12 @@ TrainResult run_training(const TrainConfig& config) {
       EpochMetrics m = epoch_metrics(pos, epoch, ce, rate_unit);
       m.skipped = skipped;
       skipped = 0;
+      m.first_step_seconds = steady.first_step_seconds;
+      m.steady_steps = steady.steady_steps;
+      m.steady_examples = steady.steady_examples;
+      m.steady_seconds = steady.steady_seconds;
+      m.max_rss_bytes = max_rss_bytes();
+      steady = EpochMetrics{};
       if (validate) {
         train::EvalResult v = trainer.evaluate(*data.sets.val, *data.val_adapter, res.global_batch);
         m.val_loss = v.loss;
@@ -367,6 +401,11 @@ TrainResult run_training(const TrainConfig& config) {
     }
   }
   trainer.check_weights_agree();
+  if (plan.memory.total() > 0)
+    std::fprintf(c.log, "%smemory      peak %s resident (the process; planned %s x %d replica%s "
+                 "+ the model, data and libraries)\n", c.live ? "\r\033[K" : "",
+                 bytes_text(max_rss_bytes()).c_str(), bytes_text(plan.memory.total()).c_str(),
+                 o.parallel.replicas, o.parallel.replicas == 1 ? "" : "s");
   if (!c.output.empty()) {
     try {
       trainer.export_model(c.output);

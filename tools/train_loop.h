@@ -37,6 +37,14 @@ struct EpochMetrics {
   std::optional<double> val_loss;  // with validation
   std::optional<double> val_accuracy;
   int64_t skipped = 0;  // steps whose update was dropped (--on-nonfinite skip); out of the means
+  // This run's first step (plan building, first touch of its memory) when it fell in this
+  // epoch, and the rate over the epoch's other steps: what a long run settles to.
+  std::optional<double> first_step_seconds;
+  int64_t steady_steps = 0;  // steps of this epoch other than the run's first
+  int64_t steady_examples = 0;
+  double steady_seconds = 0;
+  // The process's peak resident memory so far (getrusage), bytes; 0 when unknown.
+  int64_t max_rss_bytes = 0;
 };
 
 struct TrainResult {

@@ -40,6 +40,13 @@ std::string json_number(std::optional<double> v) {
 
 }  // namespace
 
+std::string bytes_text(int64_t bytes) {
+  const auto b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt("%.3g GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt("%.3g MiB", b / (1024.0 * 1024));
+  return fmt("%.3g KiB", b / 1024.0);
+}
+
 double ring_allreduce_seconds(int64_t bytes, int n, double gbit_per_s) {
   if (n <= 1) return 0;
   return 2.0 * (n - 1) / n * static_cast<double>(bytes) * 8 / (gbit_per_s * 1e9);
@@ -97,6 +104,18 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                loss_detail.empty() ? "" : cat(" (", loss_detail, ")").c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
+  if (p.memory.total() > 0)
+    std::fprintf(f, "memory      %s planned per replica: arena %s (activations, gradients; %s "
+                 "without reuse), workspace %s, state %s (weights, optimizer, BN statistics)%s; "
+                 "prepared in %.2fs\n",
+                 bytes_text(p.memory.total()).c_str(), bytes_text(p.memory.arena_bytes).c_str(),
+                 bytes_text(p.memory.unshared_bytes).c_str(),
+                 bytes_text(p.memory.workspace_bytes).c_str(),
+                 bytes_text(p.memory.state_bytes).c_str(),
+                 p.memory.persistent_scratch_bytes > 0
+                     ? cat(", buckets ", bytes_text(p.memory.persistent_scratch_bytes)).c_str()
+                     : "",
+                 p.prepare_seconds);
   if (all > 1) {
     int64_t bytes = 0;
     for (int64_t b : p.info.buckets.bytes) bytes += b;
@@ -139,8 +158,20 @@ std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_
 
 std::string metrics_json(const EpochMetrics& m) {
   const double ips = m.seconds > 0 ? static_cast<double>(m.examples) / m.seconds : 0;
+  std::optional<double> steady_ips, steady_step;  // null without a step after the run's first
+  if (m.steady_steps > 0 && m.steady_seconds > 0) {
+    steady_ips = static_cast<double>(m.steady_examples) / m.steady_seconds;
+    steady_step = m.steady_seconds / static_cast<double>(m.steady_steps);
+  }
   return cat("{\"epoch\": ", m.epoch, ", \"steps\": ", m.steps,
              ", \"seconds\": ", json_number(m.seconds), ", \"images_per_sec\": ", json_number(ips),
+             ", \"steady_images_per_sec\": ", json_number(steady_ips),
+             ", \"steady_step_seconds\": ", json_number(steady_step),
+             ", \"first_step_seconds\": ", json_number(m.first_step_seconds),
+             ", \"max_rss_mib\": ",
+             json_number(m.max_rss_bytes > 0
+                             ? std::optional<double>(static_cast<double>(m.max_rss_bytes) / 1048576.0)
+                             : std::nullopt),
              ", \"loss\": ", json_number(m.loss), ", \"accuracy\": ", json_number(m.accuracy),
              ", \"val_loss\": ", json_number(m.val_loss),
              ", \"val_accuracy\": ", json_number(m.val_accuracy),

@@ -10,6 +10,7 @@
 
 #include "passes/passes.h"
 #include "tools/train_loop.h"
+#include "train/trainer.h"
 
 namespace onnxtrain::tools {
 
@@ -32,18 +33,24 @@ struct PlanFacts {
   int processes = 1;             // MPI world size; replicas in all = processes x c.replicas
   int64_t allreduce_bytes = 0;   // gradient bytes one replica contributes to AllReduce per step
   const passes::UntieReport* untie = nullptr;  // shared initializers: warnings and copies
+  train::MemoryFacts memory;     // replica 0's prepared plan (all zero when none was prepared)
+  double prepare_seconds = 0;    // building the replicas' plans before step 1
 };
 
 void print_plan(const TrainConfig& c, const PlanFacts& p);
 // Seconds a ring AllReduce of `bytes` over n ranks needs at `gbit_per_s`: every rank sends and
 // receives 2(n-1)/n x bytes (reduce-scatter, then all-gather), so bandwidth bounds it.
 double ring_allreduce_seconds(int64_t bytes, int n, double gbit_per_s);
+// "1.17 GiB" / "812 MiB" / "64 KiB".
+std::string bytes_text(int64_t bytes);
 
 // "Epoch 2/3  45/45  60.1s  1.34s/step  2150 img/s  loss 0.4721  accuracy 0.8312  val_loss ..."
 // (a partial last epoch under --steps shows e.g. 20/1875).
 std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_epoch);
-// One JSON object (no newline): epoch, steps, seconds, images_per_sec, loss, accuracy,
-// val_loss, val_accuracy; null where absent or not finite.
+// One JSON object (no newline): epoch, steps, seconds, images_per_sec (the epoch's examples over
+// its seconds), steady_images_per_sec and steady_step_seconds (without the run's first step),
+// first_step_seconds (in the run's first epoch), max_rss_mib (the process's peak so far), loss,
+// accuracy, val_loss, val_accuracy, skipped_nonfinite; null where absent or not finite.
 std::string metrics_json(const EpochMetrics& m);
 void write_metrics_line(std::FILE* f, const EpochMetrics& m);
 

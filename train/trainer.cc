@@ -393,15 +393,39 @@ std::map<std::string, Tensor> Trainer::model_feeds(runtime::Batch&& b) const {
 }
 
 runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
-  const int64_t n = b.size();
   const graph::TrainingSignature& sig = training_graph_->training;
   const float loss_scale =  // of the global batch
       loss_scale_of(sig, b.targets, opts_.parallel.replicas * processes());
+  const uint64_t step_seed =
+      runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
+  return session().step(session_feeds(std::move(b)), runtime::lr_at(schedule_, s), loss_scale,
+                        step_seed);
+}
+
+void Trainer::prepare(const runtime::Batch& b) {
+  session().prepare(session_feeds(b));
+}
+
+MemoryFacts Trainer::memory_facts() const {
+  MemoryFacts m;
+  const runtime::TrainingSession& r0 = session().replica_session(0);
+  const runtime::PlanStats& p = r0.session().last_plan_stats();
+  m.arena_bytes = p.arena_bytes;
+  m.unshared_bytes = p.unshared_bytes;
+  m.workspace_bytes = p.workspace_bytes;
+  m.persistent_scratch_bytes = p.persistent_scratch_bytes;
+  for (const auto& [name, t] : r0.all_state()) m.state_bytes += static_cast<int64_t>(t.nbytes());
+  return m;
+}
+
+std::map<std::string, Tensor> Trainer::session_feeds(runtime::Batch b) const {
+  const graph::TrainingSignature& sig = training_graph_->training;
   if (world_) {
     // This process's replicas p*R .. p*R+R-1 of the global split; its ShardBatch nodes then
     // split these rows over R by the same rule, which reproduces the global split.
     const int r = opts_.parallel.replicas;
-    const auto [start, rows] = runtime::shard_range(n, r * world_->size(), world_->rank() * r, r);
+    const auto [start, rows] =
+        runtime::shard_range(b.size(), r * world_->size(), world_->rank() * r, r);
     b = b.rows(start, rows);
   }
   Tensor truth = std::move(b.targets);
@@ -409,9 +433,7 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
   if (sig.model_loss.empty())
     feeds[input_named(sig, cross_entropy() ? graph::InputRole::kLabels
                                            : graph::InputRole::kTargets)] = std::move(truth);
-  const uint64_t step_seed =
-      runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
-  return session().step(feeds, runtime::lr_at(schedule_, s), loss_scale, step_seed);
+  return feeds;
 }
 
 TrainingData Trainer::load_data() const {

@@ -53,6 +53,18 @@ struct EvalResult {
   std::optional<double> accuracy;  // cross-entropy only
 };
 
+// Memory of one replica's training plan: planned, not measured (compare the process's RSS).
+struct MemoryFacts {
+  int64_t arena_bytes = 0;     // activations, gradients, temporaries: the liveness-planned arena
+  int64_t unshared_bytes = 0;  // what the arena's buffers would take without reuse
+  int64_t workspace_bytes = 0;  // kernels' shared scratch (oneDNN reorders and scratchpads)
+  int64_t persistent_scratch_bytes = 0;  // scratch kept per node (AllReduce's packed buckets)
+  int64_t state_bytes = 0;     // weights, optimizer moments, BN statistics (the session's state)
+  int64_t total() const {
+    return arena_bytes + workspace_bytes + persistent_scratch_bytes + state_bytes;
+  }
+};
+
 class Trainer {
  public:
   // Loads the custom-op libraries, then opts.model.path. Throws onnxtrain::Error (one line) for
@@ -75,6 +87,11 @@ class Trainer {
   // Step `s` (0-based) of a run on the GLOBAL batch `b`: this process's rows, the schedule's lr,
   // random numbers from (seed, s) so a resumed run draws what the uninterrupted one drew.
   runtime::StepResult run_step(runtime::Batch b, int64_t s);
+  // Builds every replica's plan for global batches shaped like `b` without stepping (the values
+  // are not read): the first run_step then costs what later ones do.
+  void prepare(const runtime::Batch& b);
+  // What replica 0's last-built plan and its state hold (the same for every replica).
+  MemoryFacts memory_facts() const;
   // The targets of a global batch: the denominator of its loss (run_step's StepResult::loss is
   // the mean over them) and of its accuracy. Rows, or for labels their elements other than the
   // training signature's ignore_index.
@@ -163,6 +180,8 @@ class Trainer {
   void build();
   // A batch's model inputs by graph input name (its named arrays, or the one batch input).
   std::map<std::string, graph::Tensor> model_feeds(runtime::Batch&& b) const;
+  // The session's feeds for a global batch: this process's rows, model inputs and the truth.
+  std::map<std::string, graph::Tensor> session_feeds(runtime::Batch b) const;
 
   Options opts_;
   std::string run_id_;

@@ -36,6 +36,12 @@ void put(TensorView& v, int64_t i, double x) {
 class AllReduceKernel final : public Kernel {
  public:
   explicit AllReduceKernel(const Node& n) : mean_(n.attr_string("reduction", "sum") == "mean") {}
+  // Allocates the packed buffer before the first run (its size is known from the dims).
+  void prepare(KernelContext& ctx) override {
+    const AllReduceInputs inputs = all_reduce_inputs(ctx, ctx.node().describe());
+    const size_t es = inputs.dtype == DataType::kDouble ? 8 : 4;
+    if (!inputs.slots.empty()) ctx.persistent_scratch(static_cast<size_t>(inputs.total) * es + 64);
+  }
   void run(KernelContext& ctx) override {
     Collectives& comm = ctx.require_collectives();
     const std::string where = ctx.node().describe();
@@ -47,7 +53,7 @@ class AllReduceKernel final : public Kernel {
     OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
              ": AllReduce supports float32/float64");
     const size_t es = dt == DataType::kDouble ? 8 : 4;
-    auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es + 64));
+    auto* buf = static_cast<std::byte*>(ctx.persistent_scratch(static_cast<size_t>(total) * es + 64));
     size_t off = 0;
     for (int i : slots) {
       const TensorView* in = ctx.input(i);

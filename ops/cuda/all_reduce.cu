@@ -105,7 +105,7 @@ class CudaAllReduceKernel final : public Kernel {
     if (total == 0) return;  // every rank holds the same bucket shapes: all skip together
 
     const size_t es = dt == DataType::kDouble ? sizeof(double) : sizeof(float);
-    auto* buf = static_cast<std::byte*>(ctx.scratch(static_cast<size_t>(total) * es));
+    auto* buf = static_cast<std::byte*>(ctx.persistent_scratch(static_cast<size_t>(total) * es));
     cudaStream_t compute = stream_of(ctx);
     auto comm_stream = static_cast<cudaStream_t>(nccl.stream);
     size_t off = 0;

@@ -184,6 +184,7 @@ class ConvKernel final : public Kernel {
     bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
     if (x->dtype != DataType::kFloat || spatial > 3 || empty) return;
     init_dnnl(ctx);
+    if (dnnl_.ready() && dnnl_.scratch_bytes()) ctx.scratch(dnnl_.scratch_bytes());  // sizes it
   }
 
   void run(KernelContext& ctx) override {
@@ -414,6 +415,11 @@ class ConvGradKernel final : public Kernel {
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
     if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || empty) return;
     init_dnnl(ctx);
+    if (!dnnl_ready()) return;
+    const bool dw = ctx.num_outputs() > 1 && ctx.has_output(1);
+    const bool db = ctx.num_outputs() > 2 && ctx.has_output(2);
+    const ScratchLayout l = scratch_layout(dw, db);
+    if (l.total) ctx.scratch(l.total);  // sizes the plan's workspace before the first run
   }
 
   void run(KernelContext& ctx) override {
@@ -511,24 +517,35 @@ class ConvGradKernel final : public Kernel {
            (!want_dwb_ || weights_.ready());
   }
 
+  // Where the primitives' scratch goes; oneDNN computes dW and dB together, so an unrequested
+  // one lands in scratch too.
+  struct ScratchLayout {
+    size_t data = 0, weights = 0, w = 0, b = 0, total = 0;
+  };
+  ScratchLayout scratch_layout(bool dw, bool db) const {
+    ScratchPlan plan;
+    ScratchLayout l;
+    l.data = plan.add(data_.scratch_bytes());
+    l.weights = plan.add(weights_.scratch_bytes());
+    l.w = dw ? 0 : plan.add(static_cast<size_t>(product(w_dims_)) * sizeof(float));
+    l.b = db ? 0 : plan.add(static_cast<size_t>(setup_.m) * sizeof(float));
+    l.total = plan.total();
+    return l;
+  }
+
   void run_dnnl(KernelContext& ctx, const TensorView& dy, const TensorView& x, const TensorView& w,
                 TensorView* dx, TensorView* dw, TensorView* db) {
-    // oneDNN computes dW and dB together; an unrequested one lands in scratch.
-    ScratchPlan plan;
-    const size_t data_off = plan.add(data_.scratch_bytes());
-    const size_t weights_off = plan.add(weights_.scratch_bytes());
-    const size_t w_off = dw ? 0 : plan.add(static_cast<size_t>(w.numel()) * sizeof(float));
-    const size_t b_off = db ? 0 : plan.add(static_cast<size_t>(setup_.m) * sizeof(float));
-    auto* scratch = static_cast<std::byte*>(plan.total() ? ctx.scratch(plan.total()) : nullptr);
+    const ScratchLayout l = scratch_layout(dw != nullptr, db != nullptr);
+    auto* scratch = static_cast<std::byte*>(l.total ? ctx.scratch(l.total) : nullptr);
     ThreadBudget budget(ctx.num_threads());
     if (dx && data_.ready()) {
       void* const bufs[] = {dy.data, w.data, dx->data};
-      data_.execute(*stream_, bufs, scratch + data_off);
+      data_.execute(*stream_, bufs, scratch + l.data);
     }
     if ((dw || db) && weights_.ready()) {
-      void* const bufs[] = {x.data, dy.data, dw ? dw->data : scratch + w_off,
-                            db ? db->data : scratch + b_off};
-      weights_.execute(*stream_, bufs, scratch + weights_off);
+      void* const bufs[] = {x.data, dy.data, dw ? dw->data : scratch + l.w,
+                            db ? db->data : scratch + l.b};
+      weights_.execute(*stream_, bufs, scratch + l.weights);
     }
   }
 

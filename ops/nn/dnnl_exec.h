@@ -32,6 +32,7 @@ class DnnlWindowPrimitive {
   bool ready() const { return prim_.has_value(); }
   const char* impl() const { return impl_.c_str(); }
   bool blocked() const { return blocked_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
   // x, w, b (may be null without bias), y: the runtime's buffers in the user layouts.
   void execute(KernelContext& ctx, const void* x, const void* w, const void* b, void* y);
 

@@ -129,6 +129,7 @@ class FusedConvKernel final : public Kernel {
              w->dims[0]);
     OT_CHECK(product(y_dims_) > 0 && x->numel() > 0, where_, ": empty tensors are not supported");
     init_dnnl(ctx, *w);
+    if (scratch_bytes_) ctx.scratch(scratch_bytes_);  // sizes the plan's workspace
   }
 
   void run(KernelContext& ctx) override {

@@ -244,8 +244,15 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   EXPECT_EQ(json_number(lines[0], "epoch"), 1.0);
   EXPECT_EQ(json_number(lines[0], "steps"), 89.0);
   for (const char* key :
-       {"seconds", "images_per_sec", "loss", "accuracy", "val_loss", "val_accuracy"})
+       {"seconds", "images_per_sec", "steady_images_per_sec", "steady_step_seconds",
+        "first_step_seconds", "max_rss_mib", "loss", "accuracy", "val_loss", "val_accuracy"})
     EXPECT_TRUE(json_number(lines[0], key).has_value()) << key << " in " << lines[0];
+  // The steady figures leave out the run's first step: 88 steps' time, below the epoch's.
+  EXPECT_LT(*json_number(lines[0], "steady_step_seconds") * 88 +
+                *json_number(lines[0], "first_step_seconds"),
+            *json_number(lines[0], "seconds") * 1.001 + 1e-6)
+      << lines[0];
+  EXPECT_GT(*json_number(lines[0], "max_rss_mib"), 1.0);
   // Random labels over 10 classes: the accuracies are fractions, the loss near ln 10.
   EXPECT_NEAR(*json_number(lines[0], "loss"), std::log(10.0), 0.3);
   EXPECT_GE(*json_number(lines[0], "val_accuracy"), 0.0);
@@ -253,14 +260,21 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
 
   // --metrics-json appends: a second run adds its line.
   r = train({model, "--data", "synthetic:100", "--val-data", "none", "--threads", "1",
-             "--metrics-json", path("m.jsonl")});
+             "--epochs", "2", "--metrics-json", path("m.jsonl")});
   ASSERT_EQ(r.rc, 0) << r.err;
   lines = lines_of(cli_test::read_file(path("m.jsonl")));
-  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines.size(), 3u);
   EXPECT_TRUE(cli_test::is_valid_json(lines[1], &why)) << why;
   EXPECT_EQ(json_number(lines[1], "steps"), 2.0);  // ceil(100 / 64)
   EXPECT_FALSE(json_number(lines[1], "val_loss").has_value());
   EXPECT_FALSE(json_number(lines[1], "val_accuracy").has_value());
+  // Only the run's first epoch has a first step; the second is all steady steps.
+  EXPECT_TRUE(json_number(lines[1], "first_step_seconds").has_value()) << lines[1];
+  EXPECT_FALSE(json_number(lines[2], "first_step_seconds").has_value()) << lines[2];
+  EXPECT_NEAR(*json_number(lines[2], "steady_images_per_sec"),
+              *json_number(lines[2], "images_per_sec"),
+              1e-6 * *json_number(lines[2], "images_per_sec"))
+      << lines[2];
 }
 
 TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch) {
