@@ -228,6 +228,13 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   EXPECT_TRUE(has_line_matching(r.out, "parameters +298 trainable in 6 tensors")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "optimizer +adam, lr 0.0001, schedule constant")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "validation +synthetic:300.*: 300 examples")) << r.out;
+  // Issue #18: the plan is built before step 1 and says what it holds; the end gives the peak.
+  EXPECT_TRUE(has_line_matching(r.out, "memory +[0-9.]+ [KMG]iB planned per replica: arena "
+                                       "[0-9.]+ [KMG]iB .*state [0-9.]+ KiB .*prepared in [0-9.]+s"))
+      << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "memory +peak [0-9.]+ [KMG]iB resident .*planned .* x 1 "
+                                       "replica .*"))
+      << r.out;
   // stdout is a file here: one plain line per epoch, no carriage returns. The mlp's rows are
   // no images: its rate is in samples/s (img/s is for float inputs of rank >= 3 past the batch).
   EXPECT_EQ(r.out.find('\r'), std::string::npos);

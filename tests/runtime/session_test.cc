@@ -3,6 +3,7 @@
 // outputs written over inputs (training state in place) and deferred (asynchronous) kernels.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -109,6 +110,59 @@ ONNXTRAIN_REGISTER_OP(test_head) {
   return s;
 }
 
+// test.Scratch<bytes, persistent>(x) = x: asks for `bytes` of scratch in prepare() and run()
+// (KernelContext::persistent_scratch when `persistent`), fills it and records where it was.
+std::vector<std::byte*> g_scratch;
+class ScratchKernel : public ops::Kernel {
+ public:
+  explicit ScratchKernel(const graph::Node& n)
+      : bytes_(static_cast<size_t>(n.attr_int("bytes", 0))),
+        persistent_(n.attr_int("persistent", 0) != 0) {}
+  void prepare(ops::KernelContext& ctx) override { get(ctx); }
+  void run(ops::KernelContext& ctx) override {
+    auto* p = get(ctx);
+    std::memset(p, 0x5a, bytes_);
+    g_scratch.push_back(p);
+    const ops::TensorView& x = *ctx.input(0);
+    std::memcpy(ctx.output(0).data, x.data, x.nbytes());
+  }
+
+ private:
+  std::byte* get(ops::KernelContext& ctx) {
+    return static_cast<std::byte*>(persistent_ ? ctx.persistent_scratch(bytes_)
+                                               : ctx.scratch(bytes_));
+  }
+  size_t bytes_;
+  bool persistent_;
+};
+
+ONNXTRAIN_REGISTER_OP(test_scratch) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "Scratch";
+  s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ScratchKernel>(n); };
+  return s;
+}
+
+// x -> Scratch(bytes[0]) -> Scratch(bytes[1]) -> ... (persistent where `persistent` says).
+std::unique_ptr<graph::Model> scratch_model(const std::vector<int64_t>& bytes,
+                                            const std::vector<int>& persistent) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* v = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::symbol("N")}));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    graph::Node* n = g.add_node("Scratch", {v}, {cat("t", i)}, cat("scratch", i), "test");
+    n->set_attr(graph::Attribute::make_int("bytes", bytes[i]));
+    n->set_attr(graph::Attribute::make_int("persistent", persistent[i]));
+    v = n->output(0);
+  }
+  g.add_output(v);
+  return m;
+}
+
 std::unique_ptr<graph::Model> chain_model(int length) {
   auto m = std::make_unique<graph::Model>();
   m->set_opset("", 17);
@@ -149,6 +203,46 @@ TEST(Session, CachesOnePlanPerShapeSignature) {
   auto out = s.run({{"x", vec({1, 2, 3, 4, 5})}});
   EXPECT_EQ(s.cached_plans(), 2u);
   EXPECT_FLOAT_EQ(out[0].data_as<float>()[4], 20.f);
+}
+
+// Issue #18: the host kernels' scratch is one workspace per plan, as large as the largest
+// request (not the sum, which per-node scratch took: 1.1 GB of ResNet-50's training step);
+// persistent scratch stays per node.
+TEST(Session, HostKernelsShareOneWorkspaceSizedByTheLargestRequest) {
+  InferenceSession s(scratch_model({1000, 5000, 3000, 700, 900}, {0, 0, 0, 1, 1}));
+  g_scratch.clear();
+  auto out = s.run({{"x", vec({1, 2, 3})}});
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[2], 3.f);
+  const PlanStats& st = s.last_plan_stats();
+  EXPECT_EQ(st.workspace_bytes, 5000);
+  EXPECT_EQ(st.persistent_scratch_bytes, 700 + 900);
+  ASSERT_EQ(g_scratch.size(), 5u);
+  EXPECT_EQ(g_scratch[0], g_scratch[1]);
+  EXPECT_EQ(g_scratch[1], g_scratch[2]);
+  EXPECT_NE(g_scratch[3], g_scratch[4]);
+  EXPECT_NE(g_scratch[3], g_scratch[0]);
+  // A second run moves nothing: the workspace was sized in prepare(), before the first run.
+  s.run({{"x", vec({4, 5, 6})}});
+  ASSERT_EQ(g_scratch.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(g_scratch[i], g_scratch[i + 5]) << i;
+}
+
+// InferenceSession::prepare builds the plan run() uses (kernels prepared, workspace sized)
+// without running a kernel; the run that follows builds nothing.
+TEST(Session, PrepareBuildsThePlanTheFirstRunUses) {
+  InferenceSession s(scratch_model({4096, 100}, {0, 0}));
+  g_scratch.clear();
+  s.prepare({{"x", vec({0, 0, 0, 0})}});
+  EXPECT_EQ(s.cached_plans(), 1u);
+  EXPECT_TRUE(g_scratch.empty());  // no kernel ran
+  EXPECT_EQ(s.last_plan_stats().workspace_bytes, 4096);
+  EXPECT_EQ(s.last_plan_stats().arena_bytes, 2 * 64);  // t0 and t1, each 64-byte aligned
+  auto out = s.run({{"x", vec({1, 2, 3, 4})}});
+  EXPECT_EQ(s.cached_plans(), 1u);
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[3], 4.f);
+  // Other dims: another plan, as run() would build.
+  s.prepare({{"x", vec({1, 2})}});
+  EXPECT_EQ(s.cached_plans(), 2u);
 }
 
 TEST(Session, FoldsNodesWhoseInputsAreConstant) {

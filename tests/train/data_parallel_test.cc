@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -42,6 +43,11 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
     worst = std::max(worst, std::abs(x - y) / std::max(1e-3, std::abs(y)));
   }
   return worst;
+}
+
+bool bytes_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
 struct Case {
@@ -95,6 +101,36 @@ TEST(DataParallel, UnevenAndEmptySlices) {
           2, {7, 1, 8, 3});
   compare({"mlp", {.input_shape = {5}, .classes = 3, .width = 8, .seed = 4}, passes::OptimizerKind::kAdamW},
           3, {2, 7, 1});
+}
+
+// prepare() builds every replica's plan without touching the state: the steps that follow
+// build no other plan and give bit for bit what an unprepared session gives.
+TEST(DataParallel, PrepareBuildsThePlansAndChangesNothing) {
+  std::unique_ptr<graph::Model> model =
+      models::build_zoo_model("cnn", {.input_shape = {1, 12, 12}, .classes = 3, .width = 4, .seed = 6});
+  auto fresh = make_session(*model, 2, passes::OptimizerKind::kAdam);
+  auto prepared = make_session(*model, 2, passes::OptimizerKind::kAdam);
+  std::mt19937_64 rng(13);
+  std::map<std::string, Tensor> batch{{"input", uniform({6, 1, 12, 12}, rng)},
+                                      {"labels", labels(6, 3, rng)}};
+  const auto before = prepared->state();
+  prepared->prepare(batch);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(prepared->replica_session(k).session().cached_plans(), 1u) << k;
+    EXPECT_GT(prepared->replica_session(k).session().last_plan_stats().arena_bytes, 0) << k;
+  }
+  for (const auto& [name, t] : prepared->state())
+    EXPECT_TRUE(bytes_equal(t, before.at(name))) << name;
+  for (int s = 0; s < 2; ++s) {
+    const runtime::StepResult a = fresh->step(batch, 1e-2f, 1.0f / 6);
+    const runtime::StepResult b = prepared->step(batch, 1e-2f, 1.0f / 6);
+    EXPECT_EQ(a.loss, b.loss) << "step " << s;
+  }
+  for (int k = 0; k < 2; ++k)
+    EXPECT_EQ(prepared->replica_session(k).session().cached_plans(), 1u) << k;
+  const auto fs = fresh->state();
+  for (const auto& [name, t] : prepared->state())
+    EXPECT_TRUE(bytes_equal(t, fs.at(name))) << name;
 }
 
 // BatchNormalization without --sync-batchnorm: per-replica batch statistics, so no equivalence,
