@@ -15,6 +15,7 @@
 #include "ops/op_api.h"
 #include "runtime/device/device.h"
 #include "runtime/session.h"
+#include "runtime/plan_util.h"
 #include "runtime/subgraph.h"
 
 namespace onnxtrain::runtime {
@@ -137,9 +138,10 @@ class Plan {
   std::map<const graph::Value*, int> slot_index_;
   std::vector<Step> steps_;
   std::vector<std::vector<int>> release_after_;  // dynamic slots freed after each step
-  std::shared_ptr<std::byte[]> arena_;
-  std::shared_ptr<std::byte[]> workspace_;
-  size_t workspace_bytes_ = 0;
+  // Host mode: the arena and the kernels' workspace; the session's shared ones for a top-level
+  // plan, this plan's own for a control-flow body (which runs inside its parent's run).
+  std::shared_ptr<plan_util::GrowingBuffer> arena_, workspace_;
+  std::byte* host_arena() const { return arena_ ? arena_->data.get() : nullptr; }
   PlanStats stats_;
   // The session's device; device_mode_ when its memory is not host memory (a GPU): then
   // Slot::bind holds device pointers, Slot::host_view the host side.

@@ -19,7 +19,6 @@ using graph::Tensor;
 using graph::ValueType;
 using plan_util::concrete;
 using plan_util::make_host_buffer;
-using plan_util::touch_pages;
 
 int Plan::slot_of(const graph::Value* v) {
   auto it = slot_index_.find(v);
@@ -114,22 +113,23 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs, const Resid
   prepare_kernels();
   for (const Slot& slot : slots_)
     if (slot.is_constant) stats_.constant_bytes += static_cast<int64_t>(slot.constant.nbytes());
-  // The first run should cost what every later one does (issue #18): the kernels were prepared
-  // (primitives made, workspace sized), and the pages of the arena and workspace are touched
-  // now, not by the first run's page faults.
-  if (!device_mode_) {
-    touch_pages(arena_.get(), static_cast<size_t>(stats_.arena_bytes), session_.opts_.threads);
-    touch_pages(workspace_.get(), workspace_bytes_, session_.opts_.threads);
-  }
+  // The first run costs what every later one does (issue #18): the kernels are prepared
+  // (primitives made, workspace sized), and the arena's and workspace's pages were touched when
+  // allocated (GrowingBuffer), not by the first run's page faults.
 }
 
 std::byte* Plan::host_workspace(size_t bytes) {
-  if (bytes > workspace_bytes_) {
-    workspace_ = make_host_buffer(bytes);
-    workspace_bytes_ = bytes;
-    stats_.workspace_bytes = static_cast<int64_t>(bytes);
+  if (!workspace_) {
+    std::shared_ptr<plan_util::GrowingBuffer>& shared = session_.host_workspace_;
+    if (parent_) {
+      workspace_ = std::make_shared<plan_util::GrowingBuffer>();
+    } else {
+      if (!shared) shared = std::make_shared<plan_util::GrowingBuffer>();
+      workspace_ = shared;
+    }
   }
-  return workspace_.get();
+  stats_.workspace_bytes = std::max(stats_.workspace_bytes, static_cast<int64_t>(bytes));
+  return workspace_->at_least(bytes, session_.opts_.threads);
 }
 
 void Plan::plan_aliases() {
@@ -338,8 +338,17 @@ void Plan::plan_memory() {
   const auto arena = static_cast<size_t>(layout.arena_bytes);
   if (arena > 0 && device_mode_) {
     device_arena_ = device_->make_buffer(arena);
-  } else if (arena > 0) {
-    arena_ = make_host_buffer(arena);
+  } else if (!device_mode_) {
+    // The session's shared arena for a top-level plan (created by its first plan), else this
+    // plan's own.
+    std::shared_ptr<plan_util::GrowingBuffer>& shared = session_.host_arena_;
+    if (parent_) {
+      arena_ = std::make_shared<plan_util::GrowingBuffer>();
+    } else {
+      if (!shared) shared = std::make_shared<plan_util::GrowingBuffer>();
+      arena_ = shared;
+    }
+    arena_->at_least(arena, session_.opts_.threads);
   }
   for (size_t k = 0; k < order.size(); ++k) {
     Slot& slot = slots_[order[k]];
@@ -347,7 +356,7 @@ void Plan::plan_memory() {
     Binding& b = slot.bind;
     b.view.dtype = slot.type.dtype;
     b.view.dims = *concrete(slot.type);
-    b.view.data = (device_mode_ ? device_arena_.get() : arena_.get()) + slot.arena_offset;
+    b.view.data = (device_mode_ ? device_arena_.get() : host_arena()) + slot.arena_offset;
   }
   // Dynamic buffers are released after their last reader.
   release_after_.assign(steps_.size(), {});

@@ -64,4 +64,22 @@ inline void touch_pages(std::byte* p, size_t bytes, int threads) {
   for (int64_t i = 0; i < pages; ++i) p[static_cast<size_t>(i) * kPage] = std::byte{0};
 }
 
+// A host buffer that only grows: the arena or workspace of one plan, or the one every top-level
+// plan of a session shares (a session runs one plan at a time).
+struct GrowingBuffer {
+  std::shared_ptr<std::byte[]> data;
+  size_t bytes = 0;
+  // At least n bytes, its pages touched when new; the old contents are not kept.
+  std::byte* at_least(size_t n, int threads) {
+    if (n > bytes) {
+      data.reset();  // the old block goes before the new one comes: no peak of both
+      bytes = 0;
+      data = make_host_buffer(n);
+      bytes = n;
+      touch_pages(data.get(), n, threads);
+    }
+    return data.get();
+  }
+};
+
 }  // namespace onnxtrain::runtime::plan_util

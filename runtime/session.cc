@@ -240,6 +240,11 @@ graph::Tensor InferenceSession::get_resident(const std::string& name) const {
   return out;
 }
 
+int64_t InferenceSession::shared_host_bytes() const {
+  return static_cast<int64_t>((host_arena_ ? host_arena_->bytes : 0) +
+                              (host_workspace_ ? host_workspace_->bytes : 0));
+}
+
 const PlanStats& InferenceSession::last_plan_stats() const {
   static const PlanStats kEmpty;
   return last_plan_ ? last_plan_->stats() : kEmpty;

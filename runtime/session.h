@@ -57,6 +57,9 @@ struct PlanStats {
 
 class Plan;
 class StepContext;
+namespace plan_util {
+struct GrowingBuffer;
+}
 
 class InferenceSession {
  public:
@@ -87,6 +90,9 @@ class InferenceSession {
   void set_random_seed(uint64_t seed) { random_seed_ = seed; }
   const PlanStats& last_plan_stats() const;
   size_t cached_plans() const { return plans_.size(); }
+  // Bytes of the host arena and workspace the session's top-level plans share (the largest
+  // plan's, not the sum over plans); 0 on a device.
+  int64_t shared_host_bytes() const;
   // Writes the Chrome trace of every run so far.
   void write_profile(const std::string& path) const;
 
@@ -96,6 +102,9 @@ class InferenceSession {
   std::map<std::string, std::unique_ptr<Plan>> plans_;  // by input-shape signature
   std::map<std::string, DeviceTensor> resident_;
   Plan* last_plan_ = nullptr;
+  // The host arena and kernel workspace every top-level CPU plan of this session shares: plans
+  // never run at once, so a second input shape (a partial last batch) costs no second arena.
+  std::shared_ptr<plan_util::GrowingBuffer> host_arena_, host_workspace_;
   // The plan for these inputs (built when new); fills what its run() takes.
   Plan& plan_for(const std::map<std::string, graph::Tensor>& inputs,
                  std::map<std::string, const graph::Tensor*>& bound,

@@ -40,7 +40,7 @@ ops::TensorView& StepContext::output(int i, std::span<const int64_t> dims) {
       b.owned = Tensor();
       b.view.dtype = slot.type.dtype;
       b.view.dims = std::move(d);
-      b.view.data = (native_ ? plan_.device_arena_.get() : plan_.arena_.get()) + slot.arena_offset;
+      b.view.data = (native_ ? plan_.device_arena_.get() : plan_.host_arena()) + slot.arena_offset;
       b.view.strings = nullptr;
       return b.view;
     }

@@ -153,8 +153,10 @@ class Trainer {
   // ---- what was built
   const Options& options() const { return opts_; }
   const graph::Model& original() const { return *original_; }
-  // The training graph as built (before state became inputs), e.g. to export and dump it.
-  const graph::Model& training_graph() const { return *training_graph_; }
+  // The training graph as built (before state became inputs), e.g. to export and dump it. After
+  // start() its state initializers hold the state's current values (the sessions own the state;
+  // the graph keeps no second copy of weights and optimizer moments between calls).
+  const graph::Model& training_graph() const;
   const passes::TrainingGraphInfo& info() const { return info_; }
   // Initializers an exporter merged: left shared (warnings) or copied (--untie-initializers,
   // BN running statistics).
@@ -193,7 +195,9 @@ class Trainer {
   std::vector<runtime::ModelInput> model_inputs_;
   std::vector<int64_t> output_dims_;  // the trained output's dims past the batch (may be empty)
   int64_t classes_ = 0;
+  // Its state initializers are cleared by start() and put back by training_graph().
   std::unique_ptr<graph::Model> training_graph_;
+  bool state_in_sessions_ = false;
   passes::TrainingGraphInfo info_;
   passes::UntieReport untie_;
   std::vector<std::shared_ptr<runtime::Device>> devices_;

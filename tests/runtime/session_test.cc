@@ -245,6 +245,33 @@ TEST(Session, PrepareBuildsThePlanTheFirstRunUses) {
   EXPECT_EQ(s.cached_plans(), 2u);
 }
 
+// Plans of one session never run at once, so they share one host arena and workspace: a second
+// input shape (a partial last batch) takes no second arena. Alternating shapes stays correct.
+TEST(Session, PlansOfOneSessionShareTheArena) {
+  InferenceSession s(chain_model(4));
+  std::vector<float> big(1000, 1.f), small(10, 3.f);
+  auto out = s.run({{"x", vec(big)}});
+  EXPECT_EQ(s.last_plan_stats().arena_bytes, 2 * 4032);  // 4000 rounded up to 64
+  EXPECT_EQ(s.shared_host_bytes(), 2 * 4032);
+  out = s.run({{"x", vec(small)}});
+  EXPECT_EQ(s.cached_plans(), 2u);
+  EXPECT_EQ(s.last_plan_stats().arena_bytes, 2 * 64);
+  EXPECT_EQ(s.shared_host_bytes(), 2 * 4032);  // not 2 * 4032 + 2 * 64
+  EXPECT_FLOAT_EQ(out[0].data_as<float>()[9], 3.f * 16);
+  // A larger third shape grows the one arena; the earlier plans then run in the new one.
+  std::vector<float> bigger(3000, 2.f);
+  out = s.run({{"x", vec(bigger)}});
+  EXPECT_EQ(s.shared_host_bytes(), 2 * 12032);  // 12000 rounded up to 64
+  for (int round = 0; round < 2; ++round) {
+    out = s.run({{"x", vec(big)}});
+    EXPECT_FLOAT_EQ(out[0].data_as<float>()[999], 16.f);
+    out = s.run({{"x", vec(small)}});
+    EXPECT_FLOAT_EQ(out[0].data_as<float>()[0], 48.f);
+    out = s.run({{"x", vec(bigger)}});
+    EXPECT_FLOAT_EQ(out[0].data_as<float>()[2999], 32.f);
+  }
+}
+
 TEST(Session, FoldsNodesWhoseInputsAreConstant) {
   auto m = chain_model(1);
   graph::Graph& g = *m->graph;
