@@ -105,6 +105,10 @@ class Plan {
   void prepare_kernels();
   // The host kernels' shared scratch, at least `bytes` (KernelContext::scratch).
   std::byte* host_workspace(size_t bytes);
+  // A top-level plan's host arena / workspace is the session's `shared` one (made on first use);
+  // a control-flow body gets its own.
+  std::shared_ptr<plan_util::GrowingBuffer> host_buffer(
+      std::shared_ptr<plan_util::GrowingBuffer>& shared);
   // Binds a constant's buffer; on a device, `upload` also copies it to device memory.
   void bind_constant(int slot, bool upload = true);
   void execute(Step& step, int index, bool at_plan_time);

@@ -111,23 +111,20 @@ void Plan::build(const std::map<std::string, const Tensor*>& inputs, const Resid
   if (!parent_) plan_aliases();
   plan_memory();
   prepare_kernels();
-  for (const Slot& slot : slots_)
-    if (slot.is_constant) stats_.constant_bytes += static_cast<int64_t>(slot.constant.nbytes());
   // The first run costs what every later one does (issue #18): the kernels are prepared
   // (primitives made, workspace sized), and the arena's and workspace's pages were touched when
   // allocated (GrowingBuffer), not by the first run's page faults.
 }
 
+std::shared_ptr<plan_util::GrowingBuffer> Plan::host_buffer(
+    std::shared_ptr<plan_util::GrowingBuffer>& shared) {
+  if (parent_) return std::make_shared<plan_util::GrowingBuffer>();  // runs inside its parent's run
+  if (!shared) shared = std::make_shared<plan_util::GrowingBuffer>();
+  return shared;
+}
+
 std::byte* Plan::host_workspace(size_t bytes) {
-  if (!workspace_) {
-    std::shared_ptr<plan_util::GrowingBuffer>& shared = session_.host_workspace_;
-    if (parent_) {
-      workspace_ = std::make_shared<plan_util::GrowingBuffer>();
-    } else {
-      if (!shared) shared = std::make_shared<plan_util::GrowingBuffer>();
-      workspace_ = shared;
-    }
-  }
+  if (!workspace_) workspace_ = host_buffer(session_.host_workspace_);
   stats_.workspace_bytes = std::max(stats_.workspace_bytes, static_cast<int64_t>(bytes));
   return workspace_->at_least(bytes, session_.opts_.threads);
 }
@@ -339,15 +336,7 @@ void Plan::plan_memory() {
   if (arena > 0 && device_mode_) {
     device_arena_ = device_->make_buffer(arena);
   } else if (!device_mode_) {
-    // The session's shared arena for a top-level plan (created by its first plan), else this
-    // plan's own.
-    std::shared_ptr<plan_util::GrowingBuffer>& shared = session_.host_arena_;
-    if (parent_) {
-      arena_ = std::make_shared<plan_util::GrowingBuffer>();
-    } else {
-      if (!shared) shared = std::make_shared<plan_util::GrowingBuffer>();
-      arena_ = shared;
-    }
+    arena_ = host_buffer(session_.host_arena_);
     arena_->at_least(arena, session_.opts_.threads);
   }
   for (size_t k = 0; k < order.size(); ++k) {

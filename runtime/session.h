@@ -45,7 +45,6 @@ struct PlanStats {
   int64_t unshared_bytes = 0;   // what they would need without reuse
   int64_t workspace_bytes = 0;  // the host kernels' shared scratch (KernelContext::scratch)
   int64_t persistent_scratch_bytes = 0;  // scratch kept per node (device kernels, AllReduce)
-  int64_t constant_bytes = 0;   // initializers and folded values the plan holds
   int folded_nodes = 0;         // nodes computed once at plan time
   int kernel_nodes = 0;         // nodes run per step
   int dynamic_nodes = 0;        // nodes whose output shapes are only known at run time
