@@ -12,6 +12,8 @@
 //              updated=U  original=O  [replica=k]
 //   gradient   param=P  grad=G  [reduced=A]  [replica=k]  [bucket=b]
 //   bucket     index=b  node=N  bytes=B
+//   precision  compute=bf16|f16                 (TrainingSignature::compute_dtype; absent = f32)
+//   copy       master=P  copy=C  [replica=k]    (mixed precision's low-precision weight copies)
 //   node       name=N  replica=k            (Node::replica of a replicated node)
 #include "graph/training_signature.h"
 
@@ -186,6 +188,14 @@ std::string encode_training(const Model& m) {
     text += Line("input").field("role", std::string(input_role_name(i.role))).field("name", i.name).str();
   if (t.ignore_index) text += Line("labels").field("ignore_index", *t.ignore_index).str();
   if (!t.model_loss.empty()) text += Line("loss").field("model_output", t.model_loss).str();
+  if (t.compute_dtype != DataType::kFloat)
+    text += Line("precision").field("compute", std::string(dtype_short_name(t.compute_dtype))).str();
+  for (const LowPrecisionCopy& c : t.copies)
+    text += Line("copy")
+                .field("master", c.master)
+                .field("copy", c.copy)
+                .optional("replica", c.replica)
+                .str();
   for (const ResultBinding& r : t.results)
     text += Line("result")
                 .field("role", std::string(result_role_name(r.role)))
@@ -276,6 +286,19 @@ void decode_training(const std::string& text, Model& m, const std::string& where
     } else if (record == "loss") {
       OT_CHECK(t.model_loss.empty(), at, "a second 'loss' record");
       t.model_loss = f.str("model_output");
+    } else if (record == "precision") {
+      OT_CHECK(t.compute_dtype == DataType::kFloat, at, "a second 'precision' record");
+      const std::string name = f.str("compute");
+      const std::optional<DataType> d = dtype_from_short_name(name);
+      OT_CHECK(d && (*d == DataType::kBFloat16 || *d == DataType::kFloat16), at,
+               "field 'compute' must be bf16 or f16, got '", name, "'");
+      t.compute_dtype = *d;
+    } else if (record == "copy") {
+      LowPrecisionCopy c;
+      c.master = f.str("master");
+      c.copy = f.str("copy");
+      c.replica = f.index("replica");
+      t.copies.push_back(std::move(c));
     } else if (record == "result") {
       ResultBinding b;
       b.role = f.enumerated<ResultRole>("role", kResultRoles);
@@ -395,6 +418,20 @@ void verify_training(const Model& m, const std::string& context) {
     replica_ok("gradient", gb.replica);
     OT_CHECK(gb.bucket >= -1 && gb.bucket < static_cast<int>(t.buckets.size()), at,
              "gradient of '", gb.param, "' names bucket ", gb.bucket, " of ", t.buckets.size());
+  }
+  OT_CHECK(t.copies.empty() || t.compute_dtype != DataType::kFloat, at,
+           "copy records without a 'precision' record");
+  for (const LowPrecisionCopy& c : t.copies) {
+    value("copy", "master", c.master);
+    auto it = states.find(c.master);
+    OT_CHECK(it == states.end() || it->second->kind == StateKind::kParameter, at, "copy master '",
+             c.master, "' is state of kind ",
+             it == states.end() ? "" : state_kind_name(it->second->kind), ", not a parameter");
+    const Value* v = value("copy", "copy", c.copy);
+    OT_CHECK(v->dtype() == DataType::kUndefined || v->dtype() == t.compute_dtype, at, "copy '",
+             c.copy, "' is ", dtype_short_name(v->dtype()), ", the compute dtype is ",
+             dtype_short_name(t.compute_dtype));
+    replica_ok("copy", c.replica);
   }
   for (const GradientBucket& b : t.buckets) {
     const Node* found = nullptr;

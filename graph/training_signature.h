@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/dtype.h"
+
 namespace onnxtrain::graph {
 
 class Model;
@@ -85,6 +87,15 @@ struct GradientBucket {
   bool operator==(const GradientBucket&) const = default;
 };
 
+// Mixed precision (passes::autocast): a parameter's low-precision copy, the Cast of the
+// float32 master weight that the forward reads; made once per step.
+struct LowPrecisionCopy {
+  std::string master;  // a kParameter state (this replica's copy), float32
+  std::string copy;    // its Cast to TrainingSignature::compute_dtype
+  int replica = -1;
+  bool operator==(const LowPrecisionCopy&) const = default;
+};
+
 struct TrainingSignature {
   int replicas = 1;    // replicas the graph was built for (1 until replicate)
   int partition = -1;  // >= 0: this graph is only replica `partition`'s share (passes::partition)
@@ -100,6 +111,10 @@ struct TrainingSignature {
   // over its own rows; loss_scale is then 1 / the replicas over all processes, and there are
   // no labels, targets or `correct`.
   std::string model_loss;
+  // Mixed precision: the dtype autocast runs Conv/Gemm/MatMul in (bf16, f16); float32 when
+  // the graph is not autocast. Master weights, optimizer state and the loss stay float32.
+  DataType compute_dtype = DataType::kFloat;
+  std::vector<LowPrecisionCopy> copies;
 
   bool empty() const { return state.empty() && inputs.empty() && results.empty(); }
   bool operator==(const TrainingSignature&) const = default;

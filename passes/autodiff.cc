@@ -22,7 +22,8 @@ using graph::Tensor;
 using graph::Value;
 
 bool differentiable(const Value* v) {
-  return v && (v->dtype() == DataType::kFloat || v->dtype() == DataType::kDouble);
+  return v && (v->dtype() == DataType::kFloat || v->dtype() == DataType::kDouble ||
+               v->dtype() == DataType::kBFloat16 || v->dtype() == DataType::kFloat16);
 }
 
 std::string op_name(const Node& n) {

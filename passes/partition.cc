@@ -124,6 +124,7 @@ void partition(graph::Model& model, int replica) {
   keep_replica(sig.state, k);
   keep_replica(sig.gradients, k);
   keep_replica(sig.results, k);
+  keep_replica(sig.copies, k);
   sig.partition = k;
 }
 

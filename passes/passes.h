@@ -139,6 +139,23 @@ inline LossInfo attach_loss(graph::Model& model, const std::string& logits, Loss
   return attach_loss(model, logits, opts);
 }
 
+// ---- autocast.cc
+struct AutocastInfo {
+  int low_nodes = 0;  // Conv / Gemm / MatMul nodes now computing in the low precision
+  int casts = 0;      // Cast nodes added (inputs to low precision, outputs back to float32)
+};
+// Mixed precision on the forward graph (after prepare_training, before attach_loss, so autodiff
+// differentiates through the casts): every Conv, Gemm and MatMul whose inputs and output are
+// float32 reads low-precision (`compute`: bf16 or f16) copies of its inputs -- one Cast per
+// source value, `<name>.bf16`; a parameter's is its low-precision weight copy, recorded in
+// TrainingSignature::copies -- and writes a low-precision value that one Cast turns back into
+// float32 under the original name. Everything else stays float32: the master weights, BN and
+// normalization statistics, softmax, reductions, the loss and the optimizer (torch.autocast's
+// classes). Sets TrainingSignature::compute_dtype when any node changed. `params`: the trained
+// parameters (PreparedModel::params).
+AutocastInfo autocast(graph::Model& model, graph::DataType compute,
+                      const std::vector<std::string>& params);
+
 // ---- autodiff.cc
 struct GradientInfo {
   std::map<std::string, std::string> grads;  // value name -> its gradient value (`<name>_grad`)
@@ -285,6 +302,8 @@ struct TrainingOptions {
   // Replicate and bucket also when replicas == 1 (ReplicateOptions::force): the AllReduce nodes
   // then span the processes of a multi-process (MPI) run.
   bool collectives = false;
+  // Mixed precision (autocast after prepare_training): bf16 / f16; float32 = none.
+  graph::DataType precision = graph::DataType::kFloat;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
 // resolved one).
@@ -302,9 +321,10 @@ struct TrainingGraphInfo {
   GradientInfo gradients;
   OptimizerInfo optimizer;
   BucketInfo buckets;  // empty for one replica
+  AutocastInfo autocast;  // zeros without mixed precision
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
-// prepare_training -> attach_loss -> autodiff -> attach_optimizer -> dce (-> replicate ->
+// prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff -> attach_optimizer -> dce (-> replicate ->
 // bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 

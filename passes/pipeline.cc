@@ -17,6 +17,11 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   infer_shapes(model);
   info.prepared = prepare_training(model, opts.trainable, opts.output);
   stage("prepare_training");
+  if (opts.precision != graph::DataType::kFloat) {
+    info.autocast = autocast(model, opts.precision, info.prepared.params);
+    infer_shapes(model);
+    stage("autocast");
+  }
   info.loss = attach_loss(model, info.prepared.logits, loss_options(opts, opts.loss));
   infer_shapes(model);
   stage("attach_loss");

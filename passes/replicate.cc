@@ -145,6 +145,7 @@ class Replicator {
     sig.gradients.clear();
     sig.results.clear();
     sig.buckets.clear();
+    sig.copies.clear();
     auto value = [&](const std::string& name) { return g_.find_value(name); };
     for (int k = 0; k < r_; ++k) {
       for (const graph::StateBinding& b : old.state)
@@ -159,6 +160,10 @@ class Replicator {
                                  .reduced = "",
                                  .replica = k,
                                  .bucket = -1});
+      for (const graph::LowPrecisionCopy& c : old.copies)
+        sig.copies.push_back({.master = name_in(k, value(c.master)),
+                              .copy = name_in(k, value(c.copy)),
+                              .replica = k});
       for (const graph::ResultBinding& b : old.results) {
         const Value* v = value(b.name);
         const bool mapped = maps_[static_cast<size_t>(k)].count(v) != 0;

@@ -78,6 +78,11 @@ model and optimizer:
                           statistics normalize and stay as they are; scale/bias still train)
   --untie-initializers    give each node its own copy of a parameter an exporter merged
                           (equal initial values exported as one tensor; the plan warns)
+  --precision P           fp32 (default) | bf16: mixed precision, Conv/Gemm/MatMul and their
+                          gradients in bfloat16, float32 master weights, optimizer, BN and
+                          loss; needs AVX512-BF16 or AMX (fp16: not yet). The trained model
+                          and validation stay float32
+  --allow-emulation       run --precision bf16 on a CPU without bf16 instructions (slow)
   --freeze REGEX          do not train parameters whose name matches
   --trainable REGEX       train only parameters whose name matches
   --optimizer KIND        sgd | momentum | adam (default) | adamw | adagrad
@@ -296,6 +301,14 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--untie-initializers") {
       no_value();
       c.train.model.trainable.untie_initializers = true;
+    } else if (arg == "--precision") {
+      const std::string v = value();
+      const std::optional<graph::DataType> t = train::parse_precision(v);
+      if (!t) usage_fail(arg, ": expected fp32, bf16 or fp16, got '", v, "'");
+      c.train.model.precision = *t;
+    } else if (arg == "--allow-emulation") {
+      no_value();
+      c.train.model.allow_emulation = true;
     } else if (arg == "--freeze") {
       c.train.model.trainable.freeze_regex = value();
     } else if (arg == "--trainable") {

@@ -102,6 +102,14 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "loss        %s on '%s'%s\n",
                std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str(),
                loss_detail.empty() ? "" : cat(" (", loss_detail, ")").c_str());
+  if (p.info.autocast.low_nodes > 0)
+    std::fprintf(f, "precision   %s mixed: %d Conv/Gemm/MatMul nodes and their gradients in %s, "
+                 "%d casts; float32 master weights, optimizer, normalization and loss\n",
+                 train::precision_name(o.model.precision).c_str(), p.info.autocast.low_nodes,
+                 train::precision_name(o.model.precision).c_str(), p.info.autocast.casts);
+  else if (o.model.precision != graph::DataType::kFloat)
+    std::fprintf(f, "precision   %s requested, but no float32 Conv/Gemm/MatMul to run in it: "
+                 "float32 throughout\n", train::precision_name(o.model.precision).c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (p.memory.total() > 0)

@@ -35,6 +35,11 @@ constexpr std::array<Named<runtime::LrSchedule::Kind>, 3> kSchedules{{
     {runtime::LrSchedule::Kind::kStep, "step"},
     {runtime::LrSchedule::Kind::kCosine, "cosine"},
 }};
+constexpr std::array<Named<graph::DataType>, 3> kPrecisions{{
+    {graph::DataType::kFloat, "fp32"},
+    {graph::DataType::kBFloat16, "bf16"},
+    {graph::DataType::kFloat16, "fp16"},
+}};
 
 template <typename E, size_t N>
 std::string_view name_in(const std::array<Named<E>, N>& table, E v) {
@@ -132,6 +137,12 @@ std::optional<passes::LossKind> loss_kind_from_name(std::string_view name) {
 std::string loss_kind_names() {
   return names_in(kLosses);
 }
+std::string precision_name(graph::DataType t) {
+  return std::string(name_in(kPrecisions, t));
+}
+std::optional<graph::DataType> parse_precision(std::string_view name) {
+  return value_in(kPrecisions, name);
+}
 std::string_view schedule_kind_name(runtime::LrSchedule::Kind k) {
   return name_in(kSchedules, k);
 }
@@ -177,6 +188,7 @@ std::vector<std::pair<std::string, std::string>> identity_fields(const RunIdenti
       {"sync_batchnorm", yes_no(id.sync_batchnorm)},
       {"bn_mode", id.bn_frozen ? "frozen" : "train"},
       {"untie_initializers", yes_no(id.untie)},
+      {"precision", precision_name(id.precision)},
   };
 }
 
@@ -251,6 +263,14 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
            "': expected train or frozen, got '", bn_mode, "'");
   id.bn_frozen = bn_mode == "frozen";
   id.untie = metadata.count(opt("untie_initializers")) && r.boolean(opt("untie_initializers"));
+  // Written since --precision exists; an older checkpoint trained in float32.
+  if (metadata.count(opt("precision"))) {
+    const std::string name = r.text(opt("precision"));
+    const std::optional<graph::DataType> t = parse_precision(name);
+    OT_CHECK(t, file, ": field '", opt("precision"), "': expected fp32, bf16 or fp16, got '", name,
+             "'");
+    id.precision = *t;
+  }
   RunPosition& p = s.position;
   p.step = r.number<int64_t>("step");
   p.steps_per_epoch = r.number<int64_t>("steps_per_epoch");

@@ -30,6 +30,9 @@ std::string loss_kind_names();
 std::string_view schedule_kind_name(runtime::LrSchedule::Kind k);
 std::optional<runtime::LrSchedule::Kind> schedule_kind_from_name(std::string_view name);
 std::string schedule_kind_names();
+// --precision's names: fp32, bf16, fp16.
+std::string precision_name(graph::DataType t);
+std::optional<graph::DataType> parse_precision(std::string_view name);
 
 // The options that change the math of a run. Two runs with equal identities compute the same
 // bits from the same state, so a checkpoint resumes only under an equal one.
@@ -55,7 +58,8 @@ struct RunIdentity {
   std::string freeze, trainable;  // regexes
   bool sync_batchnorm = false;
   bool bn_frozen = false;  // --bn-mode frozen
-  bool untie = false;      // --untie-initializers    // true only where it changes the math (more than one replica)
+  bool untie = false;
+  graph::DataType precision = graph::DataType::kFloat;  // --precision      // --untie-initializers    // true only where it changes the math (more than one replica)
   bool operator==(const RunIdentity&) const = default;
 };
 

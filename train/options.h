@@ -28,6 +28,11 @@ struct ModelOptions {
   // training data (and not (N, C)) then mean -1 (Trainer::build; the plan says so).
   bool class_axis_auto = true;
   std::optional<int64_t> ignore_index;
+  // Mixed precision (--precision; passes::autocast): the dtype Conv/Gemm/MatMul compute in,
+  // float32 = none. bf16 needs a CPU that runs it natively (AVX512-BF16, AMX) unless
+  // allow_emulation; f16 is refused until dynamic loss scaling exists (issue #19).
+  graph::DataType precision = graph::DataType::kFloat;
+  bool allow_emulation = false;
 };
 
 struct DataOptions {

@@ -16,6 +16,7 @@
 #include "graph/error.h"
 #include "graph/onnx_io.h"
 #include "ops/plugin.h"
+#include "ops/precision.h"
 #include "runtime/checkpoint.h"
 #include "runtime/finite.h"
 
@@ -142,6 +143,7 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.class_axis = o.model.class_axis;
   t.ignore_index = o.model.ignore_index;
   t.optimizer = o.optimizer;
+  t.precision = o.model.precision;
   return t;
 }
 
@@ -226,6 +228,27 @@ float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth, in
 
 }  // namespace
 
+// --precision against what the replicas' devices run. bf16 on a CPU without AVX512-BF16/AMX
+// would run the reference loops (hundreds of times slower): refused unless --allow-emulation.
+// fp16 needs dynamic loss scaling, which does not exist yet; the CUDA kernels take float32 only.
+void check_precision(const ModelOptions& m,
+                     const std::vector<std::shared_ptr<runtime::Device>>& devices) {
+  if (m.precision == graph::DataType::kFloat) return;
+  const std::string name = precision_name(m.precision);
+  OT_CHECK(m.precision != graph::DataType::kFloat16,
+           "--precision fp16 is not supported yet: it needs dynamic loss scaling (issue #19); "
+           "use --precision bf16, which needs none");
+  for (const auto& d : devices) {
+    OT_CHECK(d->kind() == ops::DeviceKind::kCpu, "--precision ", name, " on ", d->name(),
+             ": the CUDA kernels run float32 only so far (issue #19); use --device cpu or "
+             "--precision fp32");
+    OT_CHECK(m.allow_emulation || ops::cpu_runs_natively(m.precision), "--precision ", name,
+             ": this CPU has no native ", name,
+             " instructions (AVX512-BF16 or AMX); it would run the reference loops, far slower "
+             "than fp32 (--allow-emulation runs it anyway)");
+  }
+}
+
 std::vector<std::shared_ptr<runtime::Device>> replica_devices(const ParallelOptions& p) {
   const std::string spec = p.device.empty() ? runtime::default_device_spec() : p.device;
   std::vector<std::shared_ptr<runtime::Device>> out;
@@ -307,6 +330,7 @@ void Trainer::build() {
   }
   model_inputs_ = model_inputs_of(*original_);
   devices_ = replica_devices(p);
+  check_precision(opts_.model, devices_);
   // What the training labels are, when a file says (npy:, npz:): decides --loss auto (integer
   // labels: classes) and, unless --class-axis was given, where the classes are.
   std::optional<runtime::LabelFacts> labels;
@@ -635,6 +659,7 @@ RunIdentity Trainer::identity() const {
   id.sync_batchnorm = opts_.parallel.sync_batchnorm && opts_.parallel.replicas * processes() > 1;
   id.bn_frozen = opts_.model.trainable.freeze_batch_norm;
   id.untie = opts_.model.trainable.untie_initializers;
+  id.precision = opts_.model.precision;
   return id;
 }
 

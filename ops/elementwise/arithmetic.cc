@@ -259,14 +259,17 @@ ONNXTRAIN_REGISTER_OP(ew_pow_grad) {
   return s;
 }
 
+// Mixed precision's gradients stay bf16 until their Cast back: Add/Sum accumulate a value read
+// by several low-precision nodes, Mul scales by Gemm's beta.
+using MixedPrecisionTypes = decltype(NumericHalfTypes{} + TypeList<BFloat16>{});
 ONNXTRAIN_REGISTER_OP(ew_add) {
-  return with_gradient(binary_op<Wrapping<std::plus<>>, NumericHalfTypes>("Add"), add_grad);
+  return with_gradient(binary_op<Wrapping<std::plus<>>, MixedPrecisionTypes>("Add"), add_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sub) {
   return with_gradient(binary_op<Wrapping<std::minus<>>, NumericHalfTypes>("Sub"), sub_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_mul) {
-  return with_gradient(binary_op<Wrapping<std::multiplies<>>, NumericHalfTypes>("Mul"), mul_grad);
+  return with_gradient(binary_op<Wrapping<std::multiplies<>>, MixedPrecisionTypes>("Mul"), mul_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_div) {
   return with_gradient(binary_op<DivFn, NumericHalfTypes>("Div"), div_grad);
@@ -285,7 +288,7 @@ ONNXTRAIN_REGISTER_OP(ew_min) {
   return with_gradient(variadic_op<MinFn, NumericHalfTypes>("Min"), select_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sum) {
-  return with_gradient(variadic_op<Wrapping<std::plus<>>, NumericHalfTypes>("Sum"), sum_grad);
+  return with_gradient(variadic_op<Wrapping<std::plus<>>, MixedPrecisionTypes>("Sum"), sum_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_mean) {
   return with_gradient(

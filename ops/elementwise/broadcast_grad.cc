@@ -9,7 +9,8 @@ namespace onnxtrain::ops::ew {
 namespace {
 
 // dy: D, x: S with S numpy-broadcastable to D (only S is read) -> dx: S, dx = sum of dy over
-// the broadcast axes. Accumulates in double so float32 sums over big batches stay accurate.
+// the broadcast axes. Accumulates in double so float32 sums over big batches stay accurate
+// (bf16/f16 too: one rounding on store).
 class SumToShapeOfKernel final : public Kernel {
  public:
   explicit SumToShapeOfKernel(const graph::Node&) {}
@@ -20,7 +21,7 @@ class SumToShapeOfKernel final : public Kernel {
     TensorView& dx = ctx.output(0, x.dims);
     OT_CHECK(dx.dtype == dy.dtype, where, ": output dtype ", graph::dtype_short_name(dx.dtype),
              " differs from dY's ", graph::dtype_short_name(dy.dtype));
-    dispatch(FloatTypes{}, dy.dtype, where, [&](auto tag) {
+    dispatch(FloatTypes{} + TypeList<Half, BFloat16>{}, dy.dtype, where, [&](auto tag) {
       using T = typename decltype(tag)::type;
       reduce<T>(dy, x.dims, dx.as<T>(), where);
     });
@@ -48,7 +49,8 @@ class SumToShapeOfKernel final : public Kernel {
       for (int64_t i = 0; i < layout.total;) {
         // One row of the innermost collapsed dim at a time.
         const int64_t n = dims[last], s = stride[last];
-        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(off + j * s)] += in[i + j];
+        for (int64_t j = 0; j < n; ++j)
+          acc[static_cast<size_t>(off + j * s)] += static_cast<double>(in[i + j]);
         i += n;
         for (size_t d = last; d-- > 0;) {
           off += stride[d];
@@ -99,8 +101,14 @@ graph::Value* scalar_like(GradientBuilder& b, graph::Value* like, double v,
   const DataType dt = like->dtype();
   if (dt == DataType::kDouble)
     return b.constant(graph::Tensor::from_vector(dt, {}, std::vector<double>{v}), name_hint);
+  const auto f = static_cast<float>(v);
+  if (dt == DataType::kBFloat16)
+    return b.constant(graph::Tensor::from_vector(dt, {}, std::vector<BFloat16>{f}), name_hint);
+  if (dt == DataType::kFloat16)
+    return b.constant(graph::Tensor::from_vector(dt, {}, std::vector<Half>{f}), name_hint);
   OT_CHECK(dt == DataType::kFloat, b.node().describe(), ": gradient of '", like->name(),
-           "' with dtype ", graph::dtype_short_name(dt), " is not supported (float32/float64)");
+           "' with dtype ", graph::dtype_short_name(dt),
+           " is not supported (float32/float64/bfloat16/float16)");
   return b.constant(
       graph::Tensor::from_vector(dt, {}, std::vector<float>{static_cast<float>(v)}), name_hint);
 }

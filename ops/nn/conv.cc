@@ -1,5 +1,6 @@
-// Conv (1-D/2-D/3-D through oneDNN in f32; any rank and f64 through a reference loop): groups
-// (depthwise included), strides, dilations, explicit pads and auto_pad, optional bias.
+// Conv (1-D/2-D/3-D through oneDNN in f32 and bf16 -- mixed precision's low-precision copy --;
+// any rank, f64 and what oneDNN lacks through a reference loop): groups (depthwise included),
+// strides, dilations, explicit pads and auto_pad, optional bias.
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -182,8 +183,8 @@ class ConvKernel final : public Kernel {
     dnnl_.reset();
     const size_t spatial = setup_.geom.in.size();
     bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    if (x->dtype != DataType::kFloat || spatial > 3 || empty) return;
-    init_dnnl(ctx);
+    if (!dnnl_float_type(x->dtype) || spatial > 3 || empty) return;
+    init_dnnl(ctx, *dnnl_float_type(x->dtype));
     if (dnnl_.ready() && dnnl_.scratch_bytes()) ctx.scratch(dnnl_.scratch_bytes());  // sizes it
   }
 
@@ -199,26 +200,26 @@ class ConvKernel final : public Kernel {
       dnnl_.execute(ctx, x->data, w->data, b ? b->data : nullptr, y.data);
       return;
     }
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       conv_reference<T>(setup_, x->as<T>(), w->as<T>(), b ? b->as<T>() : nullptr, y.as<T>(), ctx);
     });
   }
 
  private:
-  void init_dnnl(KernelContext& ctx) {
+  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
     const WindowGeom& g = setup_.geom;
     UserDescs u;
-    u.x = plain_desc(x_dims_);
-    u.y = plain_desc(setup_.y_dims);
+    u.x = plain_desc(x_dims_, type);
+    u.y = plain_desc(setup_.y_dims, type);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
       wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
     }
-    u.w = plain_desc(wd);
+    u.w = plain_desc(wd, type);
     u.has_bias = has_bias_;
-    if (has_bias_) u.b = plain_desc(std::vector<int64_t>{setup_.m});
+    if (has_bias_) u.b = plain_desc(std::vector<int64_t>{setup_.m}, type);
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
@@ -388,7 +389,7 @@ void infer_conv_grad(InferenceContext& ctx) {
 }
 
 // dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M)
-// Each output is computed only when requested; f32 1-D..3-D through oneDNN's backward-data /
+// Each output is computed only when requested; f32 and bf16 1-D..3-D through oneDNN's backward-data /
 // backward-weights primitives, everything else through the reference.
 class ConvGradKernel final : public Kernel {
  public:
@@ -413,8 +414,9 @@ class ConvGradKernel final : public Kernel {
     data_.reset();
     weights_.reset();
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || empty) return;
-    init_dnnl(ctx);
+    if (!dnnl_float_type(x->dtype) || setup_.geom.in.size() > 3 || empty) return;
+    elem_bytes_ = static_cast<size_t>(graph::dtype_bits(x->dtype) / 8);
+    init_dnnl(ctx, *dnnl_float_type(x->dtype));
     if (!dnnl_ready()) return;
     const bool dw = ctx.num_outputs() > 1 && ctx.has_output(1);
     const bool db = ctx.num_outputs() > 2 && ctx.has_output(2);
@@ -436,7 +438,7 @@ class ConvGradKernel final : public Kernel {
       run_dnnl(ctx, *dy, *x, *w, dx, dw, db);
       return;
     }
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       conv_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), w->as<T>(),
                              dx ? dx->as<T>() : nullptr, dw ? dw->as<T>() : nullptr,
@@ -449,16 +451,17 @@ class ConvGradKernel final : public Kernel {
   // to pay, else or as a fallback on the user layouts; unready when oneDNN has no implementation.
   // Measured on AVX-512, 2 threads, batch 8: blocked backward-weights beats plain 2-5x for
   // spatial kernels, but backward-data of the RGB stem (3 -> 64, 7x7 s2) is 2.5x slower blocked.
-  void init_dnnl(KernelContext& ctx) {
+  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
-    const memory::desc x_md = plain_desc(x_dims_), y_md = plain_desc(setup_.y_dims);
+    const memory::desc x_md = plain_desc(x_dims_, type), y_md = plain_desc(setup_.y_dims, type);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
       wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
     }
-    const memory::desc w_md = plain_desc(wd), b_md = plain_desc(std::vector<int64_t>{setup_.m});
+    const memory::desc w_md = plain_desc(wd, type),
+                       b_md = plain_desc(std::vector<int64_t>{setup_.m}, type);
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
@@ -527,8 +530,8 @@ class ConvGradKernel final : public Kernel {
     ScratchLayout l;
     l.data = plan.add(data_.scratch_bytes());
     l.weights = plan.add(weights_.scratch_bytes());
-    l.w = dw ? 0 : plan.add(static_cast<size_t>(product(w_dims_)) * sizeof(float));
-    l.b = db ? 0 : plan.add(static_cast<size_t>(setup_.m) * sizeof(float));
+    l.w = dw ? 0 : plan.add(static_cast<size_t>(product(w_dims_)) * elem_bytes_);
+    l.b = db ? 0 : plan.add(static_cast<size_t>(setup_.m) * elem_bytes_);
     l.total = plan.total();
     return l;
   }
@@ -553,6 +556,7 @@ class ConvGradKernel final : public Kernel {
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
   bool want_dx_ = false, want_dwb_ = false;
+  size_t elem_bytes_ = sizeof(float);
   DnnlRunner data_, weights_;
   std::optional<dnnl::stream> stream_;
 };

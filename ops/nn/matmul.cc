@@ -1,7 +1,10 @@
 // Gemm (alpha, beta, transA, transB, broadcast C) and MatMul (numpy semantics: batched with
-// broadcasting, 1-D operands promoted and dropped): oneDNN matmul in f32, a reference loop for
-// f64 and the integer types ONNX allows.
+// broadcasting, 1-D operands promoted and dropped): oneDNN matmul in f32 and bf16/f16 (f32
+// accumulation; f16 only where oneDNN has an implementation), a reference loop for the rest: f64,
+// the integer types ONNX allows, and any low-precision case oneDNN refuses.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <type_traits>
 #include <unordered_map>
 
@@ -18,8 +21,9 @@ using dnnl::memory;
 // A oneDNN matmul over the runtime's buffers; weights/src may be strided (transposed views).
 class DnnlMatmul {
  public:
+  // accumulate: dst = alpha * a b + sum_scale * dst (dst read in its own dtype).
   bool init(const memory::desc& a, const memory::desc& b, const memory::desc& c, float alpha,
-            bool accumulate) {
+            bool accumulate, float sum_scale = 1.0f) {
     prim_.reset();
     try {
       dnnl::primitive_attr attr;
@@ -27,7 +31,7 @@ class DnnlMatmul {
       if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
       if (accumulate) {
         dnnl::post_ops ops;
-        ops.append_sum(1.0f);
+        ops.append_sum(sum_scale);
         attr.set_post_ops(ops);
       }
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
@@ -62,15 +66,10 @@ class DnnlMatmul {
   std::optional<dnnl::stream> stream_;
 };
 
+// Floats (incl. bf16/f16) and the integer types Gemm/MatMul allow.
 template <typename F>
 void dispatch_numeric(DataType t, const std::string& where, F&& f) {
   switch (t) {
-    case DataType::kFloat:
-      f(float{});
-      return;
-    case DataType::kDouble:
-      f(double{});
-      return;
     case DataType::kInt32:
       f(int32_t{});
       return;
@@ -84,13 +83,37 @@ void dispatch_numeric(DataType t, const std::string& where, F&& f) {
       f(uint64_t{});
       return;
     default:
-      fail(where, ": dtype ", graph::dtype_short_name(t), " not supported");
+      dispatch_float_or_low(t, where, std::forward<F>(f));
   }
 }
 
-// Floats accumulate in double; integers in their own (wrapping) width.
+// Floats (bf16/f16 too) accumulate in double; integers in their own (wrapping) width.
 template <typename T>
-using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
+using Acc = std::conditional_t<ew::is_floating<T>, double, T>;
+
+// The one rounding of an accumulated value to T: nearest-even for bfloat16 (whose constructor
+// truncates), T's own conversion otherwise (nearest-even for float16).
+template <typename T>
+T round_to(Acc<T> v) {
+  if constexpr (std::is_same_v<T, ew::BFloat16>) {
+    const auto f = static_cast<float>(v);
+    if (std::isnan(f)) return ew::BFloat16(f);
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    ew::BFloat16 r;
+    r.bits = static_cast<uint16_t>(u >> 16);
+    return r;
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// oneDNN memory desc of `dims` in dtype `t` with the given strides (row-major when empty).
+memory::desc dnnl_desc(std::span<const int64_t> dims, memory::data_type t,
+                       std::span<const int64_t> strides = {}) {
+  if (strides.empty()) return plain_desc(dims, t);
+  return memory::desc(to_dnnl(dims), t, to_dnnl(strides));
+}
 
 void check_same_dtype(const std::string& where, const TensorView& a, const TensorView& b,
                       const char* name) {
@@ -142,20 +165,33 @@ void infer_gemm(InferenceContext& ctx) {
   set_output(ctx, 0, a.dtype, Shape{m, n});
 }
 
-// y = alpha * A' B' + beta * C; y is pre-filled with beta*C so that oneDNN accumulates into it.
+// C read broadcast to (M, N): element (i, j) is c[i * row + j * col] (a stride is 0 along a
+// broadcast dim); c == nullptr: no C term.
 template <typename T>
-void gemm_reference(const T* a, const T* b, T* y, const GemmDims& d, bool ta, bool tb, T alpha,
-                    const KernelContext& ctx) {
+struct GemmC {
+  const T* c = nullptr;
+  int64_t row = 0, col = 0;
+};
+
+// y = alpha * A' B' + beta * C, accumulated in Acc<T> and rounded to T once.
+template <typename T>
+void gemm_reference(const T* a, const T* b, GemmC<T> c, T* y, const GemmDims& d, bool ta, bool tb,
+                    float alpha, float beta, const KernelContext& ctx) {
+  const auto al = static_cast<Acc<T>>(alpha), be = static_cast<Acc<T>>(beta);
   ctx.parallel_for(d.m, 1, [&](int64_t begin, int64_t end) {
     std::vector<Acc<T>> row(d.n);
     for (int64_t i = begin; i < end; ++i) {
       std::fill(row.begin(), row.end(), Acc<T>{});
       for (int64_t p = 0; p < d.k; ++p) {
-        const Acc<T> av = ta ? a[p * d.m + i] : a[i * d.k + p];
-        for (int64_t j = 0; j < d.n; ++j) row[j] += av * (tb ? b[j * d.k + p] : b[p * d.n + j]);
+        const auto av = static_cast<Acc<T>>(ta ? a[p * d.m + i] : a[i * d.k + p]);
+        for (int64_t j = 0; j < d.n; ++j)
+          row[j] += av * static_cast<Acc<T>>(tb ? b[j * d.k + p] : b[p * d.n + j]);
       }
-      for (int64_t j = 0; j < d.n; ++j)
-        y[i * d.n + j] = static_cast<T>(static_cast<Acc<T>>(alpha) * row[j] + y[i * d.n + j]);
+      for (int64_t j = 0; j < d.n; ++j) {
+        Acc<T> v = al * row[j];
+        if (c.c) v += be * static_cast<Acc<T>>(c.c[i * c.row + j * c.col]);
+        y[i * d.n + j] = round_to<T>(v);
+      }
     }
   });
 }
@@ -186,13 +222,16 @@ class GemmKernel final : public Kernel {
     b_dims_ = b->dims;
     c_dims_ = c ? std::optional(c->dims) : std::nullopt;
     dnnl_.reset();
-    if (a->dtype != DataType::kFloat || d_.m == 0 || d_.n == 0 || d_.k == 0) return;
+    // oneDNN takes f32 and bf16 (and f16 where it has an implementation), accumulating in f32;
+    // y holds C and the sum post-op adds beta * C. Refused cases run the reference loop.
+    const std::optional<memory::data_type> dt = dnnl_float_type(a->dtype);
+    if (!dt || d_.m == 0 || d_.n == 0 || d_.k == 0) return;
     std::vector<int64_t> ad{d_.m, d_.k}, bd{d_.k, d_.n};
     std::vector<int64_t> as = ta_ ? std::vector<int64_t>{1, d_.m} : std::vector<int64_t>{d_.k, 1};
     std::vector<int64_t> bs = tb_ ? std::vector<int64_t>{1, d_.k} : std::vector<int64_t>{d_.n, 1};
     ThreadBudget budget(ctx.num_threads());
-    dnnl_.init(strided_desc(ad, as), strided_desc(bd, bs), plain_desc(std::vector{d_.m, d_.n}),
-               alpha_, uses_c());
+    dnnl_.init(dnnl_desc(ad, *dt, as), dnnl_desc(bd, *dt, bs),
+               dnnl_desc(std::vector{d_.m, d_.n}, *dt), alpha_, uses_c(), beta_);
   }
 
   void run(KernelContext& ctx) override {
@@ -205,13 +244,13 @@ class GemmKernel final : public Kernel {
     TensorView& y = ctx.output(0, std::vector<int64_t>{d_.m, d_.n});
     dispatch_numeric(a->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
-      if (!dnnl_.ready() || uses_c()) fill_c<T>(c, y.as<T>());
+      const GemmC<T> gc = gemm_c<T>(c);
       if (dnnl_.ready()) {
+        if (gc.c) copy_c<T>(gc, y.as<T>());
         ThreadBudget budget(ctx.num_threads());
         dnnl_.execute(ctx, a->data, b->data, y.data);
       } else {
-        gemm_reference<T>(a->as<T>(), b->as<T>(), y.as<T>(), d_, ta_, tb_, static_cast<T>(alpha_),
-                          ctx);
+        gemm_reference<T>(a->as<T>(), b->as<T>(), gc, y.as<T>(), d_, ta_, tb_, alpha_, beta_, ctx);
       }
     });
   }
@@ -219,21 +258,20 @@ class GemmKernel final : public Kernel {
  private:
   bool uses_c() const { return c_dims_ && beta_ != 0.0f; }
 
-  // y = beta * C broadcast to (M, N), or zeros.
+  // C with its broadcast strides over (M, N); none when absent or beta is 0.
   template <typename T>
-  void fill_c(const TensorView* c, T* y) const {
-    const int64_t total = d_.m * d_.n;
-    if (!c || !uses_c()) {
-      std::fill(y, y + total, T{});
-      return;
-    }
+  GemmC<T> gemm_c(const TensorView* c) const {
+    if (!c || !uses_c()) return {};
     std::vector<int64_t> cd = c->dims;
     while (cd.size() < 2) cd.insert(cd.begin(), 1);
-    const T* cp = c->as<T>();
-    const T beta = static_cast<T>(beta_);
+    return {c->as<T>(), cd[0] == 1 ? 0 : cd[1], cd[1] == 1 ? 0 : 1};
+  }
+
+  // y = C broadcast to (M, N): the dst oneDNN's sum post-op scales by beta and accumulates into.
+  template <typename T>
+  void copy_c(const GemmC<T>& c, T* y) const {
     for (int64_t i = 0; i < d_.m; ++i)
-      for (int64_t j = 0; j < d_.n; ++j)
-        y[i * d_.n + j] = beta * cp[(cd[0] == 1 ? 0 : i) * cd[1] + (cd[1] == 1 ? 0 : j)];
+      for (int64_t j = 0; j < d_.n; ++j) y[i * d_.n + j] = c.c[i * c.row + j * c.col];
   }
 
   std::string where_;
@@ -332,11 +370,11 @@ void matmul_reference(const MatMulDims& d, const T* a, const T* b, T* y, const K
       const T* bp = b + b_off;
       std::fill(row.begin(), row.end(), Acc<T>{});
       for (int64_t p = 0; p < d.k; ++p) {
-        const Acc<T> av = ap[p];
-        for (int64_t j = 0; j < d.n; ++j) row[j] += av * bp[p * d.n + j];
+        const auto av = static_cast<Acc<T>>(ap[p]);
+        for (int64_t j = 0; j < d.n; ++j) row[j] += av * static_cast<Acc<T>>(bp[p * d.n + j]);
       }
       T* yp = y + bm * d.n;
-      for (int64_t j = 0; j < d.n; ++j) yp[j] = static_cast<T>(row[j]);
+      for (int64_t j = 0; j < d.n; ++j) yp[j] = round_to<T>(row[j]);
     }
   });
 }
@@ -356,15 +394,15 @@ class MatMulKernel final : public Kernel {
     b_dims_ = b->dims;
     dnnl_.reset();
     const size_t rank = d_.batch.size() + 2;
-    if (a->dtype != DataType::kFloat || rank > DNNL_MAX_NDIMS || product(d_.y_dims) == 0 ||
-        d_.k == 0)
-      return;
+    // f32, bf16 (f16 where oneDNN has it) through oneDNN; the rest and refused cases: the loop.
+    const std::optional<memory::data_type> dt = dnnl_float_type(a->dtype);
+    if (!dt || rank > DNNL_MAX_NDIMS || product(d_.y_dims) == 0 || d_.k == 0) return;
     std::vector<int64_t> ad = d_.a_batch, bd = d_.b_batch, yd = d_.batch;
     ad.insert(ad.end(), {d_.m, d_.k});
     bd.insert(bd.end(), {d_.k, d_.n});
     yd.insert(yd.end(), {d_.m, d_.n});
     ThreadBudget budget(ctx.num_threads());
-    dnnl_.init(plain_desc(ad), plain_desc(bd), plain_desc(yd), 1.0f, false);
+    dnnl_.init(dnnl_desc(ad, *dt), dnnl_desc(bd, *dt), dnnl_desc(yd, *dt), 1.0f, false);
   }
 
   void run(KernelContext& ctx) override {

@@ -246,6 +246,36 @@ std::string join_dims(std::span<const int64_t> v) {
   return s.empty() ? "scalar" : s;
 }
 
+std::optional<dnnl::memory::data_type> dnnl_float_type(DataType t) {
+  switch (t) {
+    case DataType::kFloat:
+      return dnnl::memory::data_type::f32;
+    case DataType::kBFloat16:
+      return dnnl::memory::data_type::bf16;
+    case DataType::kFloat16:
+      return dnnl::memory::data_type::f16;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace onnxtrain::ops::nn
+
+namespace onnxtrain::ops {
+
+bool cpu_runs_natively(graph::DataType t) {
+  using graph::DataType;
+  if (t == DataType::kFloat) return true;
+  if (t != DataType::kBFloat16) return false;
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;  // oneDNN's ISA values are bit sets, each a superset of the last
+}
+
+}  // namespace onnxtrain::ops
+
+namespace onnxtrain::ops::nn {
+
 void check_float_input(const InferenceContext& ctx, size_t i) {
   const ValueType& t = tensor_input(ctx, i);
   OT_CHECK(t.dtype == DataType::kUndefined || graph::is_float_dtype(t.dtype), ctx.where(),

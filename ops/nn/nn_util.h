@@ -7,9 +7,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ops/elementwise/dtypes.h"
 #include "ops/op_api.h"
+#include "ops/precision.h"
 
 namespace onnxtrain::ops::nn {
 
@@ -121,6 +124,27 @@ void dispatch_float(DataType t, const std::string& where, F&& f) {
       fail(where, ": dtype ", graph::dtype_short_name(t), " not supported");
   }
 }
+
+// Calls f(T{}) for float / double / bfloat16 / float16 (the low-precision types as the
+// elementwise family's storage types, converting through float): the reference loops of the
+// ops that mixed precision runs in low precision (Conv, ConvGrad, Gemm, MatMul).
+template <typename F>
+void dispatch_float_or_low(DataType t, const std::string& where, F&& f) {
+  switch (t) {
+    case DataType::kBFloat16:
+      f(ew::BFloat16{});
+      return;
+    case DataType::kFloat16:
+      f(ew::Half{});
+      return;
+    default:
+      dispatch_float(t, where, std::forward<F>(f));
+  }
+}
+
+// oneDNN's data type of f32 / bf16 / f16 (nullopt for anything else): the dtypes the oneDNN
+// paths of Conv, ConvGrad, Gemm and MatMul take.
+std::optional<dnnl::memory::data_type> dnnl_float_type(DataType t);
 
 // Float dtypes the shape inference of these ops accepts (the kernels support f32 and f64).
 void check_float_input(const InferenceContext& ctx, size_t i);

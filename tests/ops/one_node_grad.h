@@ -24,11 +24,13 @@ class OneNodeBuilder final : public ops::GradientBuilder {
   const graph::Node& node() const override { return n_; }
   int64_t opset() const override { return opset_; }
   graph::Value* output_grad(int i) const override { return i == 0 ? dy_ : nullptr; }
-  // Every float input unless listed in `no_grad`.
+  // Every float input (f64, f32, and bf16/f16 for mixed precision) unless listed in `no_grad`.
   bool needs_input_grad(int i) const override {
     graph::Value* v = input(i);
-    return v && !no_grad.count(i) &&
-           (v->dtype() == graph::DataType::kDouble || v->dtype() == graph::DataType::kFloat);
+    if (!v || no_grad.count(i)) return false;
+    const graph::DataType t = v->dtype();
+    return t == graph::DataType::kDouble || t == graph::DataType::kFloat ||
+           t == graph::DataType::kBFloat16 || t == graph::DataType::kFloat16;
   }
   void set_input_grad(int i, graph::Value* grad) override {
     if (needs_input_grad(i)) grads[i] = grad;

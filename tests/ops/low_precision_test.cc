@@ -1,0 +1,265 @@
+// MatMul and Gemm in bfloat16 / float16 on CPU (mixed precision, #19) against float32 on the same
+// inputs (made exactly representable in the low type), through oneDNN and through the reference
+// loop; and the bf16 MatMul / Gemm backward graphs (MatMul, Gemm, Transpose, Mul, SumToShapeOf,
+// Unsqueeze in bf16) against the same graphs in float32.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "ops/elementwise/dtypes.h"
+#include "ops/op_api.h"
+#include "runtime/session.h"
+#include "tests/ops/one_node_grad.h"
+#include "tests/ops/op_test_util.h"
+
+namespace onnxtrain {
+namespace {
+
+using graph::Attribute;
+using graph::DataType;
+using graph::Tensor;
+using optest::NodeCall;
+using optest::NodeInput;
+
+// Random values in [-1, 1) rounded to `low` (bf16 or f16), kept as float32: exact in both.
+std::vector<float> representable(DataType low, int64_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v)
+    x = low == DataType::kBFloat16 ? static_cast<float>(ops::ew::BFloat16(u(gen)))
+                                   : static_cast<float>(ops::ew::Half(u(gen)));
+  return v;
+}
+
+int64_t count(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// `v` as a tensor of dtype dt (f32, bf16 or f16).
+Tensor tensor(DataType dt, const std::vector<int64_t>& dims, const std::vector<float>& v) {
+  Tensor t(dt, dims);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DataType::kFloat)
+      t.mutable_data_as<float>()[i] = v[i];
+    else if (dt == DataType::kBFloat16)
+      t.mutable_data_as<ops::ew::BFloat16>()[i] = ops::ew::BFloat16(v[i]);
+    else
+      t.mutable_data_as<ops::ew::Half>()[i] = ops::ew::Half(v[i]);
+  }
+  return t;
+}
+
+std::vector<float> floats(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (t.dtype()) {
+      case DataType::kFloat:
+        v[i] = t.data_as<float>()[i];
+        break;
+      case DataType::kBFloat16:
+        v[i] = t.data_as<ops::ew::BFloat16>()[i];
+        break;
+      case DataType::kFloat16:
+        v[i] = t.data_as<ops::ew::Half>()[i];
+        break;
+      default:
+        ADD_FAILURE() << "unexpected dtype " << graph::dtype_short_name(t.dtype());
+    }
+  }
+  return v;
+}
+
+// |low - ref| <= rel * max|ref| + 1e-6 per element; with `one_rounding`, also within one
+// rounding of the low type of each element (plus what float32 accumulation order can differ by).
+void expect_close(const Tensor& low, const Tensor& ref, DataType dt, bool one_rounding,
+                  const std::string& what) {
+  ASSERT_EQ(low.dtype(), dt) << what;
+  ASSERT_EQ(low.dims(), ref.dims()) << what;
+  const std::vector<float> lv = floats(low), rv = floats(ref);
+  float scale = 0;
+  for (float v : rv) scale = std::max(scale, std::abs(v));
+  const float unit = dt == DataType::kBFloat16 ? 1.0f / 256 : 1.0f / 2048;  // 2 ulp-ish / 2
+  for (size_t i = 0; i < lv.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(lv[i])) << what << " element " << i;
+    ASSERT_NEAR(lv[i], rv[i], 1e-2f * scale + 1e-6f) << what << " element " << i;
+    if (one_rounding) {
+      ASSERT_NEAR(lv[i], rv[i], unit * std::abs(rv[i]) + 1e-5f * scale + 1e-6f)
+          << what << " element " << i << " (more than one rounding)";
+    }
+  }
+}
+
+struct Case {
+  std::string op;
+  std::vector<std::optional<std::vector<int64_t>>> dims;  // nullopt: omitted input
+  std::vector<Attribute> attrs;
+  std::string label;
+};
+
+Tensor run_in(const Case& c, DataType dt, DataType low) {
+  NodeCall call;
+  call.op = c.op;
+  call.attrs = c.attrs;
+  uint64_t seed = 1;
+  for (const auto& d : c.dims) {
+    if (!d) {
+      call.inputs.push_back(NodeInput{});
+      continue;
+    }
+    call.inputs.push_back(NodeInput{tensor(dt, *d, representable(low, count(*d), seed++))});
+  }
+  return optest::run_node(call).outputs.at(0);
+}
+
+// The case in `low` against float32 on the same values. oneDNN (f32 accumulation) and the
+// reference loop (double) both round once, so each element is within one low-type rounding.
+void check(const Case& c, DataType low = DataType::kBFloat16) {
+  SCOPED_TRACE(c.label);
+  const Tensor ref = run_in(c, DataType::kFloat, low);
+  const Tensor got = run_in(c, low, low);
+  expect_close(got, ref, low, true, c.op + " " + c.label);
+}
+
+Attribute f(const char* name, float v) {
+  return Attribute::make_float(name, v);
+}
+Attribute i(const char* name, int64_t v) {
+  return Attribute::make_int(name, v);
+}
+
+TEST(LowPrecisionMatMul, Bf16) {
+  check({"MatMul", {{{5, 7}}, {{7, 6}}}, {}, "(5,7) x (7,6)"});
+  check({"MatMul", {{{64, 96}}, {{96, 48}}}, {}, "(64,96) x (96,48)"});
+  check({"MatMul", {{{2, 3, 5, 8}}, {{2, 3, 8, 4}}}, {}, "batched (2,3,5,8) x (2,3,8,4)"});
+  check({"MatMul", {{{2, 1, 4, 6}}, {{3, 6, 5}}}, {}, "broadcast (2,1,4,6) x (3,6,5)"});
+  check({"MatMul", {{{3, 4, 6}}, {{6, 5}}}, {}, "shared weight (3,4,6) x (6,5)"});
+  check({"MatMul", {{{6}}, {{2, 6, 3}}}, {}, "(6) x (2,6,3)"});
+  check({"MatMul", {{{2, 3, 6}}, {{6}}}, {}, "(2,3,6) x (6)"});
+}
+
+// Rank 13 is past oneDNN's 12 dims: the reference loop.
+TEST(LowPrecisionMatMul, Bf16ReferenceLoop) {
+  std::vector<int64_t> a(11, 1), b(11, 1);
+  a[0] = 2;
+  b[1] = 2;
+  a.insert(a.end(), {3, 9});
+  b.insert(b.end(), {9, 4});
+  check({"MatMul", {{a}, {b}}, {}, "rank 13 (2,1,...,3,9) x (1,2,...,9,4)"});
+}
+
+// float16: oneDNN where it has an implementation, the reference loop otherwise (Debian's oneDNN
+// 2.6 has no f16 matmul, so these run the loops).
+TEST(LowPrecisionMatMul, Fp16) {
+  check({"MatMul", {{{5, 7}}, {{7, 6}}}, {}, "(5,7) x (7,6)"}, DataType::kFloat16);
+  check({"MatMul", {{{2, 1, 4, 6}}, {{3, 6, 5}}}, {}, "broadcast (2,1,4,6) x (3,6,5)"},
+        DataType::kFloat16);
+}
+
+TEST(LowPrecisionGemm, Bf16) {
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const std::vector<int64_t> a = ta ? std::vector<int64_t>{7, 5} : std::vector<int64_t>{5, 7};
+      const std::vector<int64_t> b = tb ? std::vector<int64_t>{6, 7} : std::vector<int64_t>{7, 6};
+      const std::string t = cat(" transA=", ta, " transB=", tb);
+      check({"Gemm", {{a}, {b}}, {i("transA", ta), i("transB", tb)}, "no C" + t});
+      check({"Gemm",
+             {{a}, {b}, {{5, 6}}},
+             {i("transA", ta), i("transB", tb), f("alpha", 0.5f), f("beta", 2.0f)},
+             "C (5,6) alpha 0.5 beta 2" + t});
+    }
+  check({"Gemm", {{{5, 7}}, {{7, 6}}, {{6}}}, {}, "C (6)"});
+  check({"Gemm", {{{5, 7}}, {{7, 6}}, {{5, 1}}}, {f("beta", -1.5f)}, "C (5,1) beta -1.5"});
+  check({"Gemm", {{{5, 7}}, {{7, 6}}, {{1, 1}}}, {f("alpha", 3.0f)}, "C (1,1) alpha 3"});
+  check({"Gemm", {{{5, 7}}, {{7, 6}}, {std::vector<int64_t>{}}}, {}, "scalar C"});
+  check({"Gemm", {{{5, 7}}, {{7, 6}}, {{5, 6}}}, {f("beta", 0.0f)}, "C (5,6) beta 0"});
+  check({"Gemm",
+         {{{32, 80}}, {{48, 80}}, {{48}}},
+         {i("transB", 1)},
+         "linear layer (32,80)x(48,80)^T"});
+}
+
+TEST(LowPrecisionGemm, Fp16) {
+  check({"Gemm", {{{5, 7}}, {{6, 7}}, {{6}}}, {i("transB", 1), f("beta", 0.5f)}, "C (6) transB"},
+        DataType::kFloat16);
+  check({"Gemm", {{{7, 5}}, {{7, 6}}}, {i("transA", 1), f("alpha", 2.0f)}, "transA alpha 2"},
+        DataType::kFloat16);
+}
+
+// ---------------------------------------------------------------- backward
+
+// The forward node in dtype dt with its gradient rule's nodes; the input gradients are the
+// outputs (in input order).
+std::vector<Tensor> run_backward(const Case& c, DataType dt, const std::vector<int64_t>& y_dims) {
+  auto model = std::make_unique<graph::Model>();
+  model->set_opset("", 17);
+  model->set_opset(ops::kOnnxtrainDomain, 1);
+  graph::Graph& g = *model->graph;
+  std::map<std::string, Tensor> feeds;
+  std::vector<graph::Value*> ins;
+  uint64_t seed = 11;
+  for (size_t k = 0; k < c.dims.size(); ++k) {
+    const std::string name = cat("x", k);
+    const std::vector<int64_t>& d = *c.dims[k];
+    feeds[name] = tensor(dt, d, representable(DataType::kBFloat16, count(d), seed++));
+    ins.push_back(g.add_input(name, graph::ValueType::tensor(dt, graph::make_shape(d))));
+  }
+  feeds["dy"] = tensor(dt, y_dims, representable(DataType::kBFloat16, count(y_dims), 99));
+  graph::Value* dy = g.add_input("dy", graph::ValueType::tensor(dt, graph::make_shape(y_dims)));
+  graph::Node* n = g.add_node(c.op, ins, {"y0"}, "n0");
+  for (const Attribute& a : c.attrs) n->set_attr(a);
+  const ops::OpSchema* s = ops::OpRegistry::global().find("", c.op, 17);
+  EXPECT_TRUE(s && s->gradient) << c.op;
+  optest::OneNodeBuilder b(g, *n, 17, dy);
+  s->gradient(b);
+  EXPECT_EQ(b.grads.size(), c.dims.size()) << "inputs given a gradient";
+  for (auto& [k, v] : b.grads) g.add_output(v);
+  runtime::SessionOptions opts;
+  opts.threads = 2;
+  runtime::InferenceSession session(std::move(model), opts);
+  return session.run(feeds);
+}
+
+void check_backward(const Case& c, const std::vector<int64_t>& y_dims) {
+  SCOPED_TRACE(c.label);
+  const std::vector<Tensor> ref = run_backward(c, DataType::kFloat, y_dims);
+  const std::vector<Tensor> got = run_backward(c, DataType::kBFloat16, y_dims);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].dims(), *c.dims[k]) << "gradient of input " << k;
+    expect_close(got[k], ref[k], DataType::kBFloat16, false,
+                 cat(c.op, " ", c.label, ": gradient of input ", k));
+  }
+}
+
+// MatMul, Transpose and SumToShapeOf in bf16 (batched, broadcast), Unsqueeze for a 1-D operand.
+TEST(LowPrecisionGrad, MatMulBf16) {
+  check_backward({"MatMul", {{{2, 3, 5, 8}}, {{8, 4}}}, {}, "(2,3,5,8) x (8,4)"}, {2, 3, 5, 4});
+  check_backward({"MatMul", {{{2, 1, 4, 6}}, {{3, 6, 5}}}, {}, "(2,1,4,6) x (3,6,5)"},
+                 {2, 3, 4, 5});
+  check_backward({"MatMul", {{{6}}, {{2, 6, 3}}}, {}, "(6) x (2,6,3)"}, {2, 3});
+  check_backward({"MatMul", {{{16, 24}}, {{24, 12}}}, {}, "(16,24) x (24,12)"}, {16, 12});
+}
+
+// Gemm in bf16, and Mul (beta) and SumToShapeOf for C.
+TEST(LowPrecisionGrad, GemmBf16) {
+  check_backward({"Gemm",
+                  {{{7, 5}}, {{6, 7}}, {{6}}},
+                  {i("transA", 1), i("transB", 1), f("alpha", 0.5f), f("beta", 2.0f)},
+                  "transA transB alpha 0.5 beta 2 C (6)"},
+                 {5, 6});
+  check_backward({"Gemm", {{{5, 7}}, {{7, 6}}, {{5, 6}}}, {}, "C (5,6)"}, {5, 6});
+}
+
+}  // namespace
+}  // namespace onnxtrain
