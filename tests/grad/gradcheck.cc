@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <set>
 
 #include "graph/error.h"
+#include "ops/elementwise/dtypes.h"
 #include "ops/op_api.h"
 #include "passes/passes.h"
 #include "runtime/device/device.h"
@@ -223,6 +225,87 @@ GradReport check_gradient(const GradCase& c) {
     }
     feeds[name] = x;
     if (worst >= 0) ADD_FAILURE() << worst_msg;
+  }
+  return report;
+}
+
+namespace {
+
+// Every float32 input of `c` rounded to `low` (nearest even), so the low-precision copies the
+// autocast graph makes hold exactly the values the float32 graph reads.
+GradCase representable(GradCase c, DataType low) {
+  for (GradInput& in : c.inputs) {
+    if (!in.value || in.value->dtype() != DataType::kFloat) continue;
+    Tensor t = *in.value;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const auto f = static_cast<float>(get(t, i));
+      float r = f;
+      if (low == DataType::kBFloat16) {
+        uint32_t u = std::bit_cast<uint32_t>(f);
+        u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+        r = std::bit_cast<float>(u);
+      } else {
+        r = static_cast<float>(ops::ew::Half(f));
+      }
+      set(t, i, r);
+    }
+    in.value = std::move(t);
+  }
+  return c;
+}
+
+// The analytic gradients of `h` (float32 or autocast), loss first.
+std::vector<Tensor> analytic_gradients(const Harness& h, std::unique_ptr<graph::Model> m) {
+  runtime::SessionOptions so;
+  so.threads = 1;
+  so.device = test_device();
+  passes::GradientInfo gi = passes::autodiff(*m, "loss", h.checked);
+  passes::infer_shapes(*m);
+  std::vector<Value*> outs{m->graph->find_value("loss")};
+  for (const std::string& name : h.checked) outs.push_back(m->graph->find_value(gi.grads.at(name)));
+  m->graph->set_outputs(outs);
+  passes::dce(*m);
+  runtime::InferenceSession s(std::move(m), so);
+  return s.run(h.feeds);
+}
+
+}  // namespace
+
+GradReport check_low_precision(const GradCase& c, DataType low, double rtol) {
+  GradReport report;
+  const GradCase rc = representable(c, low);
+  Harness h = build(rc);
+  OT_CHECK(!h.checked.empty(), c.label, ": no float input to check");
+  for (const auto& [name, t] : h.feeds)
+    OT_CHECK(t.dtype() == DataType::kFloat, c.label, ": low-precision checks take float32 inputs");
+  std::unique_ptr<graph::Model> cast = h.model->clone();
+  const passes::AutocastInfo info = passes::autocast(*cast, low, {});
+  passes::infer_shapes(*cast);
+  EXPECT_EQ(info.low_nodes, 1) << c.label << ": autocast left the op in float32";
+  const std::vector<Tensor> ref = analytic_gradients(h, h.model->clone());
+  const std::vector<Tensor> got = analytic_gradients(h, std::move(cast));
+  for (size_t k = 1; k < ref.size(); ++k) {
+    const Tensor& a = got.at(k);
+    const Tensor& r = ref.at(k);
+    EXPECT_EQ(a.dtype(), DataType::kFloat) << c.label << ": the gradient of " << h.checked[k - 1]
+                                           << " must come back as float32";
+    EXPECT_EQ(a.dims(), r.dims()) << c.label;
+    if (a.dims() != r.dims()) continue;
+    double scale = 0;
+    for (int64_t i = 0; i < r.numel(); ++i) scale = std::max(scale, std::abs(get(r, i)));
+    double worst = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      const double err = std::abs(get(a, i) - get(r, i));
+      if (err > worst) worst = err, at = i;
+      ++report.elements_checked;
+    }
+    report.max_abs_err = std::max(report.max_abs_err, worst);
+    if (scale > 0) report.max_rel_err = std::max(report.max_rel_err, worst / scale);
+    EXPECT_LE(worst, rtol * scale) << c.label << ": d loss / d " << h.checked[k - 1] << "[" << at
+                                   << "]: " << graph::dtype_short_name(low) << " " << get(a, at)
+                                   << ", float32 " << get(r, at) << " (largest |grad| " << scale
+                                   << ")";
   }
   return report;
 }

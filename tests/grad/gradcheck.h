@@ -56,6 +56,12 @@ std::shared_ptr<runtime::Device> test_device();
 
 GradReport check_gradient(const GradCase& c);
 
+// Mixed precision's check (passes::autocast): the case's float32 inputs rounded to `low`
+// (bf16 / f16), the op's analytic gradients with the op autocast to `low` against the float32
+// graph's, every element within rtol x the largest float32 gradient (low precision's rounding
+// of the inputs' copies, the output and its gradient; accumulation stays float32 in oneDNN).
+GradReport check_low_precision(const GradCase& c, graph::DataType low, double rtol);
+
 // "Op" for ai.onnx, "domain.Op" otherwise: how checked rules are keyed.
 std::string gradient_rule_key(const std::string& domain, const std::string& op_type);
 // Keys of the rules check_gradient has run in this process.

@@ -160,6 +160,66 @@ std::string replace_once(std::string s, const std::string& from, const std::stri
   return s;
 }
 
+// Mixed precision (passes::autocast, issue #19): every Conv/Gemm weight and bias of each
+// replica has one bf16 copy, the Cast of its float32 master; the record round-trips through
+// ONNX and through partition; a copy that is not in the compute dtype is named on import.
+TEST(TrainingSignature, MixedPrecisionRecordsTheLowPrecisionCopies) {
+  auto m = models::build_zoo_model("resnet18",
+                                   {.input_shape = {1, 20, 20}, .classes = 4, .width = 4});
+  passes::TrainingOptions o;
+  o.replicas = 2;
+  o.precision = graph::DataType::kBFloat16;
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*m, o);
+  const TrainingSignature& t = m->training;
+  EXPECT_EQ(t.compute_dtype, graph::DataType::kBFloat16);
+  EXPECT_EQ(info.autocast.low_nodes, 21);  // 20 convolutions and the classifier's Gemm
+  // Weights of the 20 convolutions, the Gemm's weight and bias (convs have no bias: BN follows).
+  std::set<std::string> masters[2];
+  for (const graph::LowPrecisionCopy& c : t.copies) {
+    ASSERT_TRUE(c.replica == 0 || c.replica == 1) << c.copy;
+    const graph::StateBinding* s = t.find_state(c.master);
+    ASSERT_NE(s, nullptr) << c.master;
+    EXPECT_EQ(s->kind, StateKind::kParameter);
+    EXPECT_EQ(s->replica, c.replica);
+    const graph::Value* copy = m->graph->find_value(c.copy);
+    ASSERT_NE(copy, nullptr);
+    EXPECT_EQ(copy->dtype(), graph::DataType::kBFloat16);
+    ASSERT_NE(copy->producer(), nullptr);
+    EXPECT_EQ(copy->producer()->op_type, "Cast");
+    EXPECT_EQ(copy->producer()->input(0)->name(), c.master);
+    masters[c.replica].insert(s->original);
+  }
+  EXPECT_EQ(masters[0].size(), 22u);
+  EXPECT_EQ(masters[0], masters[1]);
+  // Optimizer state and BN statistics stay float32.
+  for (const graph::StateBinding& s : t.state)
+    if (s.kind != StateKind::kStepCounter) {
+      EXPECT_EQ(m->graph->find_value(s.state)->dtype(), graph::DataType::kFloat) << s.state;
+    }
+
+  auto back = graph::import_onnx_bytes(graph::export_onnx_bytes(*m), "amp.onnx", "");
+  EXPECT_EQ(back->training, m->training);
+  auto parts = passes::partition_replicas(*m);
+  ASSERT_EQ(parts.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(parts[k]->training.compute_dtype, graph::DataType::kBFloat16);
+    EXPECT_EQ(parts[k]->training.copies.size(), 22u);
+    for (const graph::LowPrecisionCopy& c : parts[k]->training.copies) EXPECT_EQ(c.replica, k);
+  }
+
+  const graph::LowPrecisionCopy c = t.copies.front();
+  const std::string err = error_of([&] {
+    graph::import_onnx_bytes(with_signature(*m, [&](std::string text) {
+                               return replace_once(text, "\tcopy=" + c.copy,
+                                                   "\tcopy=" + c.master);
+                             }),
+                             "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("copy '" + c.master + "' is f32, the compute dtype is bf16"),
+            std::string::npos)
+      << err;
+}
+
 TEST(TrainingSignature, ACorruptedNameIsNamedByTheVerifier) {
   auto m = trained("mlp", 2);
   graph::StateBinding s;
