@@ -823,6 +823,71 @@ TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(files.back().step, 252);
 }
 
+// --precision bf16 (issue #19): Conv/Gemm run in bf16 from float32 master weights. The loss
+// falls as in float32 (within bf16's noise), the trained model is float32 with the same
+// initializers, the saved training graph records the precision and its copies, a checkpoint
+// does not resume under another precision, and fp16 / unknown precisions are refused. Without
+// AVX512-BF16 the run needs --allow-emulation (the reference loops).
+TEST_F(OnnxtrainTest, PrecisionBf16TrainsFromFloat32MasterWeights) {
+  if (!fs::is_regular_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string model = zoo("cnn", {"--input", "1x28x28", "--width", "4"}, "cnn.onnx");
+  // Three epochs of 20 steps (the first 20 x 32 images each time) on Fashion-MNIST.
+  auto run = [&](const std::string& precision, const std::string& tag,
+                 std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {model, "--data", "fashion-mnist", "--val-split", "0.98933", "--epochs", "3", "--batch-size", "32", "--lr", "3e-3",
+                                  "--threads", "1", "--precision", precision,
+                                  "--allow-emulation", "--metrics-json", path(tag + ".jsonl"),
+                                  "--output", path(tag + ".onnx")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train(a);
+  };
+  RunResult f = run("fp32", "f32");
+  ASSERT_EQ(f.rc, 0) << f.err;
+  EXPECT_FALSE(has_line_matching(f.out, "^precision")) << f.out;
+  RunResult b = run("bf16", "bf16", {"--save-graph", path("bf16_graph.onnx"), "--checkpoint-dir",
+                                     path("ck")});
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_TRUE(has_line_matching(
+      b.out, "^precision   bf16 mixed: 4 Conv/Gemm/MatMul nodes and their gradients in bf16, "
+             "[0-9]+ casts; float32 master weights.*"))
+      << b.out;
+  const std::vector<std::string> fl = lines_of(cli_test::read_file(path("f32.jsonl")));
+  const std::vector<std::string> bl = lines_of(cli_test::read_file(path("bf16.jsonl")));
+  ASSERT_EQ(fl.size(), 3u);
+  ASSERT_EQ(bl.size(), 3u);
+  const double f1 = *json_number(fl[0], "loss"), f3 = *json_number(fl[2], "loss");
+  const double b1 = *json_number(bl[0], "loss"), b3 = *json_number(bl[2], "loss");
+  EXPECT_LT(f3, 0.8 * f1);
+  EXPECT_LT(b3, 0.8 * b1) << "bf16 did not learn";
+  EXPECT_NEAR(b1, f1, 0.05 * f1);
+  EXPECT_NEAR(b3, f3, 0.15 * f3);
+  EXPECT_NE(b3, f3) << "bf16 gave float32's bits: did anything run in bf16?";
+  // The trained model: float32, the same initializers as the float32 run's, no casts.
+  const auto fw = initializers(path("f32.onnx"));
+  const auto bw = initializers(path("bf16.onnx"));
+  ASSERT_EQ(fw.size(), bw.size());
+  for (const auto& [name, t] : bw) {
+    ASSERT_TRUE(fw.count(name)) << name;
+    EXPECT_EQ(t.dtype(), fw.at(name).dtype()) << name;
+    EXPECT_EQ(t.dims(), fw.at(name).dims()) << name;
+  }
+  auto trained = graph::import_onnx_file(path("bf16.onnx"));
+  for (const auto& n : trained->graph->nodes()) EXPECT_NE(n->op_type, "Cast") << n->describe();
+  auto tg = graph::import_onnx_file(path("bf16_graph.onnx"));
+  EXPECT_EQ(tg->training.compute_dtype, DataType::kBFloat16);
+  EXPECT_EQ(tg->training.copies.size(), 8u);  // weight and bias of 2 Conv and 2 Gemm nodes
+  // A bf16 checkpoint does not resume in float32.
+  expect_error(run("fp32", "again", {"--checkpoint-dir", path("ck"), "--resume"}), 1,
+               "different options \\(.*precision 'bf16' -> 'fp32'");
+  expect_error(train({model, "--precision", "fp16", "--data", "synthetic:64"}), 1,
+               "--precision fp16 is not supported yet: it needs dynamic loss scaling");
+  RunResult bad = train({model, "--precision", "fp8"});
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--precision: expected fp32, bf16 or fp16, got 'fp8'"), std::string::npos)
+      << bad.err;
+}
+
 TEST_F(OnnxtrainTest, ResumeErrors) {
   const std::string model = small_mlp();
   const std::vector<std::string> base = {
