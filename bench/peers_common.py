@@ -174,6 +174,18 @@ def cpu_model():
     return platform.processor() or "unknown CPU"
 
 
+def cpu_flags(names):
+    """Those of `names` (e.g. avx512_bf16, amx_bf16) that /proc/cpuinfo lists, in that order."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [n for n in names if n in have]
+    except OSError:
+        pass
+    return []
+
+
 def versions(names, python=None):
     """'name version' for each installed distribution, of this interpreter or of `python`."""
     # (compared unresolved: a venv's python is a symlink to the interpreter it was made from)
@@ -211,6 +223,18 @@ def header(title, argv):
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def summarize_runs(runs, images_per_step):
+    """Medians over rounds of a peer's RESULT dicts (each with "rss" added by the parent; n/a ones
+    skipped): (median ms/step, img/s from it, median first-step ms or None, max of the max RSS
+    MiB, whether every run's figure excludes the first step), or None without a run."""
+    runs = [x for x in runs if "na" not in x]
+    if not runs:
+        return None
+    ms = median([x["median_ms"] for x in runs])
+    return (ms, images_per_step * 1e3 / ms, median([x.get("first_ms") for x in runs]),
+            max(x["rss"] for x in runs), all(x.get("steady", True) for x in runs))
 
 
 def rotated(items, r):
