@@ -4,10 +4,10 @@
 // Text: one record per line, fields separated by tabs, each field `key=value` (split at the
 // first '=': keys have none, names may). Records:
 //   signature  version=1  replicas=R  [partition=k]
-//   input      role=batch|labels|targets|lr|loss_scale|state  name=N
+//   input      role=batch|labels|targets|lr|loss_scale|state|grad_unscale  name=N
 //   labels     ignore_index=i                   (TrainingSignature::ignore_index)
 //   loss       model_output=N                   (TrainingSignature::model_loss)
-//   result     role=loss|correct  name=N  [replica=k]
+//   result     role=loss|correct|grads_finite  name=N  [replica=k]
 //   state      kind=parameter|optimizer_state|running_statistic|step_counter  state=S
 //              updated=U  original=O  [replica=k]
 //   gradient   param=P  grad=G  [reduced=A]  [replica=k]  [bucket=b]
@@ -39,8 +39,8 @@ std::string_view enum_name(E e, const std::string_view (&names)[N]) {
 constexpr std::string_view kStateKinds[] = {"parameter", "optimizer_state", "running_statistic",
                                             "step_counter"};
 constexpr std::string_view kInputRoles[] = {"batch", "labels", "targets", "lr", "loss_scale",
-                                            "state"};
-constexpr std::string_view kResultRoles[] = {"loss", "correct"};
+                                            "state", "grad_unscale"};
+constexpr std::string_view kResultRoles[] = {"loss", "correct", "grads_finite"};
 
 template <typename E, size_t N>
 bool parse_enum(std::string_view s, const std::string_view (&names)[N], E& out) {
@@ -373,6 +373,12 @@ void verify_training(const Model& m, const std::string& context) {
     const Value* v = value(rec, "name", r.name);
     OT_CHECK(v->is_graph_output(), at, rec, " name '", r.name, "' is not a graph output");
     replica_ok(rec, r.replica);
+    if (r.role == ResultRole::kGradsFinite) {
+      OT_CHECK(!v->type.is_tensor() || v->type.dtype == DataType::kBool, at, rec, " '", r.name,
+               "' is ", dtype_short_name(v->type.dtype), ", not bool");
+      OT_CHECK(t.find_input(InputRole::kGradUnscale), at, rec, " '", r.name,
+               "' without a grad_unscale input (dynamic loss scaling has both)");
+    }
   }
   std::unordered_map<std::string, const StateBinding*> states;
   for (const StateBinding& s : t.state) {

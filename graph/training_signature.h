@@ -39,16 +39,23 @@ enum class InputRole {
                   // the label elements other than their ignore_index); with a model_loss,
                   // 1 / the replicas over all processes
   kState,         // (evaluation graphs) fed with the trained state value of the same name
+  kGradUnscale,   // float scalar, 1 / the dynamic loss scale (fp16 mixed precision): the
+                  // UnscaleGradients node multiplies the reduced gradients by it; the loss_scale
+                  // input then carries the dynamic scale too (the backward seed)
 };
 // What a graph output reports.
 enum class ResultRole {
   kLoss,     // float scalar: sum over this replica's rows x loss_scale
   kCorrect,  // float scalar: rows whose arg-max equals the label
+  kGradsFinite,  // bool scalar: every reduced gradient of the replica is finite; when false
+                 // this step updated nothing (weights, moments, step count: the updates are
+                 // guarded by it) -- dynamic loss scaling skips the step and halves the scale
 };
 
 std::string_view state_kind_name(StateKind k);  // "parameter", "optimizer_state", ...
-std::string_view input_role_name(InputRole r);  // "batch", "labels", "targets", "lr", "loss_scale", "state"
-std::string_view result_role_name(ResultRole r);  // "loss", "correct"
+// "batch", "labels", "targets", "lr", "loss_scale", "state", "grad_unscale"
+std::string_view input_role_name(InputRole r);
+std::string_view result_role_name(ResultRole r);  // "loss", "correct", "grads_finite"
 
 struct StateBinding {
   std::string state;     // the value holding it: an initializer (a graph input in a session)

@@ -16,6 +16,11 @@
 //   kAdagrad   ai.onnx.preview.training.Adagrad(lr, T, X, G, H; epsilon, decay_factor = 0,
 //              norm_coefficient = weight_decay): h += g^2, x -= lr g / (sqrt(h) + eps).
 // Clipping: ai.onnxtrain.ClipByGlobalNorm over every `<p>_grad` before any update.
+// Loss scaling (OptimizerOptions::loss_scaling): first
+//   ai.onnxtrain.UnscaleGradients(grad_unscale, G_1..G_n) -> (G_1/S..G_n/S, grads_finite)
+// then every update node takes `grads_finite` as a trailing guard input (the preview-domain
+// ops move to the ai.onnxtrain domain, which has the guarded forms; unchanged otherwise) and
+// the step count adds Cast(grads_finite) instead of 1: an overflowed step updates nothing.
 #include "graph/error.h"
 #include "passes/passes.h"
 
@@ -34,6 +39,8 @@ using graph::ValueType;
 constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
 constexpr const char* kOnnxtrainDomain = "ai.onnxtrain";
 constexpr const char* kStepName = "optimizer.step";
+constexpr const char* kGradUnscaleName = "grad_unscale";
+constexpr const char* kGradsFiniteName = "grads_finite";
 
 ValueType type_of(const Tensor& t) {
   return ValueType::tensor(t.dtype(), graph::make_shape(t.dims()));
@@ -85,6 +92,7 @@ class Builder {
       }
     }
     lr_ = learning_rate();
+    if (opts_.loss_scaling && !params.empty()) unscale(params);
     if (opts_.clip_global_norm > 0 && !params.empty()) clip(params);
     if (opts_.kind != OptimizerKind::kSgd && !params.empty()) step_count();
     for (const Param& p : params) update(p);
@@ -140,15 +148,50 @@ class Builder {
     model_.set_opset(kOnnxtrainDomain, 1);
   }
 
-  // optimizer.step counts finished steps (0 at the start); this step's T is step + 1.
+  void unscale(std::vector<Param>& params) {
+    check_free(g_, kGradUnscaleName);
+    check_free(g_, kGradsFiniteName);
+    Value* inv = g_.add_input(kGradUnscaleName, ValueType::tensor(DataType::kFloat, graph::Shape{}));
+    model_.training.inputs.push_back({inv->name(), graph::InputRole::kGradUnscale});
+    std::vector<Value*> inputs = {inv};
+    std::vector<std::string> outs;
+    for (const Param& p : params) {
+      inputs.push_back(p.grad);
+      outs.push_back(g_.fresh_name(p.value->name() + "_grad_unscaled"));
+    }
+    outs.push_back(kGradsFiniteName);
+    Node* n = g_.add_node("UnscaleGradients", inputs, outs, "optimizer.unscale_gradients",
+                          kOnnxtrainDomain);
+    for (size_t i = 0; i < params.size(); ++i) {
+      n->output(i)->type = params[i].grad->type;
+      params[i].grad = n->output(i);
+    }
+    finite_ = n->output(params.size());
+    finite_->type = ValueType::tensor(DataType::kBool, graph::Shape{});
+    g_.add_output(finite_);
+    model_.training.results.push_back(
+        {finite_->name(), graph::ResultRole::kGradsFinite, -1});
+    model_.set_opset(kOnnxtrainDomain, 1);
+  }
+
+  // optimizer.step counts finished steps (0 at the start); this step's T is step + 1 (with
+  // loss scaling, step + Cast(grads_finite): a skipped step is not counted).
   void step_count() {
     check_free(g_, kStepName);
     check_free(g_, std::string(kStepName) + ".updated");
     Value* step = g_.add_initializer(kStepName, Tensor(DataType::kInt64, {}));
     step->type = ValueType::tensor(DataType::kInt64, graph::Shape{});
     info_.state.push_back(kStepName);
-    Value* one = g_.add_initializer(g_.fresh_name("optimizer.step_increment"),
-                                    Tensor::from_vector<int64_t>(DataType::kInt64, {}, {1}));
+    Value* one = nullptr;
+    if (finite_) {
+      Node* cast = g_.add_node("Cast", {finite_}, {g_.fresh_name("optimizer.step_increment")},
+                               "optimizer.step_increment");
+      cast->set_attr(Attribute::make_int("to", static_cast<int64_t>(DataType::kInt64)));
+      one = cast->output(0);
+    } else {
+      one = g_.add_initializer(g_.fresh_name("optimizer.step_increment"),
+                               Tensor::from_vector<int64_t>(DataType::kInt64, {}, {1}));
+    }
     one->type = step->type;
     Node* add = g_.add_node("Add", {step, one}, {std::string(kStepName) + ".updated"},
                             "optimizer.step_count");
@@ -178,6 +221,13 @@ class Builder {
       inputs.push_back(state.back());
       outs.push_back(name + s + ".updated");
     }
+    if (finite_) {
+      // SGD's optional velocity slot stays empty: the guard is its fifth input.
+      if (opts_.kind == OptimizerKind::kSgd) inputs.push_back(nullptr);
+      inputs.push_back(finite_);
+    }
+    // The guarded forms live in the ai.onnxtrain domain only.
+    const char* training_domain = finite_ ? kOnnxtrainDomain : kTrainingDomain;
     Node* n = nullptr;
     const std::string node_name = "optimizer." + name;
     switch (opts_.kind) {
@@ -187,20 +237,20 @@ class Builder {
         model_.set_opset(kOnnxtrainDomain, 1);
         break;
       case OptimizerKind::kMomentum:
-        n = g_.add_node("Momentum", inputs, outs, node_name, kTrainingDomain);
+        n = g_.add_node("Momentum", inputs, outs, node_name, training_domain);
         n->set_attr(Attribute::make_float("alpha", opts_.momentum));
         n->set_attr(Attribute::make_float("beta", 1.0f));
         n->set_attr(Attribute::make_float("norm_coefficient", opts_.weight_decay));
         n->set_attr(Attribute::make_string("mode", opts_.nesterov ? "nesterov" : "standard"));
-        model_.set_opset(kTrainingDomain, 1);
+        model_.set_opset(training_domain, 1);
         break;
       case OptimizerKind::kAdam:
-        n = g_.add_node("Adam", inputs, outs, node_name, kTrainingDomain);
+        n = g_.add_node("Adam", inputs, outs, node_name, training_domain);
         n->set_attr(Attribute::make_float("alpha", opts_.beta1));
         n->set_attr(Attribute::make_float("beta", opts_.beta2));
         n->set_attr(Attribute::make_float("epsilon", opts_.epsilon));
         n->set_attr(Attribute::make_float("norm_coefficient", opts_.weight_decay));
-        model_.set_opset(kTrainingDomain, 1);
+        model_.set_opset(training_domain, 1);
         break;
       case OptimizerKind::kAdamW:
         n = g_.add_node("AdamW", inputs, outs, node_name, kOnnxtrainDomain);
@@ -211,11 +261,11 @@ class Builder {
         model_.set_opset(kOnnxtrainDomain, 1);
         break;
       case OptimizerKind::kAdagrad:
-        n = g_.add_node("Adagrad", inputs, outs, node_name, kTrainingDomain);
+        n = g_.add_node("Adagrad", inputs, outs, node_name, training_domain);
         n->set_attr(Attribute::make_float("epsilon", opts_.epsilon));
         n->set_attr(Attribute::make_float("decay_factor", 0.0f));
         n->set_attr(Attribute::make_float("norm_coefficient", opts_.weight_decay));
-        model_.set_opset(kTrainingDomain, 1);
+        model_.set_opset(training_domain, 1);
         break;
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) {
@@ -234,6 +284,7 @@ class Builder {
   OptimizerInfo info_;
   Value* lr_ = nullptr;
   Value* t_ = nullptr;
+  Value* finite_ = nullptr;  // loss scaling: UnscaleGradients' grads_finite
 };
 
 }  // namespace

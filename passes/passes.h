@@ -177,6 +177,12 @@ struct OptimizerOptions {
   float weight_decay = 0.0f;  // L2 for SGD/momentum/Adam/Adagrad, decoupled for AdamW
   float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-7f;  // Keras' Adam epsilon
   float clip_global_norm = 0.0f;  // > 0: scale all gradients so their global L2 norm <= this
+  // Dynamic loss scaling (fp16 mixed precision): the gradients arrive multiplied by the loss
+  // scale S; ai.onnxtrain.UnscaleGradients(grad_unscale = 1/S, grads...) multiplies them back
+  // and yields `grads_finite`, which guards every update (and the step count): a step whose
+  // gradients overflowed changes no state. Inputs/results recorded as kGradUnscale /
+  // kGradsFinite in the training signature.
+  bool loss_scaling = false;
 };
 struct OptimizerInfo {
   std::vector<std::string> state;  // optimizer state initializers added (moments, step count)

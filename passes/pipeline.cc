@@ -27,7 +27,10 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_loss");
   info.gradients = autodiff(model, info.loss.loss, info.prepared.params);
   stage("autodiff");
-  info.optimizer = attach_optimizer(model, info.prepared.params, opts.optimizer);
+  // float16's narrow range needs dynamic loss scaling; bfloat16 has float32's exponent range.
+  OptimizerOptions optimizer = opts.optimizer;
+  optimizer.loss_scaling = optimizer.loss_scaling || opts.precision == graph::DataType::kFloat16;
+  info.optimizer = attach_optimizer(model, info.prepared.params, optimizer);
   infer_shapes(model);
   stage("attach_optimizer");
   dce(model);

@@ -225,26 +225,30 @@ void DataParallelSession::prepare(const std::map<std::string, graph::Tensor>& ba
 }
 
 StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                     float loss_scale, uint64_t seed) {
+                                     float loss_scale, uint64_t seed, float grad_scale) {
   auto& reps = impl_->replicas;
-  if (!impl_->group) return reps[0]->session->step(batch, lr, loss_scale, seed);
+  if (!impl_->group) return reps[0]->session->step(batch, lr, loss_scale, seed, grad_scale);
   std::vector<StepResult> results(reps.size());
   const uint64_t first_replica = static_cast<uint64_t>(world_ ? world_->rank() : 0) * reps.size();
   on_every_replica([&](size_t k) {
     const uint64_t replica_seed = seed ? mix_seed(seed, first_replica + k) : 0;
-    results[k] = reps[k]->session->step(batch, lr, loss_scale, replica_seed);
+    results[k] = reps[k]->session->step(batch, lr, loss_scale, replica_seed, grad_scale);
   });
   StepResult total;
+  double overflowed = 0;  // replicas whose gradients were not finite
   for (const StepResult& r : results) {
     total.loss += r.loss;
     total.correct += r.correct;
+    overflowed += r.finite ? 0 : 1;
   }
   if (world_) {
-    double sums[2] = {total.loss, total.correct};
-    world_->all_reduce(sums, 2, DataType::kDouble, "step loss");
+    double sums[3] = {total.loss, total.correct, overflowed};
+    world_->all_reduce(sums, 3, DataType::kDouble, "step loss");
     total.loss = sums[0];
     total.correct = sums[1];
+    overflowed = sums[2];
   }
+  total.finite = overflowed == 0;
   return total;
 }
 

@@ -52,8 +52,10 @@ class DataParallelSession {
   // Builds every replica's plan for a global batch of these dtypes and dims, in parallel, before
   // the first step (TrainingSession::prepare).
   void prepare(const std::map<std::string, graph::Tensor>& global_batch);
+  // `grad_scale`: TrainingSession::step's dynamic loss scale; `finite` is true when every
+  // replica of every process found its gradients finite (they all reduce the same ones).
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
-                  float loss_scale, uint64_t seed = 0);
+                  float loss_scale, uint64_t seed = 0, float grad_scale = 1);
 
   // Graph state under its single-replica names (StateBinding::original), replica 0's copy.
   std::map<std::string, graph::Tensor> state() const;

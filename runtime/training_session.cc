@@ -1,6 +1,8 @@
 // TrainingSession (training_session.h).
 #include "runtime/training_session.h"
 
+#include <cmath>
+
 #include "graph/error.h"
 #include "graph/printer.h"
 #include "graph/training_signature.h"
@@ -15,6 +17,7 @@ double scalar_of(const graph::Tensor& t, const std::string& name) {
     case graph::DataType::kFloat: return t.data_as<float>()[0];
     case graph::DataType::kDouble: return t.data_as<double>()[0];
     case graph::DataType::kInt64: return static_cast<double>(t.data_as<int64_t>()[0]);
+    case graph::DataType::kBool: return t.data_as<bool>()[0] ? 1 : 0;
     default: fail("training graph: output '", name, "' has unsupported dtype ",
                   graph::dtype_short_name(t.dtype()));
   }
@@ -51,6 +54,8 @@ TrainingSession::TrainingSession(std::unique_ptr<graph::Model> model, SessionOpt
     lr_input_ = b->name;
   if (const graph::InputBinding* b = signature_.find_input(graph::InputRole::kLossScale))
     loss_scale_input_ = b->name;
+  if (const graph::InputBinding* b = signature_.find_input(graph::InputRole::kGradUnscale))
+    grad_unscale_input_ = b->name;
   session_ = std::make_unique<InferenceSession>(std::move(model), std::move(opts));
   on_device_ = !session_->device().host_memory();
   if (on_device_)
@@ -64,7 +69,12 @@ void TrainingSession::sync_host() const {
 }
 
 std::map<std::string, graph::Tensor> TrainingSession::feeds(
-    const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale) {
+    const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale,
+    float grad_scale) {
+  OT_CHECK(grad_scale > 0 && std::isfinite(grad_scale), "training session: the loss scale must "
+           "be a positive finite number, got ", grad_scale);
+  OT_CHECK(grad_scale == 1 || !grad_unscale_input_.empty(), "training session: a loss scale of ",
+           grad_scale, " needs a graph built with loss scaling (--precision fp16)");
   std::map<std::string, graph::Tensor> feeds = batch;
   // On a device the state is resident in device memory and updated there; on the CPU the step
   // updates these buffers in place: detach them first from copies handed out earlier
@@ -75,25 +85,32 @@ std::map<std::string, graph::Tensor> TrainingSession::feeds(
       feeds[name] = t;
     }
   if (!lr_input_.empty()) feeds[lr_input_] = float_scalar(lr);
-  if (!loss_scale_input_.empty()) feeds[loss_scale_input_] = float_scalar(loss_scale);
+  if (!loss_scale_input_.empty()) feeds[loss_scale_input_] = float_scalar(loss_scale * grad_scale);
+  if (!grad_unscale_input_.empty()) feeds[grad_unscale_input_] = float_scalar(1 / grad_scale);
   return feeds;
 }
 
 void TrainingSession::prepare(const std::map<std::string, graph::Tensor>& batch) {
-  session_->prepare(feeds(batch, 0, 1));
+  session_->prepare(feeds(batch, 0, 1, 1));
 }
 
 StepResult TrainingSession::step(const std::map<std::string, graph::Tensor>& batch, float lr,
-                                 float loss_scale, uint64_t seed) {
+                                 float loss_scale, uint64_t seed, float grad_scale) {
   session_->set_random_seed(seed);
-  std::vector<graph::Tensor> outs = session_->run(feeds(batch, lr, loss_scale));
+  std::vector<graph::Tensor> outs = session_->run(feeds(batch, lr, loss_scale, grad_scale));
   host_stale_ = on_device_;
   // Updated state was written into state_ (SessionOptions::output_aliases).
   StepResult r;
   for (const auto& [i, role] : results_) {
     const std::string& name = session_->model().graph->outputs()[i]->name();
-    (role == graph::ResultRole::kLoss ? r.loss : r.correct) += scalar_of(outs[i], name);
+    const double v = scalar_of(outs[i], name);
+    switch (role) {
+      case graph::ResultRole::kLoss: r.loss += v; break;
+      case graph::ResultRole::kCorrect: r.correct += v; break;
+      case graph::ResultRole::kGradsFinite: r.finite = r.finite && v != 0; break;
+    }
   }
+  r.loss /= grad_scale;  // a power of two: exact
   return r;
 }
 

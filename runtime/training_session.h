@@ -19,6 +19,9 @@ namespace onnxtrain::runtime {
 struct StepResult {
   double loss = 0;     // the graph's `loss` output: sum over the batch x loss_scale
   double correct = 0;  // examples whose ArgMax equals the label (0 without a `correct` output)
+  // Dynamic loss scaling (graphs with a grads_finite result): false when a gradient overflowed;
+  // the step then updated no weight, moment or step count. Always true without loss scaling.
+  bool finite = true;
 };
 
 class TrainingSession {
@@ -32,8 +35,14 @@ class TrainingSession {
   // `loss_scale` feed the inputs of those roles (loss_scale = 1/global batch).
   // `seed` (non-zero) is the step's KernelContext::random_seed(): the same seed draws the same
   // Dropout masks, so a resumed run repeats an uninterrupted one.
+  // `grad_scale` (dynamic loss scaling, graphs with a grad_unscale input; 1 otherwise): the
+  // backward runs on the loss times it (loss_scale x grad_scale feeds loss_scale) and the
+  // gradients are divided by it again (grad_unscale = 1 / grad_scale) ahead of the optimizer;
+  // StepResult::loss is the unscaled loss.
   StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr, float loss_scale,
-                  uint64_t seed = 0);
+                  uint64_t seed = 0, float grad_scale = 1);
+  // True when the graph has dynamic loss scaling (a grad_unscale input).
+  bool loss_scaling() const { return !grad_unscale_input_.empty(); }
 
   // Builds the plan step() will run for a batch of these dtypes and dims (the values are not
   // read), so the first step costs what later ones do (InferenceSession::prepare).
@@ -65,7 +74,7 @@ class TrainingSession {
   void sync_host() const;
   // The session's inputs for one step: the batch, the state, lr and loss_scale.
   std::map<std::string, graph::Tensor> feeds(const std::map<std::string, graph::Tensor>& batch,
-                                             float lr, float loss_scale);
+                                             float lr, float loss_scale, float grad_scale);
   std::unique_ptr<InferenceSession> session_;
   std::vector<std::string> state_names_;
   // The state; on a device a host copy, refreshed by sync_host() when host_stale_.
@@ -74,7 +83,7 @@ class TrainingSession {
   mutable bool host_stale_ = false;
   graph::TrainingSignature signature_;
   std::vector<std::pair<size_t, graph::ResultRole>> results_;  // output index -> what it reports
-  std::string lr_input_, loss_scale_input_;                     // "" when the graph has none
+  std::string lr_input_, loss_scale_input_, grad_unscale_input_;  // "" when the graph has none
 };
 
 }  // namespace onnxtrain::runtime

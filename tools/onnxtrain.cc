@@ -78,11 +78,16 @@ model and optimizer:
                           statistics normalize and stay as they are; scale/bias still train)
   --untie-initializers    give each node its own copy of a parameter an exporter merged
                           (equal initial values exported as one tensor; the plan warns)
-  --precision P           fp32 (default) | bf16: mixed precision, Conv/Gemm/MatMul and their
-                          gradients in bfloat16, float32 master weights, optimizer, BN and
-                          loss; needs AVX512-BF16 or AMX (fp16: not yet). The trained model
-                          and validation stay float32
-  --allow-emulation       run --precision bf16 on a CPU without bf16 instructions (slow)
+  --precision P           fp32 (default) | bf16 | fp16: mixed precision, Conv/Gemm/MatMul and
+                          their gradients in bfloat16/float16, float32 master weights,
+                          optimizer, BN and loss. bf16 needs AVX512-BF16 or AMX; fp16 adds
+                          dynamic loss scaling (an overflowed step is skipped and halves the
+                          scale) and has no native CPU kernels here. The trained model and
+                          validation stay float32
+  --allow-emulation       run a --precision the CPU has no instructions for (slow)
+  --loss-scale S          fp16: the initial loss scale, a power of two (default 65536)
+  --loss-scale-growth-interval N
+                          fp16: double the scale after N overflow-free steps (default 2000)
   --freeze REGEX          do not train parameters whose name matches
   --trainable REGEX       train only parameters whose name matches
   --optimizer KIND        sgd | momentum | adam (default) | adamw | adagrad
@@ -309,6 +314,10 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--allow-emulation") {
       no_value();
       c.train.model.allow_emulation = true;
+    } else if (arg == "--loss-scale") {
+      c.train.model.loss_scaler.init = parse_float(arg, value(), 0, false);
+    } else if (arg == "--loss-scale-growth-interval") {
+      c.train.model.loss_scaler.growth_interval = parse_int(arg, value(), 1);
     } else if (arg == "--freeze") {
       c.train.model.trainable.freeze_regex = value();
     } else if (arg == "--trainable") {

@@ -293,6 +293,8 @@ TrainResult run_training(const TrainConfig& config) {
   const bool skip_nonfinite = o.guard.on_nonfinite == train::OnNonFinite::kSkip;
   std::map<std::string, graph::Tensor> before;  // skip: the state from before the step
   int64_t skipped = 0, skipped_in_row = 0;       // skipped steps: this epoch, in a row
+  int64_t overflowed = 0, overflow_notes = 0;     // fp16 overflow skips: this epoch, noted
+  constexpr int64_t kOverflowNotes = 3;
   EpochMetrics steady;  // this epoch's run-first-step and steady-state figures
   StopSignals signals;
   for (int64_t s = res.start_step; s < res.total_steps; ++s) {
@@ -301,9 +303,18 @@ TrainResult run_training(const TrainConfig& config) {
     const int64_t n = b.size(), targets = trainer.targets(b);
     runtime::Batch kept = b;  // for a diagnosis when the step turns out non-finite
     if (skip_nonfinite) before = trainer.state();
+    const double scale_before = trainer.loss_scaler().scale;
     runtime::StepResult r = trainer.run_step(std::move(b), s);
     // The loss is summed over every replica and process, so all of them decide alike.
-    if (!std::isfinite(r.loss)) {
+    if (!r.finite) {
+      // fp16: the graph skipped the update itself (no state changed); the scale halved.
+      ++overflowed;
+      if (++overflow_notes <= kOverflowNotes)
+        std::fprintf(c.log, "%snote        step %lld: gradients overflowed float16 at loss scale "
+                     "%g: step skipped, scale now %g%s\n", c.live ? "\r\033[K" : "",
+                     static_cast<long long>(s + 1), scale_before, trainer.loss_scaler().scale,
+                     overflow_notes == kOverflowNotes ? " (further skips: counted per epoch)" : "");
+    } else if (!std::isfinite(r.loss)) {
       const std::string loss_text = runtime::nonfinite_text(r.loss);
       if (skip_nonfinite) {
         trainer.set_state(before);  // the update never happened
@@ -335,7 +346,7 @@ TrainResult run_training(const TrainConfig& config) {
     } else {
       skipped_in_row = 0;
     }
-    const bool counted = std::isfinite(r.loss);
+    const bool counted = r.finite && std::isfinite(r.loss);
     if (!counted) r = runtime::StepResult{};
     const int64_t counted_targets = counted ? targets : 0;
     pos.epoch_loss_sum += r.loss * static_cast<double>(counted_targets);
@@ -361,6 +372,9 @@ TrainResult run_training(const TrainConfig& config) {
       EpochMetrics m = epoch_metrics(pos, epoch, ce, rate_unit);
       m.skipped = skipped;
       skipped = 0;
+      m.overflowed = overflowed;
+      overflowed = 0;
+      m.loss_scale = trainer.loss_scaler().scale;
       m.first_step_seconds = steady.first_step_seconds;
       m.steady_steps = steady.steady_steps;
       m.steady_examples = steady.steady_examples;

@@ -37,6 +37,10 @@ struct EpochMetrics {
   std::optional<double> val_loss;  // with validation
   std::optional<double> val_accuracy;
   int64_t skipped = 0;  // steps whose update was dropped (--on-nonfinite skip); out of the means
+  // --precision fp16: steps the graph skipped because their gradients overflowed float16 (out
+  // of the means) and the loss scale at the epoch's end; 0 without loss scaling.
+  int64_t overflowed = 0;
+  double loss_scale = 0;
   // This run's first step (plan building, first touch of its memory) when it fell in this
   // epoch, and the rate over the epoch's other steps: what a long run settles to.
   std::optional<double> first_step_seconds;

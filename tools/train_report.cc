@@ -102,12 +102,17 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "loss        %s on '%s'%s\n",
                std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str(),
                loss_detail.empty() ? "" : cat(" (", loss_detail, ")").c_str());
-  if (p.info.autocast.low_nodes > 0)
+  if (p.info.autocast.low_nodes > 0) {
     std::fprintf(f, "precision   %s mixed: %d Conv/Gemm/MatMul nodes and their gradients in %s, "
                  "%d casts; float32 master weights, optimizer, normalization and loss\n",
                  train::precision_name(o.model.precision).c_str(), p.info.autocast.low_nodes,
                  train::precision_name(o.model.precision).c_str(), p.info.autocast.casts);
-  else if (o.model.precision != graph::DataType::kFloat)
+    if (o.model.precision == graph::DataType::kFloat16)
+      std::fprintf(f, "loss scale  dynamic, from %g: a step whose gradients overflow float16 is "
+                   "skipped and halves it; %lld clean steps double it\n",
+                   o.model.loss_scaler.init,
+                   static_cast<long long>(o.model.loss_scaler.growth_interval));
+  } else if (o.model.precision != graph::DataType::kFloat)
     std::fprintf(f, "precision   %s requested, but no float32 Conv/Gemm/MatMul to run in it: "
                  "float32 throughout\n", train::precision_name(o.model.precision).c_str());
   std::fprintf(f, "device      %s\n", p.devices.c_str());
@@ -161,6 +166,9 @@ std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_
   if (m.val_loss) s += "  val_loss " + fmt("%.4f", *m.val_loss);
   if (m.val_accuracy) s += "  val_accuracy " + fmt("%.4f", *m.val_accuracy);
   if (m.skipped > 0) s += cat("  skipped ", m.skipped, " non-finite");
+  if (m.loss_scale > 0)
+    s += cat("  loss_scale ", fmt("%g", m.loss_scale),
+             m.overflowed > 0 ? cat(" (", m.overflowed, " overflowed steps skipped)") : "");
   return s;
 }
 
@@ -183,7 +191,10 @@ std::string metrics_json(const EpochMetrics& m) {
              ", \"loss\": ", json_number(m.loss), ", \"accuracy\": ", json_number(m.accuracy),
              ", \"val_loss\": ", json_number(m.val_loss),
              ", \"val_accuracy\": ", json_number(m.val_accuracy),
-             ", \"skipped_nonfinite\": ", m.skipped, "}");
+             ", \"skipped_nonfinite\": ", m.skipped,
+             ", \"loss_scale\": ", json_number(m.loss_scale > 0 ? std::optional<double>(m.loss_scale)
+                                                              : std::nullopt),
+             ", \"skipped_overflow\": ", m.overflowed, "}");
 }
 
 void write_metrics_line(std::FILE* f, const EpochMetrics& m) {

@@ -50,7 +50,8 @@ std::string epoch_line(const EpochMetrics& m, int64_t epochs, int64_t steps_per_
 // One JSON object (no newline): epoch, steps, seconds, images_per_sec (the epoch's examples over
 // its seconds), steady_images_per_sec and steady_step_seconds (without the run's first step),
 // first_step_seconds (in the run's first epoch), max_rss_mib (the process's peak so far), loss,
-// accuracy, val_loss, val_accuracy, skipped_nonfinite; null where absent or not finite.
+// accuracy, val_loss, val_accuracy, skipped_nonfinite, loss_scale (fp16), skipped_overflow
+// (fp16); null where absent or not finite.
 std::string metrics_json(const EpochMetrics& m);
 void write_metrics_line(std::FILE* f, const EpochMetrics& m);
 

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <system_error>
 
 #include "graph/error.h"
@@ -217,6 +218,10 @@ std::map<std::string, std::string> to_metadata(const CheckpointState& s) {
   m["epoch_examples"] = std::to_string(p.epoch_examples);
   m["epoch_steps"] = std::to_string(p.epoch_steps);
   m["epoch_targets"] = std::to_string(p.epoch_targets);
+  if (p.loss_scale > 0) {
+    m["loss_scale"] = exact(p.loss_scale);
+    m["loss_scale_clean_steps"] = std::to_string(p.loss_scale_clean_steps);
+  }
   return m;
 }
 
@@ -282,6 +287,14 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
   p.epoch_examples = r.number<int64_t>("epoch_examples");
   p.epoch_targets = r.number<int64_t>("epoch_targets");
   p.epoch_steps = r.number<int64_t>("epoch_steps");
+  // Written by fp16 runs (dynamic loss scaling) only.
+  if (metadata.count("loss_scale")) {
+    p.loss_scale = r.number<double>("loss_scale");
+    p.loss_scale_clean_steps = r.number<int64_t>("loss_scale_clean_steps");
+    OT_CHECK(p.loss_scale > 0 && std::isfinite(p.loss_scale) && p.loss_scale_clean_steps >= 0,
+             file, ": checkpoint field 'loss_scale' (", p.loss_scale,
+             ") or 'loss_scale_clean_steps' (", p.loss_scale_clean_steps, ") is out of range");
+  }
   return s;
 }
 

@@ -73,6 +73,10 @@ struct RunPosition {
   // The epoch's targets (Trainer::targets): the loss and accuracy denominators. Equal to
   // epoch_examples but for per-token labels or padding (ignore_index).
   int64_t epoch_targets = 0;
+  // Dynamic loss scaling (--precision fp16; train::LossScaler): the scale and its clean steps
+  // at this step; 0 without it. Trainer::save_checkpoint fills them, resume() restores them.
+  double loss_scale = 0;
+  int64_t loss_scale_clean_steps = 0;
   bool operator==(const RunPosition&) const = default;
 };
 

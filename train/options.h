@@ -11,6 +11,7 @@
 #include "passes/passes.h"
 #include "runtime/comm/process_world.h"
 #include "runtime/data/dataset.h"
+#include "train/loss_scaler.h"
 
 namespace onnxtrain::train {
 
@@ -30,9 +31,11 @@ struct ModelOptions {
   std::optional<int64_t> ignore_index;
   // Mixed precision (--precision; passes::autocast): the dtype Conv/Gemm/MatMul compute in,
   // float32 = none. bf16 needs a CPU that runs it natively (AVX512-BF16, AMX) unless
-  // allow_emulation; f16 is refused until dynamic loss scaling exists (issue #19).
+  // allow_emulation. f16 trains with dynamic loss scaling (loss_scaler; --loss-scale,
+  // --loss-scale-growth-interval) and runs natively on no CPU here (allow_emulation).
   graph::DataType precision = graph::DataType::kFloat;
   bool allow_emulation = false;
+  LossScalerOptions loss_scaler;
 };
 
 struct DataOptions {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -230,22 +231,33 @@ float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth, in
 
 // --precision against what the replicas' devices run. bf16 on a CPU without AVX512-BF16/AMX
 // would run the reference loops (hundreds of times slower): refused unless --allow-emulation.
-// fp16 needs dynamic loss scaling, which does not exist yet; the CUDA kernels take float32 only.
+// fp16 (dynamic loss scaling) runs natively on no CPU this oneDNN supports; the CUDA kernels
+// take float32 only so far.
 void check_precision(const ModelOptions& m,
                      const std::vector<std::shared_ptr<runtime::Device>>& devices) {
+  const LossScalerOptions& ls = m.loss_scaler;
+  OT_CHECK(ls.init > 0 && std::isfinite(ls.init) && std::exp2(std::round(std::log2(ls.init))) == ls.init,
+           "--loss-scale must be a power of two (scaling by one is exact), got ", ls.init);
+  OT_CHECK(ls.growth_interval >= 1, "--loss-scale-growth-interval must be >= 1, got ",
+           ls.growth_interval);
+  const LossScalerOptions defaults;
+  OT_CHECK(m.precision == graph::DataType::kFloat16 ||
+               (ls.init == defaults.init && ls.growth_interval == defaults.growth_interval),
+           "--loss-scale and --loss-scale-growth-interval apply to --precision fp16 only (bf16 "
+           "and fp32 need no loss scaling)");
   if (m.precision == graph::DataType::kFloat) return;
   const std::string name = precision_name(m.precision);
-  OT_CHECK(m.precision != graph::DataType::kFloat16,
-           "--precision fp16 is not supported yet: it needs dynamic loss scaling (issue #19); "
-           "use --precision bf16, which needs none");
   for (const auto& d : devices) {
     OT_CHECK(d->kind() == ops::DeviceKind::kCpu, "--precision ", name, " on ", d->name(),
              ": the CUDA kernels run float32 only so far (issue #19); use --device cpu or "
              "--precision fp32");
     OT_CHECK(m.allow_emulation || ops::cpu_runs_natively(m.precision), "--precision ", name,
-             ": this CPU has no native ", name,
-             " instructions (AVX512-BF16 or AMX); it would run the reference loops, far slower "
-             "than fp32 (--allow-emulation runs it anyway)");
+             ": this CPU has no native ", name, " instructions (",
+             m.precision == graph::DataType::kFloat16 ? "AVX512-FP16 with a oneDNN that has f16 "
+                                                        "kernels"
+                                                      : "AVX512-BF16 or AMX",
+             "); it would run the reference loops, far slower than fp32 (--allow-emulation runs "
+             "it anyway)");
   }
 }
 
@@ -357,6 +369,8 @@ void Trainer::build() {
   topts.collectives = world_ != nullptr;    // R == 1 too: the AllReduce spans the processes
   training_graph_ = original_->clone();
   info_ = passes::build_training_graph(*training_graph_, topts);
+  if (training_graph_->training.find_input(graph::InputRole::kGradUnscale))
+    scaler_ = LossScaler{.scale = opts_.model.loss_scaler.init};
   output_dims_ = output_dims(*typed, info_.prepared.logits);
   classes_ = cross_entropy() && !output_dims_.empty() ? output_dims_.back() : 0;
   threads_ = p.threads > 0 ? p.threads : default_threads(world_ ? p.local_processes : 1);
@@ -417,7 +431,20 @@ runtime::StepResult Trainer::step(const std::map<std::string, Tensor>& batch, fl
              truth ? truth->name : "labels", "' (the training graph's labels or targets)");
     loss_scale = loss_scale_of(sig, it->second, 1);
   }
-  return session().step(batch, lr, loss_scale, seed);
+  return scaled_step(batch, lr, loss_scale, seed);
+}
+
+runtime::StepResult Trainer::scaled_step(const std::map<std::string, Tensor>& feeds, float lr,
+                                         float loss_scale, uint64_t seed) {
+  const double scale = scaler_.scale;
+  runtime::StepResult r =
+      session().step(feeds, lr, loss_scale, seed, scale > 0 ? static_cast<float>(scale) : 1.0f);
+  scaler_.update(r.finite, opts_.model.loss_scaler.growth_interval);
+  OT_CHECK(scaler_.scale <= 0 || scaler_.scale >= LossScaler::kMinScale, "--precision fp16: ",
+           scaler_.skipped_in_row, " steps in a row overflowed float16 and the loss scale fell to ",
+           scaler_.scale, ": the forward pass itself overflows float16 or its gradients exceed "
+           "its range (use --precision bf16, which has float32's range)");
+  return r;
 }
 
 int64_t Trainer::targets(const runtime::Batch& b) const {
@@ -440,8 +467,8 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
       loss_scale_of(sig, b.targets, opts_.parallel.replicas * processes());
   const uint64_t step_seed =
       runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
-  return session().step(session_feeds(std::move(b)), runtime::lr_at(schedule_, s), loss_scale,
-                        step_seed);
+  return scaled_step(session_feeds(std::move(b)), runtime::lr_at(schedule_, s), loss_scale,
+                     step_seed);
 }
 
 void Trainer::prepare(const runtime::Batch& b) {
@@ -667,7 +694,10 @@ void Trainer::save_checkpoint(const RunPosition& position) const {
   if (!lead()) return;
   const std::string& dir = opts_.checkpoint.dir;
   runtime::Checkpoint ck;
-  ck.metadata = to_metadata(CheckpointState{identity(), position});
+  RunPosition at = position;
+  at.loss_scale = scaler_.scale;
+  at.loss_scale_clean_steps = scaler_.clean_steps;
+  ck.metadata = to_metadata(CheckpointState{identity(), at});
   ck.metadata[runtime::kRunIdKey] = run_id_;
   for (auto& [name, t] : session().state()) {
     // A non-finite state is never written: the older checkpoints stay, none is pruned.
@@ -720,18 +750,30 @@ RunPosition Trainer::resume() {
   }
   if (world_) {
     // Rank 0 read the checkpoint; the others get its state and position.
-    int64_t ints[5] = {pos.step, pos.steps_per_epoch, pos.epoch_examples, pos.epoch_steps,
-                       pos.epoch_targets};
-    double reals[3] = {pos.epoch_loss_sum, pos.epoch_correct, pos.epoch_seconds};
-    world_->broadcast(ints, 5, graph::DataType::kInt64, 0, "resume position");
-    world_->broadcast(reals, 3, graph::DataType::kDouble, 0, "resume position");
-    pos = RunPosition{ints[0], ints[1], reals[0], reals[1], reals[2], ints[2], ints[3], ints[4]};
+    int64_t ints[6] = {pos.step, pos.steps_per_epoch, pos.epoch_examples, pos.epoch_steps,
+                       pos.epoch_targets, pos.loss_scale_clean_steps};
+    double reals[4] = {pos.epoch_loss_sum, pos.epoch_correct, pos.epoch_seconds, pos.loss_scale};
+    world_->broadcast(ints, 6, graph::DataType::kInt64, 0, "resume position");
+    world_->broadcast(reals, 4, graph::DataType::kDouble, 0, "resume position");
+    pos = RunPosition{.step = ints[0],
+                      .steps_per_epoch = ints[1],
+                      .epoch_loss_sum = reals[0],
+                      .epoch_correct = reals[1],
+                      .epoch_seconds = reals[2],
+                      .epoch_examples = ints[2],
+                      .epoch_steps = ints[3],
+                      .epoch_targets = ints[4],
+                      .loss_scale = reals[3],
+                      .loss_scale_clean_steps = ints[5]};
     std::map<std::string, Tensor> state = session().state();
     for (auto& [name, t] : state)
       world_->broadcast(t.mutable_data(), static_cast<int64_t>(t.nbytes()), graph::DataType::kUInt8,
                         0, "resume state");
     session().set_state(state);
   }
+  // The precision is part of the identity: an fp16 checkpoint resumes an fp16 run.
+  if (scaler_.scale > 0 && pos.loss_scale > 0)
+    scaler_ = LossScaler{.scale = pos.loss_scale, .clean_steps = pos.loss_scale_clean_steps};
   return pos;
 }
 

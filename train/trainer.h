@@ -82,6 +82,9 @@ class Trainer {
   // One optimizer step on `batch` (this process's rows: model inputs + labels or targets).
   // loss_scale 0 = 1/N with N the batch dim of the labels/targets (the batch's mean loss).
   // `seed` (non-zero) fixes the step's random numbers (Dropout); 0 leaves them unseeded.
+  // With --precision fp16 (dynamic loss scaling) both step functions run at loss_scaler()'s
+  // scale and update it: StepResult::finite false = the gradients overflowed, nothing was
+  // updated and the scale halved. Throws when the scale falls below LossScaler::kMinScale.
   runtime::StepResult step(const std::map<std::string, graph::Tensor>& batch, float lr,
                            float loss_scale = 0, uint64_t seed = 0);
   // Step `s` (0-based) of a run on the GLOBAL batch `b`: this process's rows, the schedule's lr,
@@ -96,6 +99,9 @@ class Trainer {
   // the mean over them) and of its accuracy. Rows, or for labels their elements other than the
   // training signature's ignore_index.
   int64_t targets(const runtime::Batch& b) const;
+
+  // Dynamic loss scaling's state (scale 0 without it: float32 and bf16).
+  const LossScaler& loss_scaler() const { return scaler_; }
 
   // ---- data, length, evaluation
   // opts.data loaded for the model's input shape; labels or targets checked against the loss.
@@ -203,6 +209,10 @@ class Trainer {
   std::vector<std::shared_ptr<runtime::Device>> devices_;
   int threads_ = 1;
   runtime::LrSchedule schedule_;
+  LossScaler scaler_;
+  // One step at the loss scaler's scale, then its update (step and run_step).
+  runtime::StepResult scaled_step(const std::map<std::string, graph::Tensor>& feeds, float lr,
+                                  float loss_scale, uint64_t seed);
   RunLength length_;
   std::unique_ptr<runtime::DataParallelSession> session_;
   std::unique_ptr<runtime::InferenceSession> eval_session_;  // built by the first evaluate()

@@ -1,7 +1,8 @@
-// CUDA kernels of the optimizers: ai.onnx.preview.training Adam / Momentum / Adagrad,
-// ai.onnxtrain AdamW, SGD and ClipByGlobalNorm (ops/optim/*.cc). The learning rate R and step T
-// are device scalars read inside the kernel. Outputs may share the buffers of X and the states
-// (OpSchema::inplace): each thread reads element i of every input before writing element i.
+// CUDA kernels of the optimizers: Adam / Momentum / Adagrad (ai.onnx.preview.training and
+// ai.onnxtrain), ai.onnxtrain AdamW, SGD, ClipByGlobalNorm and UnscaleGradients (ops/optim/*.cc).
+// The learning rate R, step T and the ai.onnxtrain guard `apply` (ops/optim/guard.h) are device
+// scalars read inside the kernels: no host sync. Outputs may share the buffers of X and the
+// states (OpSchema::inplace): each thread reads element i of every input before writing element i.
 #include <cmath>
 #include <string>
 
@@ -133,10 +134,38 @@ struct Group {
   T* out[3];
 };
 
-// x, g, s_j: (count) -> x_new, s_new_j: (count)
+// A step the guard skipped: the output keeps its input. Nothing is written when the output is
+// the input's buffer (in-place training state).
+template <typename T>
+__device__ void copy_through(const T* in, T* out, int64_t count) {
+  if (!out || out == in) return;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = in[i];
+}
+
+// The guard `apply` (bool scalar) as a device pointer, nullptr when the node has none.
+__device__ __forceinline__ bool skipped(const bool* apply) {
+  return apply && !*apply;
+}
+
+// DeviceFallback unless input i is absent or a bool scalar (the CPU kernel reports the error).
+const bool* guard_of(const KernelContext& ctx, int i) {
+  const TensorView* g = ctx.input(i);
+  if (g && (g->dtype != DataType::kBool || g->numel() != 1))
+    throw DeviceFallback{"guard input 'apply' is not a bool scalar"};
+  return g ? g->as<bool>() : nullptr;
+}
+
+// x, g, s_j: (count), apply: () or nullptr -> x_new, s_new_j: (count)
 template <typename Rule, typename T>
-__global__ void optimizer_kernel(Rule rule, ScalarRef r_ref, ScalarRef t_ref, Group<T> grp,
-                                 int64_t count) {
+__global__ void optimizer_kernel(Rule rule, ScalarRef r_ref, ScalarRef t_ref, const bool* apply,
+                                 Group<T> grp, int64_t count) {
+  if (skipped(apply)) {
+    copy_through(grp.in[0], grp.out[0], count);
+    for (int j = 0; j < Rule::kStates; ++j) copy_through(grp.in[2 + j], grp.out[1 + j], count);
+    return;
+  }
   const double r = read_scalar(r_ref);
   const auto t = static_cast<long long>(read_scalar(t_ref));
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
@@ -161,13 +190,19 @@ __global__ void optimizer_kernel(Rule rule, ScalarRef r_ref, ScalarRef t_ref, Gr
 template <typename Rule>
 class OptimizerKernel final : public Kernel {
  public:
-  explicit OptimizerKernel(const graph::Node& n) : rule_(n) {}
+  explicit OptimizerKernel(const graph::Node& n)
+      : rule_(n), onnxtrain_(n.domain == kOnnxtrainDomain) {}
   void prepare(KernelContext& ctx) override {
     constexpr int kS = Rule::kStates;
     const int blocks = 2 + kS;
+    // An ai.onnxtrain node may end in the guard `apply`: (inputs - 2) % blocks == 1.
     const int inputs = ctx.num_inputs();
-    if (inputs <= 2 || (inputs - 2) % blocks != 0) throw DeviceFallback{"input count"};
-    n_ = (inputs - 2) / blocks;
+    const bool guarded = onnxtrain_ && inputs > 2 && (inputs - 2) % blocks == 1;
+    const int tensors = inputs - (guarded ? 1 : 0);
+    if (tensors <= 2 || (tensors - 2) % blocks != 0) throw DeviceFallback{"input count"};
+    guard_slot_ = guarded ? tensors : -1;
+    if (guarded) guard_of(ctx, guard_slot_);
+    n_ = (tensors - 2) / blocks;
     if (ctx.num_outputs() > (1 + kS) * n_) throw DeviceFallback{"output count"};
     r_kind_ = scalar_kind(need_input(ctx, 0), true);
     t_kind_ = scalar_kind(need_input(ctx, 1), true);
@@ -187,6 +222,7 @@ class OptimizerKernel final : public Kernel {
     constexpr int kS = Rule::kStates;
     const cudaStream_t s = stream_of(ctx);
     const ScalarRef r{ctx.input(0)->data, r_kind_}, t{ctx.input(1)->data, t_kind_};
+    const bool* apply = guard_slot_ >= 0 ? guard_of(ctx, guard_slot_) : nullptr;
     for (int i = 0; i < n_; ++i) {
       const int64_t count = ctx.input(2 + i)->numel();
       if (count == 0) continue;
@@ -199,7 +235,7 @@ class OptimizerKernel final : public Kernel {
               slot < ctx.num_outputs() && ctx.has_output(slot) ? ctx.output(slot).as<T>() : nullptr;
         }
         optimizer_kernel<Rule, T>
-            <<<blocks_for(count, kThreads), kThreads, 0, s>>>(rule_, r, t, g, count);
+            <<<blocks_for(count, kThreads), kThreads, 0, s>>>(rule_, r, t, apply, g, count);
         OT_CUDA_CHECK_LAUNCH();
       });
     }
@@ -207,6 +243,8 @@ class OptimizerKernel final : public Kernel {
 
  private:
   Rule rule_;
+  bool onnxtrain_;
+  int guard_slot_ = -1;
   int n_ = 0;
   int r_kind_ = 0, t_kind_ = 2;
   std::vector<DataType> dtypes_;
@@ -214,11 +252,18 @@ class OptimizerKernel final : public Kernel {
 
 // ---------------------------------------------------------------- SGD
 
-// R: (), X, G [, V]: same dims -> X_new [, V_new]; in double like the CPU:
+constexpr int kSgdGuardSlot = 4;
+
+// R: (), X, G [, V] [, apply: ()]: same dims -> X_new [, V_new]; in double like the CPU:
 //   g' = g + weight_decay x; v = momentum v + g'; x -= r g' | r v | r (g' + momentum v)
 template <typename T>
-__global__ void sgd_kernel(SgdAttrs a, ScalarRef r_ref, const T* x, const T* g, const T* v,
-                           T* x_new, T* v_new, int64_t count) {
+__global__ void sgd_kernel(SgdAttrs a, ScalarRef r_ref, const bool* apply, const T* x, const T* g,
+                           const T* v, T* x_new, T* v_new, int64_t count) {
+  if (skipped(apply)) {
+    copy_through(x, x_new, count);
+    if (v) copy_through(v, v_new, count);
+    return;
+  }
   const double lr = read_scalar(r_ref);
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < count;
        k += int64_t{gridDim.x} * blockDim.x)
@@ -237,6 +282,8 @@ class SgdKernel final : public Kernel {
     const TensorView& x = need_input(ctx, 1);
     const TensorView& g = need_input(ctx, 2);
     const TensorView* v = ctx.input(3);
+    if (ctx.num_inputs() > kSgdGuardSlot + 1) throw DeviceFallback{"input count"};
+    guard_of(ctx, kSgdGuardSlot);
     r_kind_ = scalar_kind(need_input(ctx, 0), false);
     need_dtype(x.dtype, {DataType::kFloat, DataType::kDouble}, "parameter");
     if (g.dims != x.dims || g.dtype != x.dtype || (v && (v->dims != x.dims || v->dtype != x.dtype)))
@@ -255,8 +302,8 @@ class SgdKernel final : public Kernel {
       const TensorView* v = ctx.input(3);
       T* v_new = ctx.num_outputs() > 1 && ctx.has_output(1) ? ctx.output(1).as<T>() : nullptr;
       sgd_kernel<T><<<blocks_for(count, kThreads), kThreads, 0, s>>>(
-          a_, r, ctx.input(1)->as<T>(), ctx.input(2)->as<T>(), v ? v->as<T>() : nullptr,
-          ctx.output(0).as<T>(), v_new, count);
+          a_, r, guard_of(ctx, kSgdGuardSlot), ctx.input(1)->as<T>(), ctx.input(2)->as<T>(),
+          v ? v->as<T>() : nullptr, ctx.output(0).as<T>(), v_new, count);
       OT_CUDA_CHECK_LAUNCH();
     });
   }
@@ -359,6 +406,68 @@ class ClipByGlobalNormKernel final : public Kernel {
   int64_t chunks_ = 0;
 };
 
+// ---------------------------------------------------------------- UnscaleGradients
+
+// g: (count) -> out = g * scale, in T as on the CPU; *nonfinite |= 1 when an element of g is NaN
+// or +-Inf (one atomic per block, after a block-wide OR).
+template <typename T>
+__global__ void unscale_kernel(const T* g, T* out, int64_t count, ScalarRef scale_ref,
+                               unsigned* nonfinite) {
+  const auto scale = static_cast<T>(read_scalar(scale_ref));
+  int bad = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const T x = g[i];
+    bad |= !isfinite(x);
+    if (out) out[i] = x * scale;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1u);
+}
+
+__global__ void finite_flag_kernel(const unsigned* nonfinite, bool* finite) {
+  *finite = *nonfinite == 0;
+}
+
+// scale: (), g_i: any dims -> g_i' = g_i * scale: dims of g_i, finite: () bool
+class UnscaleGradientsKernel final : public Kernel {
+ public:
+  void prepare(KernelContext& ctx) override {
+    const int inputs = ctx.num_inputs();
+    if (inputs < 2 || ctx.num_outputs() != inputs) throw DeviceFallback{"input / output count"};
+    scale_kind_ = scalar_kind(need_input(ctx, 0), false);
+    dtypes_.clear();
+    for (int i = 1; i < inputs; ++i) {
+      dtypes_.push_back(need_input(ctx, i).dtype);
+      need_dtype(dtypes_.back(), {DataType::kFloat, DataType::kDouble}, "gradient");
+    }
+  }
+  void run(KernelContext& ctx) override {
+    const cudaStream_t s = stream_of(ctx);
+    const int n = ctx.num_inputs() - 1;
+    auto* nonfinite = static_cast<unsigned*>(ctx.scratch(sizeof(unsigned)));
+    OT_CUDA_CHECK(cudaMemsetAsync(nonfinite, 0, sizeof(unsigned), s));
+    const ScalarRef scale{ctx.input(0)->data, scale_kind_};
+    for (int i = 0; i < n; ++i) {
+      const TensorView& g = *ctx.input(i + 1);
+      const int64_t count = g.numel();
+      if (count == 0) continue;
+      dispatch_types(FloatT{}, dtypes_[static_cast<size_t>(i)], [&]<typename T>() {
+        T* out = ctx.has_output(i) ? ctx.output(i).as<T>() : nullptr;
+        unscale_kernel<T><<<blocks_for(count, kThreads), kThreads, 0, s>>>(g.as<T>(), out, count,
+                                                                           scale, nonfinite);
+        OT_CUDA_CHECK_LAUNCH();
+      });
+    }
+    if (!ctx.has_output(n)) return;
+    finite_flag_kernel<<<1, 1, 0, s>>>(nonfinite, ctx.output(n).as<bool>());
+    OT_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  int scale_kind_ = 0;
+  std::vector<DataType> dtypes_;
+};
+
 constexpr const char* kTraining = "ai.onnx.preview.training";
 
 }  // namespace
@@ -372,6 +481,15 @@ ONNXTRAIN_REGISTER_KERNEL(momentum_cuda, kTraining, "Momentum", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(adagrad_cuda, kTraining, "Adagrad", kCuda) {
   return std::make_unique<OptimizerKernel<AdagradRule>>(n);
 }
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adam_cuda, "ai.onnxtrain", "Adam", kCuda) {
+  return std::make_unique<OptimizerKernel<AdamRule>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_momentum_cuda, "ai.onnxtrain", "Momentum", kCuda) {
+  return std::make_unique<OptimizerKernel<MomentumRule>>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adagrad_cuda, "ai.onnxtrain", "Adagrad", kCuda) {
+  return std::make_unique<OptimizerKernel<AdagradRule>>(n);
+}
 ONNXTRAIN_REGISTER_KERNEL(adamw_cuda, "ai.onnxtrain", "AdamW", kCuda) {
   return std::make_unique<OptimizerKernel<AdamWRule>>(n);
 }
@@ -380,6 +498,9 @@ ONNXTRAIN_REGISTER_KERNEL(sgd_cuda, "ai.onnxtrain", "SGD", kCuda) {
 }
 ONNXTRAIN_REGISTER_KERNEL(clip_by_global_norm_cuda, "ai.onnxtrain", "ClipByGlobalNorm", kCuda) {
   return std::make_unique<ClipByGlobalNormKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(unscale_gradients_cuda, "ai.onnxtrain", "UnscaleGradients", kCuda) {
+  return std::make_unique<UnscaleGradientsKernel>();
 }
 
 }  // namespace onnxtrain::ops::cuda

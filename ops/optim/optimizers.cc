@@ -4,9 +4,12 @@
 // elementwise rule applied to every parameter group, computed in the tensor's own type (float
 // tensors in float, vectorized, as PyTorch does; double in double). Outputs may share the
 // buffers of X and the states (OpSchema::inplace): the runtime updates training state in place.
+// Adam, Momentum and Adagrad are also registered in ai.onnxtrain, where every optimizer takes an
+// optional trailing bool scalar `apply` (ops/optim/guard.h): false skips the step.
 #include <algorithm>
 #include <cmath>
 
+#include "ops/optim/guard.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
 
@@ -122,15 +125,26 @@ struct AdamWRule {
   }
 };
 
-// Number of parameter groups; inputs are R, T, then (2 + kStates) blocks of n tensors.
-int64_t groups(const graph::Node& node, size_t num_inputs, size_t num_outputs, int states) {
+// Inputs are R, T, then (2 + kStates) blocks of n tensors; an ai.onnxtrain node may add one
+// trailing guard `apply`, recognised by the count: (num_inputs - 2) % (2 + kStates) == 1.
+struct Layout {
+  int64_t n = 0;        // parameter groups
+  int guard_slot = -1;  // input index of `apply`, or -1
+};
+
+Layout layout_of(const graph::Node& node, size_t num_inputs, size_t num_outputs, int states) {
   const auto blocks = static_cast<size_t>(2 + states);
-  OT_CHECK(num_inputs > 2 && (num_inputs - 2) % blocks == 0, node.describe(), ": expected 2 + ",
-           blocks, " * n inputs (R, T, X, G, states), got ", num_inputs);
-  const size_t n = (num_inputs - 2) / blocks;
+  const bool guarded =
+      node.domain == kOnnxtrainDomain && num_inputs > 2 && (num_inputs - 2) % blocks == 1;
+  const size_t tensors = num_inputs - (guarded ? 1 : 0);
+  OT_CHECK(tensors > 2 && (tensors - 2) % blocks == 0, node.describe(), ": expected 2 + ", blocks,
+           " * n inputs (R, T, X, G, states",
+           node.domain == kOnnxtrainDomain ? ", optionally a trailing guard 'apply'" : "",
+           "), got ", num_inputs);
+  const size_t n = (tensors - 2) / blocks;
   OT_CHECK(num_outputs <= static_cast<size_t>(1 + states) * n, node.describe(),
            ": expected at most ", (1 + states) * n, " outputs, got ", num_outputs);
-  return static_cast<int64_t>(n);
+  return {static_cast<int64_t>(n), guarded ? static_cast<int>(tensors) : -1};
 }
 
 // Input slot of block b (0 = X, 1 = G, 2.. = states) of group i; output block b' (0 = X_new,
@@ -145,7 +159,10 @@ int input_block_of_output(int out_block) {
 template <typename Rule>
 void infer_optimizer(InferenceContext& ctx) {
   const size_t outs = ctx.node.outputs().size();
-  const int64_t n = groups(ctx.node, ctx.node.inputs().size(), outs, Rule::kStates);
+  const Layout l = layout_of(ctx.node, ctx.node.inputs().size(), outs, Rule::kStates);
+  const int64_t n = l.n;
+  if (l.guard_slot >= 0 && ctx.input_type(static_cast<size_t>(l.guard_slot)))
+    check_guard_type(tensor_input(ctx, static_cast<size_t>(l.guard_slot)), ctx.where());
   for (size_t o = 0; o < outs; ++o) {
     const int block = input_block_of_output(static_cast<int>(static_cast<int64_t>(o) / n));
     const ValueType& t = tensor_input(ctx, input_slot(n, block, static_cast<int64_t>(o) % n));
@@ -175,12 +192,14 @@ class OptimizerKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     constexpr int kS = Rule::kStates;
     const std::string where = node_.describe();
-    const int64_t n = groups(node_, static_cast<size_t>(ctx.num_inputs()),
-                             static_cast<size_t>(ctx.num_outputs()), kS);
+    const Layout l = layout_of(node_, static_cast<size_t>(ctx.num_inputs()),
+                               static_cast<size_t>(ctx.num_outputs()), kS);
+    const int64_t n = l.n;
     OT_CHECK(ctx.input(0) && ctx.input(1), where, ": R and T are required");
     Step step{scalar_of(*ctx.input(0), where),
               static_cast<int64_t>(scalar_of(*ctx.input(1), where))};
     const Rule rule(node_, step);
+    const bool apply = guard_allows(l.guard_slot >= 0 ? ctx.input(l.guard_slot) : nullptr, where);
     for (int64_t i = 0; i < n; ++i) {
       const TensorView* in[2 + kS];
       for (int b = 0; b < 2 + kS; ++b) {
@@ -192,6 +211,10 @@ class OptimizerKernel final : public Kernel {
       for (int b = 0; b < 1 + kS; ++b) {
         const int slot = static_cast<int>(b * n + i);
         out[b] = ctx.has_output(slot) ? &ctx.output(slot, in[0]->dims) : nullptr;
+      }
+      if (!apply) {
+        for (int b = 0; b < 1 + kS; ++b) copy_through(*in[input_block_of_output(b)], out[b], ctx);
+        continue;
       }
       reduce::dispatch<reduce::FloatTypes>(in[0]->dtype, where, [&]<typename T>() {
         update<T>(rule, in, out, in[0]->numel(), ctx);
@@ -268,7 +291,7 @@ OpSchema optimizer_schema(const char* op_type, const char* domain = kTrainingDom
   s.foldable = false;
   // Output block b (X_new, S1_new, ...) of group i may overwrite input block (0, 2, 3, ...).
   s.inplace = [](const graph::Node& node, int output) {
-    const int64_t n = groups(node, node.inputs().size(), node.outputs().size(), Rule::kStates);
+    const int64_t n = layout_of(node, node.inputs().size(), node.outputs().size(), Rule::kStates).n;
     const int block = input_block_of_output(static_cast<int>(output / n));
     return static_cast<int>(input_slot(n, block, output % n));
   };
@@ -285,6 +308,16 @@ ONNXTRAIN_REGISTER_OP(momentum) {
 }
 ONNXTRAIN_REGISTER_OP(adagrad) {
   return optimizer_schema<AdagradRule>("Adagrad");
+}
+// The same rules in ai.onnxtrain, where they also take the guard input.
+ONNXTRAIN_REGISTER_OP(onnxtrain_adam) {
+  return optimizer_schema<AdamRule>("Adam", kOnnxtrainDomain);
+}
+ONNXTRAIN_REGISTER_OP(onnxtrain_momentum) {
+  return optimizer_schema<MomentumRule>("Momentum", kOnnxtrainDomain);
+}
+ONNXTRAIN_REGISTER_OP(onnxtrain_adagrad) {
+  return optimizer_schema<AdagradRule>("Adagrad", kOnnxtrainDomain);
 }
 ONNXTRAIN_REGISTER_OP(adamw) {
   return optimizer_schema<AdamWRule>("AdamW", kOnnxtrainDomain);

@@ -1,5 +1,8 @@
 // ai.onnxtrain.SGD: plain / momentum / Nesterov SGD with L2 weight decay, one parameter per node
-// (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed).
+// (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed). Inputs
+// (R, X, G, V?, apply?): the optional bool scalar guard `apply` (ops/optim/guard.h) at slot 4
+// skips the step when false; V may be omitted (an empty name) in front of it.
+#include "ops/optim/guard.h"
 #include "ops/optim/sgd_math.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
@@ -18,8 +21,13 @@ SgdAttrs sgd_attrs(const graph::Node& node) {
   return a;
 }
 
-// Inputs (R, X, G[, V]); a velocity V is required exactly when momentum > 0.
-void check_arity(const graph::Node& node, const SgdAttrs& a, bool has_velocity, size_t outputs) {
+constexpr int kGuardSlot = 4;
+
+// Inputs (R, X, G[, V][, apply]); a velocity V is required exactly when momentum > 0.
+void check_arity(const graph::Node& node, const SgdAttrs& a, size_t inputs, bool has_velocity,
+                 size_t outputs) {
+  OT_CHECK(inputs >= 3 && inputs <= kGuardSlot + 1, node.describe(),
+           ": expected inputs (R, X, G, V?, apply?), got ", inputs);
   OT_CHECK(has_velocity == (a.momentum > 0), node.describe(),
            a.momentum > 0 ? ": momentum > 0 needs the velocity input V (R, X, G, V)"
                           : ": a velocity input V needs momentum > 0");
@@ -31,7 +39,8 @@ void check_arity(const graph::Node& node, const SgdAttrs& a, bool has_velocity, 
 void infer_sgd(InferenceContext& ctx) {
   const SgdAttrs a = sgd_attrs(ctx.node);
   const bool has_v = ctx.input_type(3) != nullptr;
-  check_arity(ctx.node, a, has_v, ctx.node.outputs().size());
+  check_arity(ctx.node, a, ctx.node.inputs().size(), has_v, ctx.node.outputs().size());
+  if (ctx.input_type(kGuardSlot)) check_guard_type(tensor_input(ctx, kGuardSlot), ctx.where());
   const ValueType& r = tensor_input(ctx, 0);
   if (auto d = known_dims(r))
     OT_CHECK(numel(*d) == 1, ctx.where(), ": R (learning rate) must be a scalar");
@@ -64,7 +73,8 @@ class SgdKernel final : public Kernel {
     const TensorView* x = ctx.input(1);
     const TensorView* g = ctx.input(2);
     const TensorView* v = ctx.input(3);
-    check_arity(node_, a_, v != nullptr, static_cast<size_t>(ctx.num_outputs()));
+    check_arity(node_, a_, static_cast<size_t>(ctx.num_inputs()), v != nullptr,
+                static_cast<size_t>(ctx.num_outputs()));
     OT_CHECK(r && x && g, where, ": R, X and G are required");
     OT_CHECK(g->dims == x->dims && g->dtype == x->dtype &&
                  (!v || (v->dims == x->dims && v->dtype == x->dtype)),
@@ -73,6 +83,11 @@ class SgdKernel final : public Kernel {
     TensorView& x_new = ctx.output(0, x->dims);
     TensorView* v_new =
         ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, x->dims) : nullptr;
+    if (!guard_allows(ctx.input(kGuardSlot), where)) {
+      copy_through(*x, &x_new, ctx);
+      if (v) copy_through(*v, v_new, ctx);
+      return;
+    }
     reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
       update<T>(lr, x->as<T>(), g->as<T>(), v ? v->as<T>() : nullptr, x_new.as<T>(),
                 v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);

@@ -826,7 +826,7 @@ TEST_F(OnnxtrainTest, SigkillThenResumeEndsBitIdenticalToAnUninterruptedRun) {
 // --precision bf16 (issue #19): Conv/Gemm run in bf16 from float32 master weights. The loss
 // falls as in float32 (within bf16's noise), the trained model is float32 with the same
 // initializers, the saved training graph records the precision and its copies, a checkpoint
-// does not resume under another precision, and fp16 / unknown precisions are refused. Without
+// does not resume under another precision, and unknown precisions are refused. Without
 // AVX512-BF16 the run needs --allow-emulation (the reference loops).
 TEST_F(OnnxtrainTest, PrecisionBf16TrainsFromFloat32MasterWeights) {
   if (!fs::is_regular_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
@@ -880,12 +880,79 @@ TEST_F(OnnxtrainTest, PrecisionBf16TrainsFromFloat32MasterWeights) {
   // A bf16 checkpoint does not resume in float32.
   expect_error(run("fp32", "again", {"--checkpoint-dir", path("ck"), "--resume"}), 1,
                "different options \\(.*precision 'bf16' -> 'fp32'");
-  expect_error(train({model, "--precision", "fp16", "--data", "synthetic:64"}), 1,
-               "--precision fp16 is not supported yet: it needs dynamic loss scaling");
   RunResult bad = train({model, "--precision", "fp8"});
   EXPECT_EQ(bad.rc, 2) << bad.err;
   EXPECT_NE(bad.err.find("--precision: expected fp32, bf16 or fp16, got 'fp8'"), std::string::npos)
       << bad.err;
+}
+
+// --precision fp16 (issue #19): float16 compute with dynamic loss scaling. Started at 2^24, the
+// first steps overflow float16, are skipped (noted, counted in the epoch line and the metrics)
+// and halve the scale until the gradients fit; the run still learns like float32 and writes a
+// float32 model. The scale is checkpointed: a resumed run starts at the saved scale, not at
+// --loss-scale (which would overflow again). fp16 without --allow-emulation, a scale that is
+// not a power of two and --loss-scale without fp16 are refused.
+TEST_F(OnnxtrainTest, PrecisionFp16TrainsWithDynamicLossScaling) {
+  if (!fs::is_regular_file("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string model = zoo("cnn", {"--input", "1x28x28", "--width", "4"}, "cnn.onnx");
+  auto args = [&](const std::string& epochs, std::vector<std::string> extra) {
+    std::vector<std::string> a = {model, "--data", "fashion-mnist", "--val-split", "0.98933",
+                                  "--epochs", epochs, "--batch-size", "32", "--lr", "3e-3",
+                                  "--threads", "1", "--precision", "fp16", "--allow-emulation",
+                                  "--loss-scale", "16777216", "--loss-scale-growth-interval", "8",
+                                  "--checkpoint-dir", path("ck")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  RunResult h = train(args("2", {"--metrics-json", path("f16.jsonl"), "--output", path("f16.onnx")}));
+  ASSERT_EQ(h.rc, 0) << h.err;
+  EXPECT_TRUE(has_line_matching(h.out, "^precision   fp16 mixed: 4 Conv/Gemm/MatMul nodes.*"))
+      << h.out;
+  EXPECT_TRUE(has_line_matching(h.out, "^loss scale  dynamic, from 1.67772e\\+07: .*; 8 clean "
+                                       "steps double it"))
+      << h.out;
+  EXPECT_TRUE(has_line_matching(h.out, "^note        step 1: gradients overflowed float16 at "
+                                       "loss scale 1.67772e\\+07: step skipped, scale now "
+                                       "8.38861e\\+06"))
+      << h.out;
+  EXPECT_TRUE(has_line_matching(h.out, "^Epoch 1/2.* loss_scale [0-9.e+]+ \\([0-9]+ overflowed "
+                                       "steps skipped\\)"))
+      << h.out;
+  const std::vector<std::string> lines = lines_of(cli_test::read_file(path("f16.jsonl")));
+  ASSERT_EQ(lines.size(), 2u);
+  const double skipped = *json_number(lines[0], "skipped_overflow");
+  EXPECT_GE(skipped, 1);
+  EXPECT_LT(skipped, 20) << "every step of the epoch overflowed";
+  const double scale = *json_number(lines[1], "loss_scale");
+  EXPECT_GE(scale, 1);
+  EXPECT_LT(scale, 16777216);
+  EXPECT_EQ(std::exp2(std::round(std::log2(scale))), scale) << "not a power of two";
+  const double l1 = *json_number(lines[0], "loss"), l2 = *json_number(lines[1], "loss");
+  EXPECT_LT(l2, 0.9 * l1) << "fp16 did not learn";
+  // The model is float32 without casts; the checkpoint holds the scale it ended at.
+  auto trained = graph::import_onnx_file(path("f16.onnx"));
+  for (const auto& n : trained->graph->nodes()) EXPECT_NE(n->op_type, "Cast") << n->describe();
+  for (const auto& [name, t] : initializers(path("f16.onnx")))
+    EXPECT_EQ(t.dtype(), DataType::kFloat) << name;
+  const std::vector<runtime::CheckpointFile> files = runtime::list_checkpoints(path("ck"));
+  ASSERT_FALSE(files.empty());
+  const runtime::Checkpoint last = runtime::read_checkpoint(files.back().path);
+  EXPECT_EQ(std::stod(last.meta("loss_scale")), scale);
+  // Resumed for a third epoch: it starts at the saved scale, so step 41 does not overflow at
+  // 2^24 again.
+  RunResult resumed = train(args("3", {"--resume"}));
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_FALSE(has_line_matching(resumed.out, ".*at loss scale 1.67772e\\+07.*")) << resumed.out;
+  EXPECT_TRUE(has_line_matching(resumed.out, "^Epoch 3/3.* loss_scale .*")) << resumed.out;
+
+  expect_error(train({model, "--precision", "fp16", "--data", "synthetic:64"}), 1,
+               "--precision fp16: this CPU has no native fp16 instructions \\(AVX512-FP16");
+  expect_error(train({model, "--precision", "fp16", "--allow-emulation", "--loss-scale", "1000",
+                      "--data", "synthetic:64"}),
+               1, "--loss-scale must be a power of two");
+  expect_error(train({model, "--loss-scale", "1024", "--data", "synthetic:64"}), 1,
+               "--loss-scale and --loss-scale-growth-interval apply to --precision fp16 only");
 }
 
 TEST_F(OnnxtrainTest, ResumeErrors) {

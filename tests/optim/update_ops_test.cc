@@ -1,8 +1,12 @@
 // ai.onnxtrain SGD / AdamW / ClipByGlobalNorm (and preview Adam next to AdamW) over several
-// steps, each against a hand-written double-precision reference.
+// steps, each against a hand-written double-precision reference; the fp16 loss-scaling pieces
+// (issue #19): UnscaleGradients and the optimizers' guard input `apply`.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "tests/ops/op_test_util.h"
 
@@ -292,6 +296,331 @@ TEST(ClipByGlobalNorm, NeedsPositiveMaxNorm) {
   EXPECT_THROW(run_node(call), Error);
   call.attrs = {Attribute::make_float("max_norm", 0.0f)};
   EXPECT_THROW(run_node(call), Error);
+}
+
+// ---------------------------------------------------------------- fp16 loss scaling (issue #19)
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// run_node with output_aliases y<o> -> x<in>: the runtime may write those outputs over the
+// inputs' buffers. Returns the inputs after the run (the updated state) and the plan stats.
+struct InPlaceResult {
+  std::map<std::string, Tensor> inputs;
+  std::vector<Tensor> outputs;
+  runtime::PlanStats stats;
+};
+
+InPlaceResult run_in_place(const NodeCall& c, const std::vector<int>& output_input) {
+  auto model = std::make_unique<graph::Model>();
+  model->set_opset("", c.opset);
+  model->set_opset(c.domain, 1);
+  graph::Graph& g = *model->graph;
+  std::vector<graph::Value*> ins;
+  InPlaceResult r;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (!c.inputs[i].value) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    Tensor t = *c.inputs[i].value;
+    t.mutable_data();  // its own buffer: the run writes into it
+    ins.push_back(
+        g.add_input(cat("x", i), graph::ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
+    r.inputs[cat("x", i)] = t;
+  }
+  std::vector<std::string> outs;
+  for (int i = 0; i < c.outputs; ++i) outs.push_back(cat("y", i));
+  graph::Node* n = g.add_node(c.op, ins, outs, "n0", c.domain);
+  for (const Attribute& a : c.attrs) n->set_attr(a);
+  for (graph::Value* v : n->outputs()) g.add_output(v);
+  runtime::SessionOptions opts;
+  opts.threads = c.threads;
+  for (size_t o = 0; o < output_input.size(); ++o)
+    opts.output_aliases[cat("y", o)] = cat("x", output_input[o]);
+  runtime::InferenceSession session(std::move(model), opts);
+  r.outputs = session.run(r.inputs);
+  r.stats = session.last_plan_stats();
+  return r;
+}
+
+std::vector<double> abs_noise(size_t n, uint32_t seed) {
+  std::vector<double> v = noise(n, seed);
+  for (double& x : v) x = std::abs(x) + 0.01;
+  return v;
+}
+
+// One optimizer node without a guard (in `domain`) and what a guarded ai.onnxtrain copy needs.
+struct GuardCase {
+  std::string op, domain;
+  std::vector<Attribute> attrs;
+  std::vector<Tensor> inputs;
+  std::vector<int> output_input;      // input slot each output updates (and keeps when skipped)
+  bool sgd_without_velocity = false;  // the guard goes to slot 4 behind an omitted V
+};
+
+// Multi-tensor optimizers: R, T, then X, G and `states` state blocks over two groups; the
+// second group (70000 elements) spans several parallel chunks. States in `positive` are
+// second moments / accumulators and stay > 0.
+GuardCase multi_tensor_case(std::string op, std::string domain, std::vector<Attribute> attrs,
+                            int states, std::vector<bool> positive) {
+  GuardCase c{std::move(op), std::move(domain), std::move(attrs), {}, {}};
+  const std::vector<std::vector<int64_t>> dims = {{3, 5}, {70000}};
+  const int64_t n = static_cast<int64_t>(dims.size());
+  c.inputs = {f32({}, {0.01f}), i64({}, {3})};
+  uint32_t seed = 500;
+  for (int b = 0; b < 2 + states; ++b) {
+    for (const auto& d : dims) {
+      const auto count = static_cast<size_t>(d.size() == 1 ? d[0] : d[0] * d[1]);
+      const bool pos = b >= 2 && positive[static_cast<size_t>(b - 2)];
+      c.inputs.push_back(f32(d, to_f32(pos ? abs_noise(count, seed) : noise(count, seed))));
+      ++seed;
+    }
+  }
+  for (int b = 0; b < 1 + states; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      c.output_input.push_back(static_cast<int>(2 + (b == 0 ? 0 : b + 1) * n + i));
+  return c;
+}
+
+GuardCase adam_case() {
+  return multi_tensor_case(
+      "Adam", "ai.onnx.preview.training",
+      {Attribute::make_float("alpha", 0.8f), Attribute::make_float("beta", 0.9f),
+       Attribute::make_float("norm_coefficient", 0.01f)},
+      2, {false, true});
+}
+GuardCase momentum_case(const char* mode) {
+  return multi_tensor_case(
+      "Momentum", "ai.onnx.preview.training",
+      {Attribute::make_float("alpha", 0.9f), Attribute::make_float("beta", 0.5f),
+       Attribute::make_float("norm_coefficient", 0.01f), Attribute::make_string("mode", mode)},
+      1, {false});
+}
+GuardCase adagrad_case() {
+  return multi_tensor_case("Adagrad", "ai.onnx.preview.training",
+                           {Attribute::make_float("decay_factor", 0.1f),
+                            Attribute::make_float("norm_coefficient", 0.01f)},
+                           1, {true});
+}
+GuardCase adamw_case() {
+  return multi_tensor_case("AdamW", kDomain, {Attribute::make_float("weight_decay", 0.1f)}, 2,
+                           {false, true});
+}
+GuardCase sgd_case(bool velocity) {
+  GuardCase c;
+  c.op = "SGD";
+  c.domain = kDomain;
+  c.inputs = {f32({}, {0.05f}), f32({70000}, to_f32(noise(70000, 31))),
+              f32({70000}, to_f32(noise(70000, 32)))};
+  c.output_input = {1};
+  c.attrs = {Attribute::make_float("weight_decay", 0.01f)};
+  if (velocity) {
+    c.inputs.push_back(f32({70000}, to_f32(noise(70000, 33))));
+    c.output_input.push_back(3);
+    c.attrs = {Attribute::make_float("momentum", 0.9f), Attribute::make_int("nesterov", 1)};
+  }
+  c.sgd_without_velocity = !velocity;
+  return c;
+}
+
+// The case's node: unguarded in its own domain, or in ai.onnxtrain with `apply` appended.
+NodeCall guard_call(const GuardCase& c, std::optional<bool> apply) {
+  NodeCall call;
+  call.op = c.op;
+  call.domain = apply ? kDomain : c.domain;
+  call.attrs = c.attrs;
+  call.outputs = static_cast<int>(c.output_input.size());
+  for (const Tensor& t : c.inputs) call.inputs.push_back({t});
+  if (apply) {
+    if (c.sgd_without_velocity) call.inputs.push_back({});  // V omitted
+    call.inputs.push_back({boolean({}, {static_cast<uint8_t>(*apply ? 1 : 0)})});
+  }
+  return call;
+}
+
+void expect_guard_semantics(const GuardCase& c) {
+  const NodeResult ref = run_node(guard_call(c, std::nullopt));
+  const NodeResult on = run_node(guard_call(c, true));
+  const NodeResult off = run_node(guard_call(c, false));
+  for (size_t o = 0; o < c.output_input.size(); ++o) {
+    const Tensor& in = c.inputs[static_cast<size_t>(c.output_input[o])];
+    EXPECT_FALSE(same_bits(ref.outputs[o], in)) << "output " << o << " is not updated at all";
+    EXPECT_TRUE(same_bits(on.outputs[o], ref.outputs[o])) << "apply=true, output " << o;
+    EXPECT_TRUE(same_bits(off.outputs[o], in)) << "apply=false, output " << o;
+  }
+  // In place (the training case): the outputs are written over the inputs' buffers.
+  const auto count = static_cast<int>(c.output_input.size());
+  const InPlaceResult on_ip = run_in_place(guard_call(c, true), c.output_input);
+  EXPECT_EQ(on_ip.stats.aliased_in_place, count);
+  const InPlaceResult off_ip = run_in_place(guard_call(c, false), c.output_input);
+  EXPECT_EQ(off_ip.stats.aliased_in_place, count);
+  for (size_t o = 0; o < c.output_input.size(); ++o) {
+    const std::string x = cat("x", c.output_input[o]);
+    EXPECT_TRUE(same_bits(on_ip.inputs.at(x), ref.outputs[o])) << "in place, apply=true, " << x;
+    EXPECT_TRUE(same_bits(off_ip.inputs.at(x), c.inputs[static_cast<size_t>(c.output_input[o])]))
+        << "in place, apply=false, " << x;
+  }
+}
+
+TEST(OptimizerGuard, Adam) {
+  expect_guard_semantics(adam_case());
+}
+TEST(OptimizerGuard, MomentumStandard) {
+  expect_guard_semantics(momentum_case("standard"));
+}
+TEST(OptimizerGuard, MomentumNesterov) {
+  expect_guard_semantics(momentum_case("nesterov"));
+}
+TEST(OptimizerGuard, Adagrad) {
+  expect_guard_semantics(adagrad_case());
+}
+TEST(OptimizerGuard, AdamW) {
+  expect_guard_semantics(adamw_case());
+}
+TEST(OptimizerGuard, SgdPlain) {
+  expect_guard_semantics(sgd_case(false));
+}
+TEST(OptimizerGuard, SgdVelocity) {
+  expect_guard_semantics(sgd_case(true));
+}
+
+// ai.onnxtrain Adam without a guard is preview Adam.
+TEST(OptimizerGuard, OnnxtrainDomainWithoutGuardMatchesPreview) {
+  const GuardCase c = adam_case();
+  NodeCall call = guard_call(c, std::nullopt);
+  const NodeResult ref = run_node(call);
+  call.domain = kDomain;
+  const NodeResult got = run_node(call);
+  for (size_t o = 0; o < c.output_input.size(); ++o)
+    EXPECT_TRUE(same_bits(got.outputs[o], ref.outputs[o])) << "output " << o;
+}
+
+void expect_error(const NodeCall& call, const std::vector<std::string>& parts) {
+  try {
+    run_node(call);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(OptimizerGuard, BadGuardsAreErrors) {
+  for (const GuardCase& c : {adam_case(), sgd_case(true), sgd_case(false)}) {
+    NodeCall call = guard_call(c, true);
+    call.inputs.back() = {f32({}, {1.0f})};
+    expect_error(call, {"node 'n0'", "'apply' must be bool"});
+    call.inputs.back() = {boolean({2}, {1, 1})};
+    expect_error(call, {"node 'n0'", "'apply' must be a scalar"});
+  }
+}
+
+// The preview domain keeps its layout: an extra input is a count error, not a guard.
+TEST(OptimizerGuard, PreviewDomainRefusesAGuard) {
+  NodeCall call = guard_call(adam_case(), true);
+  call.domain = "ai.onnx.preview.training";
+  expect_error(call, {"node 'n0'", "inputs"});
+}
+
+NodeCall unscale_call(Tensor scale, std::vector<Tensor> grads) {
+  NodeCall call = op_call("UnscaleGradients", {{std::move(scale)}});
+  for (Tensor& g : grads) call.inputs.push_back({std::move(g)});
+  call.outputs = static_cast<int>(call.inputs.size());
+  return call;
+}
+
+std::vector<float> scaled_noise(size_t n, uint32_t seed, double k) {
+  std::vector<float> v;
+  for (double x : noise(n, seed)) v.push_back(static_cast<float>(x * k));
+  return v;
+}
+
+TEST(UnscaleGradients, MultipliesAndReportsFinite) {
+  const std::vector<float> a = scaled_noise(6, 41, 1e4), b = scaled_noise(100000, 42, 1e4),
+                           c = scaled_noise(3, 43, 1e4);
+  const NodeResult r = run_node(
+      unscale_call(f32({}, {1.0f / 65536}), {f32({2, 3}, a), f32({100000}, b), f32({3}, c)}));
+  ASSERT_EQ(r.outputs.size(), 4u);
+  const std::vector<std::vector<float>> want = {a, b, c};
+  for (size_t i = 0; i < 3; ++i) {
+    const std::vector<float> got = values<float>(r.outputs[i]);
+    ASSERT_EQ(got.size(), want[i].size());
+    for (size_t k = 0; k < got.size(); ++k)
+      ASSERT_EQ(got[k], want[i][k] / 65536) << "tensor " << i << " element " << k;  // exact
+  }
+  EXPECT_EQ(r.outputs[0].dims(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(r.outputs[3].dtype(), DataType::kBool);
+  EXPECT_TRUE(r.outputs[3].dims().empty());
+  EXPECT_EQ(values<uint8_t>(r.outputs[3]), std::vector<uint8_t>{1});
+}
+
+// One bad element in the second of three tensors, at index 1 of a small one and at the last
+// index of one larger than the parallel grain (the last thread's chunk).
+template <typename T>
+void expect_nonfinite_detected(T bad, int threads) {
+  const T big = static_cast<T>(1e30);  // finite, so only `bad` may trip the flag
+  for (const size_t size : {size_t{4}, size_t{100000}}) {
+    std::vector<T> g(size, big);
+    const size_t at = size == 4 ? 1 : size - 1;
+    g[at] = bad;
+    auto tensor = [](std::vector<T> v) {
+      const auto n = static_cast<int64_t>(v.size());
+      if constexpr (std::is_same_v<T, float>)
+        return f32({n}, v);
+      else
+        return f64({n}, v);
+    };
+    NodeCall call = unscale_call(f32({}, {0.5f}), {tensor({1, 2}), tensor(g), tensor({3})});
+    call.threads = threads;
+    const NodeResult r = run_node(call);
+    EXPECT_EQ(values<uint8_t>(r.outputs[3]), std::vector<uint8_t>{0})
+        << bad << " at " << at << " of " << size << ", " << threads << " threads";
+    const std::vector<T> got = values<T>(r.outputs[1]);
+    EXPECT_EQ(got[0], big / 2);
+    g[at] = big;  // the same tensors without the bad element are finite
+    call.inputs[2] = {tensor(g)};
+    EXPECT_EQ(values<uint8_t>(run_node(call).outputs[3]), std::vector<uint8_t>{1});
+  }
+}
+
+TEST(UnscaleGradients, DetectsNaNAndInf) {
+  for (int threads : {1, 4}) {
+    expect_nonfinite_detected(std::numeric_limits<float>::quiet_NaN(), threads);
+    expect_nonfinite_detected(std::numeric_limits<float>::infinity(), threads);
+    expect_nonfinite_detected(-std::numeric_limits<float>::infinity(), threads);
+  }
+}
+
+TEST(UnscaleGradients, Float64) {
+  const NodeResult r =
+      run_node(unscale_call(f32({}, {0.25f}), {f64({3}, {1.0, -3.0, 1e300}), f64({1}, {5.0})}));
+  EXPECT_EQ(values<double>(r.outputs[0]), (std::vector<double>{0.25, -0.75, 0.25e300}));
+  EXPECT_EQ(values<double>(r.outputs[1]), std::vector<double>{1.25});
+  EXPECT_EQ(values<uint8_t>(r.outputs[2]), std::vector<uint8_t>{1});
+  expect_nonfinite_detected(std::numeric_limits<double>::quiet_NaN(), 4);
+  expect_nonfinite_detected(-std::numeric_limits<double>::infinity(), 4);
+}
+
+TEST(UnscaleGradients, InPlace) {
+  NodeCall call = unscale_call(f32({}, {0.5f}), {f32({2}, {2, 4}), f32({3}, {6, 8, 10})});
+  const InPlaceResult r = run_in_place(call, {1, 2});
+  EXPECT_EQ(r.stats.aliased_in_place, 2);
+  EXPECT_EQ(values<float>(r.inputs.at("x1")), (std::vector<float>{1, 2}));
+  EXPECT_EQ(values<float>(r.inputs.at("x2")), (std::vector<float>{3, 4, 5}));
+  EXPECT_EQ(values<uint8_t>(r.outputs[2]), std::vector<uint8_t>{1});
+}
+
+TEST(UnscaleGradients, BadArityIsAnError) {
+  NodeCall call = unscale_call(f32({}, {0.5f}), {});
+  expect_error(call, {"node 'n0'", "n >= 1"});  // no gradient
+  call = unscale_call(f32({}, {0.5f}), {f32({2}, {1, 2})});
+  call.outputs = 1;  // `finite` missing
+  expect_error(call, {"node 'n0'", "expected 2 outputs"});
+  call = unscale_call(f32({2}, {0.5f, 0.5f}), {f32({2}, {1, 2})});
+  expect_error(call, {"node 'n0'", "scale must be a scalar"});
 }
 
 }  // namespace

@@ -220,6 +220,62 @@ TEST(TrainingSignature, MixedPrecisionRecordsTheLowPrecisionCopies) {
       << err;
 }
 
+// float16 (issue #19): dynamic loss scaling adds one grad_unscale input, shared by the
+// replicas, and a bool grads_finite result per replica that guards every update; the record
+// round-trips and partitions, and a grads_finite without a grad_unscale input is named.
+TEST(TrainingSignature, Fp16RecordsLossScalingInputAndResults) {
+  auto m = models::build_zoo_model("mlp", {.input_shape = {12}, .classes = 4});
+  passes::TrainingOptions o;
+  o.replicas = 2;
+  o.precision = graph::DataType::kFloat16;
+  passes::build_training_graph(*m, o);
+  const TrainingSignature& t = m->training;
+  EXPECT_EQ(t.compute_dtype, graph::DataType::kFloat16);
+  const graph::InputBinding* unscale = t.find_input(InputRole::kGradUnscale);
+  ASSERT_NE(unscale, nullptr);
+  EXPECT_EQ(m->graph->find_value(unscale->name)->dtype(), graph::DataType::kFloat);
+  std::set<int> finite_replicas;
+  for (const graph::ResultBinding& r : t.results) {
+    if (r.role != ResultRole::kGradsFinite) continue;
+    finite_replicas.insert(r.replica);
+    const graph::Value* v = m->graph->find_value(r.name);
+    ASSERT_NE(v, nullptr) << r.name;
+    EXPECT_EQ(v->dtype(), graph::DataType::kBool);
+    // It guards every update of its replica: each optimizer node reads it.
+    int guarded = 0;
+    for (const auto& n : m->graph->nodes())
+      for (const graph::Value* in : n->inputs()) guarded += in == v && n->op_type == "Adam";
+    EXPECT_EQ(guarded, static_cast<int>(count_kind(t, StateKind::kParameter, r.replica)))
+        << r.name;
+    EXPECT_GT(guarded, 0);
+  }
+  EXPECT_EQ(finite_replicas, (std::set<int>{0, 1}));
+
+  auto back = graph::import_onnx_bytes(graph::export_onnx_bytes(*m), "fp16.onnx", "");
+  EXPECT_EQ(back->training, m->training);
+  auto parts = passes::partition_replicas(*m);
+  ASSERT_EQ(parts.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(parts[k]->training.find_input(InputRole::kGradUnscale), nullptr);
+    int finite = 0;
+    for (const graph::ResultBinding& r : parts[k]->training.results)
+      finite += r.role == ResultRole::kGradsFinite && r.replica == k;
+    EXPECT_EQ(finite, 1) << "partition " << k;
+  }
+
+  // Without loss scaling (float32, bf16) neither exists.
+  auto plain = trained("mlp", 2);
+  EXPECT_EQ(plain->training.find_input(InputRole::kGradUnscale), nullptr);
+
+  const std::string err = error_of([&] {
+    graph::import_onnx_bytes(with_signature(*m, [&](std::string text) {
+                               return replace_once(text, "role=grad_unscale", "role=lr");
+                             }),
+                             "bad.onnx", "");
+  });
+  EXPECT_NE(err.find("without a grad_unscale input"), std::string::npos) << err;
+}
+
 TEST(TrainingSignature, ACorruptedNameIsNamedByTheVerifier) {
   auto m = trained("mlp", 2);
   graph::StateBinding s;

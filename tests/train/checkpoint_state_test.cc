@@ -134,6 +134,28 @@ TEST(CheckpointState, MissingFieldsAndBadNumbersNameTheField) {
   EXPECT_NE(read_error(m).find("out of range"), std::string::npos);
 }
 
+// Dynamic loss scaling (--precision fp16): the scale and its clean steps round-trip; a run
+// without loss scaling writes neither field; a scale that is not a positive number is named.
+TEST(CheckpointState, LossScaleRoundTripsAndIsRangeChecked) {
+  EXPECT_EQ(to_metadata(sample_state()).count("loss_scale"), 0u);
+  CheckpointState s = sample_state();
+  s.position.loss_scale = 32768;
+  s.position.loss_scale_clean_steps = 1999;
+  std::map<std::string, std::string> m = to_metadata(s);
+  EXPECT_EQ(m.at("loss_scale"), "32768");
+  const CheckpointState back = from_metadata(m, "ckpt.otck");
+  EXPECT_EQ(back, s);
+  m["loss_scale"] = "-4";
+  EXPECT_NE(read_error(m).find("run/ckpt-17.otck: checkpoint field 'loss_scale' (-4) or "
+                               "'loss_scale_clean_steps' (1999) is out of range"),
+            std::string::npos)
+      << read_error(m);
+  m = to_metadata(s);
+  m.erase("loss_scale_clean_steps");
+  EXPECT_EQ(read_error(m),
+            "run/ckpt-17.otck: checkpoint field 'loss_scale_clean_steps' is missing");
+}
+
 TEST(CheckpointState, DifferenceListsChangedFields) {
   const RunIdentity a = sample_state().identity;
   RunIdentity b = a;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -256,6 +257,159 @@ TEST(Trainer, IdentityAndLengthFollowTheOptions) {
   single.plan_length(100);
   EXPECT_FALSE(single.identity().sync_batchnorm);
   EXPECT_EQ(single.length().global_batch, 8);
+}
+
+// ---- --precision fp16: dynamic loss scaling (issue #19)
+
+Options fp16_options(int replicas, passes::OptimizerKind kind, double init, int64_t interval) {
+  Options o = mlp_options(replicas);
+  o.optimizer.kind = kind;
+  o.model.precision = graph::DataType::kFloat16;
+  o.model.allow_emulation = true;  // no CPU here runs float16 natively
+  o.model.loss_scaler = {.init = init, .growth_interval = interval};
+  return o;
+}
+
+// Every state tensor byte for byte.
+bool bit_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.nbytes() != t.nbytes() ||
+        std::memcmp(it->second.data(), t.data(), t.nbytes()) != 0)
+      return false;
+  }
+  return true;
+}
+
+TEST(LossScaler, HalvesOnOverflowAndDoublesAfterTheGrowthInterval) {
+  LossScaler s{.scale = 8};
+  s.update(true, 3);
+  s.update(true, 3);
+  EXPECT_EQ(s.scale, 8);
+  EXPECT_EQ(s.clean_steps, 2);
+  s.update(false, 3);  // an overflow restarts the count
+  EXPECT_EQ(s.scale, 4);
+  EXPECT_EQ(s.clean_steps, 0);
+  EXPECT_EQ(s.skipped_in_row, 1);
+  s.update(false, 3);
+  EXPECT_EQ(s.scale, 2);
+  EXPECT_EQ(s.skipped_in_row, 2);
+  for (int i = 0; i < 3; ++i) s.update(true, 3);
+  EXPECT_EQ(s.scale, 4);
+  EXPECT_EQ(s.clean_steps, 0);
+  EXPECT_EQ(s.skipped_in_row, 0);
+  LossScaler off;  // float32 / bf16: no scale, nothing changes
+  off.update(false, 1);
+  EXPECT_EQ(off.scale, 0);
+}
+
+// A batch that overflows float16 (inputs past its 65504) is skipped: after that step every
+// state value, the Adam moments and step count included, is what it was before, on both
+// replicas; the scale halves, and growth_interval clean steps double it again. The run then
+// matches a run that never saw that batch (scaling by a power of two is exact in float16 away
+// from its subnormals, so the different scales give the same numbers).
+TEST(Trainer, Fp16OverflowedStepUpdatesNothingAndHalvesTheScale) {
+  Trainer t(mlp(), fp16_options(2, passes::OptimizerKind::kAdam, 1024, 2));
+  const graph::TrainingSignature& sig = t.training_graph().training;
+  ASSERT_NE(sig.find_input(graph::InputRole::kGradUnscale), nullptr);
+  int finite_results = 0;
+  for (const graph::ResultBinding& r : sig.results)
+    finite_results += r.role == graph::ResultRole::kGradsFinite;
+  EXPECT_EQ(finite_results, 2);  // one per replica
+  EXPECT_EQ(t.loss_scaler().scale, 1024);
+  const std::string& input = t.batch_input().name;
+  const std::string& labels = sig.find_input(graph::InputRole::kLabels)->name;
+  std::mt19937_64 rng(5);
+  auto batch = [&](float scale) {
+    Tensor x = train_test::uniform({16, 12}, rng);
+    for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] *= scale;
+    return std::map<std::string, Tensor>{{input, x}, {labels, train_test::labels(16, 3, rng)}};
+  };
+  const auto b1 = batch(1), overflow = batch(1e5f), b2 = batch(1), b3 = batch(1);
+  const std::map<std::string, Tensor> start = t.state();
+  runtime::StepResult r = t.step(b1, 0.01f);
+  EXPECT_TRUE(r.finite);
+  EXPECT_TRUE(std::isfinite(r.loss));
+  EXPECT_FALSE(bit_equal(start, t.state())) << "a finite step changed nothing";
+  EXPECT_EQ(t.loss_scaler().scale, 1024);
+  EXPECT_EQ(t.loss_scaler().clean_steps, 1);
+
+  const std::map<std::string, Tensor> before = t.state();
+  r = t.step(overflow, 0.01f);
+  EXPECT_FALSE(r.finite);
+  EXPECT_TRUE(bit_equal(before, t.state())) << "the overflowed step changed the state";
+  EXPECT_TRUE(t.session().replicas_identical());
+  EXPECT_EQ(t.loss_scaler().scale, 512);
+  EXPECT_EQ(t.loss_scaler().clean_steps, 0);
+
+  EXPECT_TRUE(t.step(b2, 0.01f).finite);
+  EXPECT_EQ(t.loss_scaler().scale, 512);
+  EXPECT_TRUE(t.step(b3, 0.01f).finite);
+  EXPECT_EQ(t.loss_scaler().scale, 1024);  // 2 clean steps in a row
+  EXPECT_TRUE(t.session().replicas_identical());
+
+  // The same run without the overflowing batch (its scale stays 1024, then 2048).
+  Trainer clean(mlp(), fp16_options(2, passes::OptimizerKind::kAdam, 1024, 2));
+  for (const auto* b : {&b1, &b2, &b3}) EXPECT_TRUE(clean.step(*b, 0.01f).finite);
+  EXPECT_EQ(clean.loss_scaler().scale, 2048);
+  EXPECT_LT(max_difference(clean.state(), t.state()), 1e-7);
+  const std::map<std::string, Tensor> a = clean.state(), b = t.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, v] : a)  // the step counts: 3 in both
+    if (v.dtype() == graph::DataType::kInt64) {
+      ASSERT_EQ(v.numel(), 1) << name;
+      EXPECT_EQ(v.data_as<int64_t>()[0], 3) << name;
+      EXPECT_EQ(b.at(name).data_as<int64_t>()[0], 3) << name;
+    }
+}
+
+// float16 with loss scaling follows float32 within float16's noise. Momentum is not scale
+// invariant (Adam nearly is): gradients left multiplied by the scale would move the weights
+// 1024 times as far. The reported loss is the unscaled one.
+TEST(Trainer, Fp16WithLossScalingFollowsFloat32) {
+  Trainer f32(mlp(), mlp_options(1));
+  Trainer f16(mlp(), fp16_options(1, passes::OptimizerKind::kMomentum, 1024, 1000));
+  const std::string& input = f32.batch_input().name;
+  const std::string& labels =
+      f32.training_graph().training.find_input(graph::InputRole::kLabels)->name;
+  const std::map<std::string, Tensor> start = f32.state();
+  std::mt19937_64 rng(3);
+  for (int s = 0; s < 5; ++s) {
+    const std::map<std::string, Tensor> batch = {{input, train_test::uniform({16, 12}, rng)},
+                                                 {labels, train_test::labels(16, 3, rng)}};
+    const runtime::StepResult a = f32.step(batch, 0.05f);
+    const runtime::StepResult b = f16.step(batch, 0.05f);
+    ASSERT_TRUE(b.finite) << "step " << s;
+    EXPECT_NEAR(b.loss, a.loss, 5e-3 * a.loss) << "step " << s;
+  }
+  EXPECT_GT(max_difference(start, f32.state()), 1e-2) << "training did not move the weights";
+  EXPECT_LT(max_difference(f32.state(), f16.state()), 5e-3);
+  EXPECT_GT(max_difference(f32.state(), f16.state()), 0) << "no float16 ran";
+}
+
+// Overflow on every step: the scale halves each time and, once below 1, the step is an error
+// that says what to do instead of skipping forever.
+TEST(Trainer, Fp16ScaleBelowOneIsAnError) {
+  Trainer t(mlp(), fp16_options(1, passes::OptimizerKind::kSgd, 4, 1000));
+  const std::string& input = t.batch_input().name;
+  const std::string& labels =
+      t.training_graph().training.find_input(graph::InputRole::kLabels)->name;
+  std::mt19937_64 rng(1);
+  Tensor x = train_test::uniform({16, 12}, rng, 1e5f, 2e5f);
+  const std::map<std::string, Tensor> batch = {{input, x}, {labels, train_test::labels(16, 3, rng)}};
+  EXPECT_FALSE(t.step(batch, 0.1f).finite);
+  EXPECT_FALSE(t.step(batch, 0.1f).finite);
+  EXPECT_EQ(t.loss_scaler().scale, 1);
+  try {
+    t.step(batch, 0.1f);
+    FAIL() << "a loss scale of 0.5 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--precision fp16: 3 steps in a row overflowed float16 "
+                                         "and the loss scale fell to 0.5"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Trainer, BadDeviceIsAOneLineError) {
