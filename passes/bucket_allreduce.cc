@@ -236,6 +236,8 @@ class Bucketer {
       }
     Node* n = insert_after_inputs(inputs, outs, cat("allreduce.bucket", index));
     n->set_attr(graph::Attribute::make_string("reduction", "sum"));
+    if (opts_.wire_dtype != graph::DataType::kFloat)
+      n->set_attr(graph::Attribute::make_int("wire_dtype", static_cast<int64_t>(opts_.wire_dtype)));
     for (size_t i = 0; i < inputs.size(); ++i)
       for (const graph::Use& u : optimizer_uses(inputs[i]))
         if (u.node != n) u.node->set_input(static_cast<size_t>(u.input_index), n->output(i));
@@ -294,6 +296,10 @@ class Bucketer {
 
 BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts) {
   OT_CHECK(model.graph, "bucket_allreduce: the model has no graph");
+  OT_CHECK(opts.wire_dtype == graph::DataType::kFloat ||
+               opts.wire_dtype == graph::DataType::kBFloat16,
+           "bucket_allreduce: gradients reduce in float32 or bfloat16, not ",
+           graph::dtype_short_name(opts.wire_dtype));
   OT_CHECK(opts.bucket_mb > 0, "bucket_allreduce: bucket_mb must be > 0, got ", opts.bucket_mb);
   OT_CHECK(opts.first_bucket_mb > 0, "bucket_allreduce: first_bucket_mb must be > 0, got ",
            opts.first_bucket_mb);

@@ -233,6 +233,10 @@ struct BucketOptions {
   double bucket_mb = 25;       // MiB per bucket (PyTorch DDP's default)
   double first_bucket_mb = 1;  // the first bucket (capped at bucket_mb) so the first AllReduce
                                // starts early in backward
+  // What the gradients are reduced in (--reduce-precision): float32 = as they are; bfloat16 =
+  // each gradient AllReduce gets wire_dtype = bfloat16 (half the bytes on the wire; the sum is
+  // float32 rounded to bf16; the optimizer still reads float32). BN statistics stay float32.
+  graph::DataType wire_dtype = graph::DataType::kFloat;
 };
 struct BucketInfo {
   std::vector<std::vector<std::string>> params;  // per bucket: parameters, production order
@@ -305,6 +309,7 @@ struct TrainingOptions {
   std::vector<std::string> devices;  // ReplicateOptions::devices
   bool sync_batchnorm = false;       // ReplicateOptions::sync_batchnorm
   double bucket_mb = 25;             // BucketOptions::bucket_mb
+  graph::DataType reduce_dtype = graph::DataType::kFloat;  // BucketOptions::wire_dtype
   // Replicate and bucket also when replicas == 1 (ReplicateOptions::force): the AllReduce nodes
   // then span the processes of a multi-process (MPI) run.
   bool collectives = false;

@@ -41,7 +41,7 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
                       .sync_batchnorm = opts.sync_batchnorm,
                       .force = opts.collectives});
     stage("replicate");
-    info.buckets = bucket_allreduce(model, {.bucket_mb = opts.bucket_mb});
+    info.buckets = bucket_allreduce(model, {.bucket_mb = opts.bucket_mb, .wire_dtype = opts.reduce_dtype});
     stage("bucket_allreduce");
     dce(model);
     stage("dce after bucket_allreduce");

@@ -106,6 +106,9 @@ replicas and threads:
   --threads N             total intra-op threads, split across replicas (default: all cores)
   --oversubscribe         allow more than 8 replicas or threads per CPU (refused otherwise)
   --bucket-mb F           gradient bucket size for AllReduce (default 25)
+  --reduce-precision P    fp32 (default) | bf16: AllReduce the gradients in bfloat16, half the
+                          bytes between processes and GPUs (each gradient rounded to bf16, the
+                          sum rounded again; the optimizer still updates float32)
   --sync-batchnorm        training BatchNormalization uses the global batch's statistics
                           (all replicas'); with --replicas 1 it changes nothing
 
@@ -364,6 +367,12 @@ Args parse_args(int argc, char** argv) {
       c.train.parallel.sync_batchnorm = true;
     } else if (arg == "--collective-timeout") {
       a.collective_timeout = parse_float(arg, value(), 0, false);
+    } else if (arg == "--reduce-precision") {
+      const std::string v = value();
+      const std::optional<graph::DataType> t = train::parse_precision(v);
+      if (t != graph::DataType::kFloat && t != graph::DataType::kBFloat16)
+        usage_fail(arg, ": expected fp32 or bf16, got '", v, "'");
+      c.train.parallel.reduce_precision = *t;
     } else if (arg == "--bucket-mb") {
       c.train.parallel.bucket_mb = parse_float(arg, value(), 0, false);
     } else {

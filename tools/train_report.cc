@@ -132,18 +132,24 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   if (all > 1) {
     int64_t bytes = 0;
     for (int64_t b : p.info.buckets.bytes) bytes += b;
-    std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)\n",
+    const bool bf16 = o.parallel.reduce_precision == graph::DataType::kBFloat16;
+    std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)%s\n",
                  p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
-                 mib(bytes).c_str(), o.parallel.bucket_mb);
+                 mib(bytes).c_str(), o.parallel.bucket_mb,
+                 bf16 ? cat("; reduced in bf16: ", mib(bytes / 2), " on the wire").c_str() : "");
     if (o.parallel.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
   // What the network between machines must carry (README "Several machines"): replicas of one
   // process sum in memory first, so the ring spans the processes.
   const int n = std::max(p.processes, 2);
-  std::fprintf(f, "network     %s bytes AllReduced per step (%s); ring 2(n-1)/n x bytes over n = %d "
+  const bool bf16_wire = o.parallel.reduce_precision == graph::DataType::kBFloat16;
+  std::fprintf(f, "network     %s bytes AllReduced per step (%s%s); ring 2(n-1)/n x bytes over n = %d "
                "processes%s: %.3g ms at 10 Gbit/s, %.3g ms at 100 Gbit/s\n",
-               grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(), n,
+               grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(),
+               bf16_wire ? cat("; bf16, ", grouped(2 * p.allreduce_bytes), " in float32").c_str()
+                         : "",
+               n,
                p.processes > 1 ? "" : " (if run on 2)",
                1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 10),
                1e3 * ring_allreduce_seconds(p.allreduce_bytes, n, 100));

@@ -190,6 +190,7 @@ std::vector<std::pair<std::string, std::string>> identity_fields(const RunIdenti
       {"bn_mode", id.bn_frozen ? "frozen" : "train"},
       {"untie_initializers", yes_no(id.untie)},
       {"precision", precision_name(id.precision)},
+      {"reduce_precision", precision_name(id.reduce_precision)},
   };
 }
 
@@ -275,6 +276,14 @@ CheckpointState from_metadata(const std::map<std::string, std::string>& metadata
     OT_CHECK(t, file, ": field '", opt("precision"), "': expected fp32, bf16 or fp16, got '", name,
              "'");
     id.precision = *t;
+  }
+  // Written since --reduce-precision exists; an older checkpoint reduced in float32.
+  if (metadata.count(opt("reduce_precision"))) {
+    const std::string name = r.text(opt("reduce_precision"));
+    const std::optional<graph::DataType> t = parse_precision(name);
+    OT_CHECK(t == graph::DataType::kFloat || t == graph::DataType::kBFloat16, file, ": field '",
+             opt("reduce_precision"), "': expected fp32 or bf16, got '", name, "'");
+    id.reduce_precision = *t;
   }
   RunPosition& p = s.position;
   p.step = r.number<int64_t>("step");

@@ -56,10 +56,12 @@ struct RunIdentity {
   std::optional<int64_t> ignore_index;
   std::string output_name;
   std::string freeze, trainable;  // regexes
-  bool sync_batchnorm = false;
-  bool bn_frozen = false;  // --bn-mode frozen
-  bool untie = false;
-  graph::DataType precision = graph::DataType::kFloat;  // --precision      // --untie-initializers    // true only where it changes the math (more than one replica)
+  bool sync_batchnorm = false;  // true only where it changes the math (more than one replica)
+  bool bn_frozen = false;       // --bn-mode frozen
+  bool untie = false;           // --untie-initializers
+  graph::DataType precision = graph::DataType::kFloat;  // --precision
+  // --reduce-precision; float32 unless gradients are reduced (more than one replica)
+  graph::DataType reduce_precision = graph::DataType::kFloat;
   bool operator==(const RunIdentity&) const = default;
 };
 

@@ -79,6 +79,9 @@ struct ParallelOptions {
   bool oversubscribe = false;
   bool sync_batchnorm = false;
   double bucket_mb = 25;
+  // --reduce-precision: the dtype gradients are AllReduced in (float32, or bfloat16 for half
+  // the bytes on the wire; passes::BucketOptions::wire_dtype).
+  graph::DataType reduce_precision = graph::DataType::kFloat;
   std::string profile;  // Chrome trace of the executed kernels ("" = none)
 };
 

@@ -365,6 +365,7 @@ void Trainer::build() {
   // Placement for people reading the graph (partitions follow the recorded replica index).
   for (const auto& d : devices_) topts.devices.push_back(d->name());
   topts.bucket_mb = p.bucket_mb;
+  topts.reduce_dtype = p.reduce_precision;
   topts.sync_batchnorm = p.sync_batchnorm;  // with 1 replica there is nothing to sync
   topts.collectives = world_ != nullptr;    // R == 1 too: the AllReduce spans the processes
   training_graph_ = original_->clone();
@@ -687,6 +688,9 @@ RunIdentity Trainer::identity() const {
   id.bn_frozen = opts_.model.trainable.freeze_batch_norm;
   id.untie = opts_.model.trainable.untie_initializers;
   id.precision = opts_.model.precision;
+  // As sync_batchnorm: the wire dtype changes the math only when something is reduced.
+  id.reduce_precision = opts_.parallel.replicas * processes() > 1 ? opts_.parallel.reduce_precision
+                                                                   : graph::DataType::kFloat;
   return id;
 }
 
@@ -890,7 +894,8 @@ int64_t Trainer::allreduce_bytes() const {
     const graph::Value* v = original_->graph->find_value(p);
     if (v && v->has_initializer()) n += static_cast<int64_t>(v->initializer().nbytes());
   }
-  return n;
+  // --reduce-precision bf16: float32 gradients travel as bfloat16.
+  return opts_.parallel.reduce_precision == graph::DataType::kBFloat16 ? n / 2 : n;
 }
 
 std::string Trainer::devices_text() const {

@@ -13,7 +13,17 @@ struct AllReduceInputs {
   std::vector<int> slots;  // present inputs, in order (output i mirrors input i)
   int64_t total = 0;       // elements over all of them
   DataType dtype = DataType::kUndefined;
+  // What the reduction travels and is summed in: `dtype`, or bfloat16 for float32 inputs of a
+  // node with wire_dtype = bfloat16 (--reduce-precision bf16: half the bytes; each input is
+  // rounded to nearest bf16, summed in float32, rounded again, widened back; graph/bfloat16.h).
+  DataType wire = DataType::kUndefined;
 };
+
+// The node's `wire_dtype` attribute (ONNX TensorProto data type; absent or 0 = the inputs' own
+// dtype): only bfloat16 is accepted, for float32 inputs.
+inline DataType all_reduce_wire_attr(const graph::Node& n) {
+  return static_cast<DataType>(n.attr_int("wire_dtype", 0));
+}
 
 inline AllReduceInputs all_reduce_inputs(const KernelContext& ctx, const std::string& where) {
   AllReduceInputs r;
@@ -27,6 +37,14 @@ inline AllReduceInputs all_reduce_inputs(const KernelContext& ctx, const std::st
     r.slots.push_back(i);
     r.total += in->numel();
   }
+  const DataType wire = all_reduce_wire_attr(ctx.node());
+  OT_CHECK(wire == DataType::kUndefined ||
+               (wire == DataType::kBFloat16 &&
+                (r.dtype == DataType::kFloat || r.dtype == DataType::kUndefined)),
+           where, ": wire_dtype ", graph::dtype_short_name(wire),
+           " is not supported for ", graph::dtype_short_name(r.dtype),
+           " inputs (bfloat16 for float32 only)");
+  r.wire = wire == DataType::kUndefined ? r.dtype : wire;
   return r;
 }
 

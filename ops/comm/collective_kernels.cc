@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 #include "ops/collectives.h"
 #include "ops/comm/all_reduce_inputs.h"
@@ -30,17 +31,23 @@ void put(TensorView& v, int64_t i, double x) {
     v.as<float>()[i] = static_cast<float>(x);
 }
 
+// Bytes per element of the reduction buffer: the wire dtype's.
+size_t wire_size(const AllReduceInputs& in) {
+  return in.wire == DataType::kDouble ? 8 : in.wire == DataType::kBFloat16 ? 2 : 4;
+}
+
 // One replica's share of ai.onnxtrain.AllReduce: its G inputs (the other replicas' slots are
 // omitted) are packed into one buffer, reduced across the replicas in place, and unpacked.
-//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
+//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean";
+//   wire_dtype bfloat16: float32 packed into a bf16 buffer and widened back when unpacked.
 class AllReduceKernel final : public Kernel {
  public:
   explicit AllReduceKernel(const Node& n) : mean_(n.attr_string("reduction", "sum") == "mean") {}
   // Allocates the packed buffer before the first run (its size is known from the dims).
   void prepare(KernelContext& ctx) override {
     const AllReduceInputs inputs = all_reduce_inputs(ctx, ctx.node().describe());
-    const size_t es = inputs.dtype == DataType::kDouble ? 8 : 4;
-    if (!inputs.slots.empty()) ctx.persistent_scratch(static_cast<size_t>(inputs.total) * es + 64);
+    if (!inputs.slots.empty())
+      ctx.persistent_scratch(static_cast<size_t>(inputs.total) * wire_size(inputs) + 64);
   }
   void run(KernelContext& ctx) override {
     Collectives& comm = ctx.require_collectives();
@@ -52,18 +59,28 @@ class AllReduceKernel final : public Kernel {
     if (slots.empty()) return;
     OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
              ": AllReduce supports float32/float64");
-    const size_t es = dt == DataType::kDouble ? 8 : 4;
-    auto* buf = static_cast<std::byte*>(ctx.persistent_scratch(static_cast<size_t>(total) * es + 64));
+    const bool bf16 = inputs.wire == DataType::kBFloat16;
+    auto* buf = static_cast<std::byte*>(
+        ctx.persistent_scratch(static_cast<size_t>(total) * wire_size(inputs) + 64));
     size_t off = 0;
     for (int i : slots) {
       const TensorView* in = ctx.input(i);
-      if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
-      off += in->nbytes();
+      if (bf16) {  // float32 -> the bf16 wire, nearest even
+        auto* w = reinterpret_cast<uint16_t*>(buf) + off;
+        const float* x = in->as<float>();
+        ctx.parallel_for(in->numel(), 4096, [&](int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) w[j] = graph::bf16_from_float(x[j]);
+        });
+        off += static_cast<size_t>(in->numel());
+      } else {
+        if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
+        off += in->nbytes();
+      }
     }
     // Asynchronous: the reduction runs on the communicator's worker while this replica's
     // backward continues; the outputs are unpacked when the first reader (an optimizer
     // update) needs them. Output buffers are fixed for the run, so their addresses are taken now.
-    CollectiveHandle handle = comm.all_reduce_async(buf, total, dt);
+    CollectiveHandle handle = comm.all_reduce_async(buf, total, inputs.wire);
     std::vector<std::pair<std::byte*, size_t>> dst;
     for (int i : slots) {
       const TensorView* in = ctx.input(i);
@@ -71,6 +88,20 @@ class AllReduceKernel final : public Kernel {
       dst.emplace_back(static_cast<std::byte*>(out.data), in->nbytes());
     }
     const double scale = mean_ ? 1.0 / comm.size() : 1.0;
+    if (bf16) {
+      ctx.defer_completion([handle, buf, scale, dst = std::move(dst)] {
+        handle.wait();
+        const auto* w = reinterpret_cast<const uint16_t*>(buf);
+        const auto s = static_cast<float>(scale);
+        for (const auto& [p, n] : dst) {
+          auto* y = reinterpret_cast<float*>(p);
+          const size_t count = n / sizeof(float);
+          for (size_t j = 0; j < count; ++j) y[j] = graph::bf16_to_float(w[j]) * s;
+          w += count;
+        }
+      });
+      return;
+    }
     ctx.defer_completion([handle, buf, total, dt, scale, dst = std::move(dst)] {
       handle.wait();
       if (scale != 1.0) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "ops/comm/all_reduce_inputs.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
 
@@ -95,6 +96,9 @@ void infer_all_reduce(InferenceContext& ctx) {
   const std::string reduction = ctx.node.attr_string("reduction", "sum");
   OT_CHECK(reduction == "sum" || reduction == "mean", ctx.where(),
            ": reduction must be \"sum\" or \"mean\", got \"", reduction, "\"");
+  const graph::DataType wire = all_reduce_wire_attr(ctx.node);
+  OT_CHECK(wire == graph::DataType::kUndefined || wire == graph::DataType::kBFloat16, ctx.where(),
+           ": wire_dtype must be bfloat16 (16) or absent, got ", static_cast<int>(wire));
   const size_t n = ctx.node.inputs().size();
   OT_CHECK(n >= 1 && n == ctx.node.outputs().size() && n % static_cast<size_t>(r) == 0, ctx.where(),
            ": expected replicas x G inputs and as many outputs (replicas ", r, "), got ", n,
@@ -111,6 +115,9 @@ void infer_all_reduce(InferenceContext& ctx) {
     OT_CHECK(t.dtype == first.dtype, ctx.where(), ": input ", i, " is ",
              graph::dtype_short_name(t.dtype), " but replica 0's tensor ", i % per_replica, " is ",
              graph::dtype_short_name(first.dtype));
+    OT_CHECK(wire == graph::DataType::kUndefined || t.dtype == graph::DataType::kFloat,
+             ctx.where(), ": wire_dtype bfloat16 needs float32 inputs, input ", i, " is ",
+             graph::dtype_short_name(t.dtype));
     propagate_type(ctx, i, i);
   }
 }

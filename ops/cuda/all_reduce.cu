@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 #include "ops/collectives.h"
 #include "ops/comm/all_reduce_inputs.h"
@@ -36,6 +37,19 @@ void check_nccl(ncclResult_t result, int rank, ncclComm_t comm, std::string_view
        last && *last ? cat(" (", last, ")") : std::string());
 }
 
+// The bf16 gradient wire (wire_dtype = bfloat16): float32 rounded to nearest-even bf16 when
+// packed, widened (and scaled) when unpacked; the rule is graph/bfloat16.h's, as on the CPU.
+__global__ void pack_bf16(const float* x, uint16_t* w, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    w[i] = graph::bf16_from_float(x[i]);
+}
+__global__ void unpack_bf16(const uint16_t* w, float* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = graph::bf16_to_float(w[i]) * scale;
+}
+
 // The native handles of the step's communicator; kind kNone without one.
 NativeCollectives native_nccl(const KernelContext& ctx) {
   const Collectives* c = ctx.collectives();
@@ -45,7 +59,7 @@ NativeCollectives native_nccl(const KernelContext& ctx) {
 // One replica's share of AllReduce, as the CPU kernel: its G present inputs are packed into one
 // device buffer, summed across the ranks in place, and unpacked into the outputs.
 //   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...] (other replicas' slots omitted);
-//   reduction "sum" | "mean"; f32 or f64.
+//   reduction "sum" | "mean"; f32 or f64; wire_dtype bfloat16 (f32 inputs) reduces in bf16.
 // run() enqueues: pack (compute stream) -> ready event -> ncclAllReduce (comm stream) -> done
 // event; the deferred finish enqueues: wait for done (compute stream) -> [scale] -> unpack.
 class CudaAllReduceKernel final : public Kernel {
@@ -104,13 +118,24 @@ class CudaAllReduceKernel final : public Kernel {
     }
     if (total == 0) return;  // every rank holds the same bucket shapes: all skip together
 
-    const size_t es = dt == DataType::kDouble ? sizeof(double) : sizeof(float);
+    const bool bf16 = inputs.wire == DataType::kBFloat16;
+    const size_t es =
+        bf16 ? sizeof(uint16_t) : dt == DataType::kDouble ? sizeof(double) : sizeof(float);
     auto* buf = static_cast<std::byte*>(ctx.persistent_scratch(static_cast<size_t>(total) * es));
     cudaStream_t compute = stream_of(ctx);
     auto comm_stream = static_cast<cudaStream_t>(nccl.stream);
     size_t off = 0;
     for (int i : slots) {
       const TensorView* in = ctx.input(i);
+      if (bf16) {
+        const int64_t n = in->numel();
+        if (n)
+          pack_bf16<<<blocks_for(n), 256, 0, compute>>>(
+              in->as<float>(), reinterpret_cast<uint16_t*>(buf) + off, n);
+        check_cuda(cudaGetLastError(), rank, cat(where, ": pack input ", i, " to bf16"));
+        off += static_cast<size_t>(n);
+        continue;
+      }
       if (in->nbytes())
         check_cuda(
             cudaMemcpyAsync(buf + off, in->data, in->nbytes(), cudaMemcpyDeviceToDevice, compute),
@@ -121,17 +146,31 @@ class CudaAllReduceKernel final : public Kernel {
     check_cuda(cudaStreamWaitEvent(comm_stream, ready_, 0), rank,
                cat(where, ": cudaStreamWaitEvent (comm stream)"));
     check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(total),
-                             dt == DataType::kDouble ? ncclFloat64 : ncclFloat32, ncclSum, comm,
+                             bf16 ? ncclBfloat16
+                                  : dt == DataType::kDouble ? ncclFloat64 : ncclFloat32,
+                             ncclSum, comm,
                              comm_stream),
                rank, comm, cat(where, ": ncclAllReduce of ", total, " elements"));
     check_cuda(cudaEventRecord(done_, comm_stream), rank, cat(where, ": cudaEventRecord (done)"));
 
     const double scale = mean_ ? 1.0 / ctx.collectives()->size() : 1.0;
     ctx.defer_completion(
-        [done = done_, compute, buf, total, dt, scale, rank, where, dst = std::move(dst)] {
+        [done = done_, compute, buf, total, dt, bf16, scale, rank, where, dst = std::move(dst)] {
           // Enqueued only: the compute stream waits for the reduction, nothing blocks the host.
           check_cuda(cudaStreamWaitEvent(compute, done, 0), rank,
                      cat(where, ": cudaStreamWaitEvent (compute stream)"));
+          if (bf16) {
+            const auto* w = reinterpret_cast<const uint16_t*>(buf);
+            for (const auto& [p, bytes] : dst) {
+              const auto n = static_cast<int64_t>(bytes / sizeof(float));
+              if (n)
+                unpack_bf16<<<blocks_for(n), 256, 0, compute>>>(
+                    w, static_cast<float*>(p), n, static_cast<float>(scale));
+              check_cuda(cudaGetLastError(), rank, cat(where, ": unpack bf16 output"));
+              w += n;
+            }
+            return;
+          }
           if (scale != 1.0) {
             cublasHandle_t h = cublas_handle(compute);
             if (dt == DataType::kDouble) {

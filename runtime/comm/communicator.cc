@@ -25,7 +25,7 @@ int64_t comm_element_size(DataType dtype, std::string_view what) {
 
 bool comm_can_reduce(DataType dtype) {
   return dtype == DataType::kFloat || dtype == DataType::kDouble || dtype == DataType::kInt32 ||
-         dtype == DataType::kInt64;
+         dtype == DataType::kInt64 || dtype == DataType::kBFloat16;
 }
 
 void check_comm_args(const void* buf, int64_t count, DataType dtype, bool reduce,
@@ -35,7 +35,7 @@ void check_comm_args(const void* buf, int64_t count, DataType dtype, bool reduce
   int64_t elem = comm_element_size(dtype, what);
   OT_CHECK(count <= INT64_MAX / elem, what, ": count ", count, " overflows the byte size");
   OT_CHECK(!reduce || comm_can_reduce(dtype), what, ": dtype ", graph::dtype_short_name(dtype),
-           " cannot be reduced (sum supports f32, f64, i32, i64)");
+           " cannot be reduced (sum supports f32, f64, bf16, i32, i64)");
 }
 
 void SelfCommunicator::all_reduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 
 namespace onnxtrain::runtime {
@@ -81,6 +82,26 @@ void sum_typed(const std::vector<const void*>& src, int64_t src_offset,
   sum_in_rank_order<T>(s, d, n);
 }
 
+// bfloat16 (the --reduce-precision bf16 gradient wire): summed in float32 in rank order and
+// rounded to bfloat16 once (graph/bfloat16.h), as the MPI world does.
+void sum_bf16(const std::vector<const void*>& src, int64_t src_offset,
+              const std::vector<void*>& dst, int64_t dst_offset, int64_t n) {
+  float acc[kBlock];
+  uint16_t out[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    for (int64_t i = 0; i < m; ++i) acc[i] = 0;
+    for (const void* p : src) {
+      const uint16_t* q = static_cast<const uint16_t*>(p) + src_offset + b;
+      for (int64_t i = 0; i < m; ++i) acc[i] += graph::bf16_to_float(q[i]);
+    }
+    for (int64_t i = 0; i < m; ++i) out[i] = graph::bf16_from_float(acc[i]);
+    for (void* d : dst)
+      std::memcpy(static_cast<uint16_t*>(d) + dst_offset + b, out,
+                  static_cast<size_t>(m) * sizeof(uint16_t));
+  }
+}
+
 void sum(DataType dtype, const std::vector<const void*>& src, int64_t src_offset,
          const std::vector<void*>& dst, int64_t dst_offset, int64_t n) {
   if (n <= 0) return;
@@ -89,6 +110,8 @@ void sum(DataType dtype, const std::vector<const void*>& src, int64_t src_offset
       return sum_typed<float>(src, src_offset, dst, dst_offset, n);
     case DataType::kDouble:
       return sum_typed<double>(src, src_offset, dst, dst_offset, n);
+    case DataType::kBFloat16:
+      return sum_bf16(src, src_offset, dst, dst_offset, n);
     case DataType::kInt32:
       return sum_typed<uint32_t>(src, src_offset, dst, dst_offset, n);
     case DataType::kInt64:

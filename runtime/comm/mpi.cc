@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "graph/bfloat16.h"
 #include "runtime/comm/communicator.h"
 
 #ifdef ONNXTRAIN_HAVE_MPI
@@ -197,7 +198,20 @@ void MpiWorld::all_reduce(void* buf, int64_t count, graph::DataType dtype, std::
   const size_t bytes = static_cast<size_t>(count * comm_element_size(dtype, "all_reduce"));
   std::vector<std::byte> all(rank_ == 0 ? bytes * static_cast<size_t>(size_) : 0);
   gather_to_root(buf, all.data(), bytes, what);
-  if (rank_ == 0)
+  if (rank_ == 0 && dtype == graph::DataType::kBFloat16) {
+    // The bf16 gradient wire: summed in float32 in rank order, rounded once (as in-process).
+    std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+    for (int p = 0; p < size_; ++p) {
+      const std::byte* src = all.data() + static_cast<size_t>(p) * bytes;
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t b = 0;
+        std::memcpy(&b, src + 2 * i, 2);
+        acc[static_cast<size_t>(i)] += graph::bf16_to_float(b);
+      }
+    }
+    auto* out = static_cast<uint16_t*>(buf);
+    for (int64_t i = 0; i < count; ++i) out[i] = graph::bf16_from_float(acc[static_cast<size_t>(i)]);
+  } else if (rank_ == 0) {
     for (int p = 1; p < size_; ++p) {
       const std::byte* src = all.data() + static_cast<size_t>(p) * bytes;
       switch (dtype) {
@@ -207,6 +221,7 @@ void MpiWorld::all_reduce(void* buf, int64_t count, graph::DataType dtype, std::
         default: add_into<int64_t>(buf, src, count); break;
       }
     }
+  }
   bcast_bytes(buf, bytes, 0, what);
 }
 

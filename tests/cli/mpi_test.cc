@@ -130,6 +130,34 @@ TEST_F(MpiTest, TwoProcessesTrainBitIdenticalToTwoReplicas) {
   EXPECT_EQ(moved, 6);
 }
 
+// --reduce-precision bf16 across processes: the MPI world sums the bf16 gradients in float32
+// and rounds once, as the in-process group does, so 2 processes still equal 2 replicas bit for
+// bit; the plan shows the halved bytes, and the weights differ from a float32 reduction.
+TEST_F(MpiTest, Bf16GradientReductionTwoProcessesEqualTwoReplicas) {
+  const std::string model = path("mlp.onnx");
+  const std::string common = "--optimizer adam --lr 0.05 --reduce-precision bf16 ";
+  RunResult one = onnxtrain(mlp_args(model, common + "--replicas 2 --threads 2 --output " + path("one.onnx")));
+  ASSERT_EQ(one.rc, 0) << one.err;
+  RunResult two = mpirun(2, "", mlp_args(model, common + "--replicas 1 --threads 1 --output " + path("two.onnx")));
+  ASSERT_EQ(two.rc, 0) << two.out << two.err;
+  EXPECT_TRUE(two.out.find("network     596 bytes AllReduced per step (0.000568 MiB; bf16, 1,192 "
+                           "in float32)") != std::string::npos)
+      << two.out;
+  RunResult f32 = onnxtrain(mlp_args(model, "--optimizer adam --lr 0.05 --replicas 2 --threads 2 --output " + path("f32.onnx")));
+  ASSERT_EQ(f32.rc, 0) << f32.err;
+  const auto a = initializers(path("one.onnx"));
+  const auto b = initializers(path("two.onnx"));
+  const auto c = initializers(path("f32.onnx"));
+  int64_t differ_from_f32 = 0;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(t.equals(b.at(name))) << name << " differs: " << t.preview(4) << " vs "
+                                      << b.at(name).preview(4);
+    differ_from_f32 += !t.equals(c.at(name));
+  }
+  EXPECT_GT(differ_from_f32, 0) << "bf16 reduction gave the float32 reduction's weights";
+}
+
 TEST_F(MpiTest, TwoProcessesOfTwoReplicasMatchFourReplicas) {
   // Sums group differently ((g0+g1)+(g2+g3) across processes, g0+g1+g2+g3 in one), so the
   // weights agree to float rounding, not bit for bit.

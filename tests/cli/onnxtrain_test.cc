@@ -955,6 +955,34 @@ TEST_F(OnnxtrainTest, PrecisionFp16TrainsWithDynamicLossScaling) {
                "--loss-scale and --loss-scale-growth-interval apply to --precision fp16 only");
 }
 
+// --reduce-precision bf16 (issue #19): the plan says the gradients travel in bf16 and at half
+// the bytes; a checkpoint does not resume under float32 reduction; other values are usage
+// errors. (Equality with 2 MPI processes: cli_mpi.)
+TEST_F(OnnxtrainTest, ReducePrecisionBf16HalvesTheGradientBytes) {
+  const std::string model = small_mlp();
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {model, "--data", "synthetic:64", "--val-data", "none",
+                                  "--replicas", "2", "--threads", "2", "--checkpoint-dir",
+                                  path("ck")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  RunResult r = train(args({"--reduce-precision", "bf16"}));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has_line_matching(r.out, "^allreduce   1 bucket, .* of gradients per replica "
+                                       "\\(--bucket-mb 25\\); reduced in bf16: .* on the wire"))
+      << r.out;
+  EXPECT_TRUE(has_line_matching(r.out, "^network     [0-9,]+ bytes AllReduced per step \\(.*; "
+                                       "bf16, [0-9,]+ in float32\\);.*"))
+      << r.out;
+  expect_error(train(args({"--resume"})), 1, "reduce_precision 'bf16' -> 'fp32'");
+  RunResult bad = train(args({"--reduce-precision", "fp16"}));
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--reduce-precision: expected fp32 or bf16, got 'fp16'"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST_F(OnnxtrainTest, ResumeErrors) {
   const std::string model = small_mlp();
   const std::vector<std::string> base = {

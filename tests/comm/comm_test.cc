@@ -4,15 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 #include "runtime/comm/in_process.h"
 
@@ -314,6 +317,36 @@ TEST(InProcessComm, TimeoutNamesTheCollectiveAndTheMissingRanks) {
   }
   // A straggler arriving after the timeout fails instead of waiting forever.
   EXPECT_THROW(group.communicator(1).all_reduce(bufs[1].data(), 3, DataType::kFloat), Error);
+}
+
+// The bf16 gradient wire (--reduce-precision bf16): every rank gets the float32 sum of the
+// ranks' bf16 values in rank order, rounded once to the nearest bf16 (ties to even), bit for
+// bit; the rounding rule itself against hand-worked values.
+TEST(InProcessComm, AllReduceBfloat16SumsInFloatAndRoundsOnce) {
+  EXPECT_EQ(graph::bf16_from_float(1.0f), 0x3f80);
+  EXPECT_EQ(graph::bf16_from_float(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie: even
+  EXPECT_EQ(graph::bf16_from_float(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie: even
+  EXPECT_EQ(graph::bf16_from_float(std::bit_cast<float>(0x3f808001u)), 0x3f81);  // above: up
+  EXPECT_EQ(graph::bf16_from_float(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_TRUE(std::isnan(graph::bf16_to_float(
+      graph::bf16_from_float(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(graph::bf16_from_float(3.4e38f), 0x7f80);  // rounds past the largest: infinity
+  for (int ranks : {2, 3, 5}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{5000}}) {
+      SCOPED_TRACE(testing::Message() << ranks << " ranks, count " << n);
+      auto f = random_buffers<float>(ranks, n, 3u + static_cast<uint32_t>(ranks * n));
+      std::vector<std::vector<uint16_t>> in(f.size());
+      for (size_t r = 0; r < f.size(); ++r)
+        for (float v : f[r]) in[r].push_back(graph::bf16_from_float(v * 100));
+      auto out = all_reduce_on_threads(in, DataType::kBFloat16);
+      for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+        float acc = 0;
+        for (int r = 0; r < ranks; ++r) acc += graph::bf16_to_float(in[static_cast<size_t>(r)][i]);
+        const uint16_t want = graph::bf16_from_float(acc);
+        for (int r = 0; r < ranks; ++r) ASSERT_EQ(out[static_cast<size_t>(r)][i], want) << i;
+      }
+    }
+  }
 }
 
 TEST(InProcessComm, InvalidArgumentsOnOneRankFailEveryRank) {

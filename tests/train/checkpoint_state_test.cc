@@ -38,6 +38,7 @@ CheckpointState sample_state() {
   id.freeze = "^conv1";
   id.trainable = "";
   id.sync_batchnorm = true;
+  id.reduce_precision = graph::DataType::kBFloat16;
   RunPosition& p = s.position;
   p.step = 17;
   p.steps_per_epoch = 7;
@@ -77,6 +78,7 @@ TEST(CheckpointState, EnumsAreWrittenByName) {
   EXPECT_EQ(m.at("opt.loss"), "cross-entropy");
   EXPECT_EQ(m.at("opt.lr_schedule_kind"), "cosine");
   EXPECT_EQ(m.at("opt.lr"), "0.01");
+  EXPECT_EQ(m.at("opt.reduce_precision"), "bf16");
   for (passes::OptimizerKind k :
        {passes::OptimizerKind::kSgd, passes::OptimizerKind::kMomentum, passes::OptimizerKind::kAdam,
         passes::OptimizerKind::kAdamW, passes::OptimizerKind::kAdagrad})
@@ -163,6 +165,9 @@ TEST(CheckpointState, DifferenceListsChangedFields) {
   b.lr = 0.02f;
   b.optimizer = passes::OptimizerKind::kSgd;
   EXPECT_EQ(identity_difference(a, b), "optimizer 'adamw' -> 'sgd', lr '0.01' -> '0.02'");
+  b = a;
+  b.reduce_precision = graph::DataType::kFloat;
+  EXPECT_EQ(identity_difference(a, b), "reduce_precision 'bf16' -> 'fp32'");
 }
 
 }  // namespace
