@@ -34,7 +34,7 @@ cmake --build build -j"$jobs"
 echo "== ctest (Release; gpu-labelled tests skip without an NVIDIA GPU)"
 ctest --test-dir build --output-on-failure -j"$jobs" -LE models
 # The real-model corpus against torch (tests/models, label models): 16 torchvision/transformers
-# models x 2 exporters x 4 checks. Its venv (4.7 GB, current torch/torchvision/transformers/
+# models x 2 exporters x 5 checks (fwd, raw, step, r2, bf16). Its venv (4.7 GB, current torch/torchvision/transformers/
 # onnxscript from PyPI, wheels cached in ~/.cache/onnxtrain-wheels) takes ~3 min to build with
 # an empty cache, ~1 min from it; the corpus itself 4-7 min on 2 cores (2026-12-05). ONNXTRAIN_MODELS=0
 # skips it (e.g. offline).

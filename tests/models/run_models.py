@@ -10,6 +10,8 @@ against torch:
         own error against float64 (the worst of F32_TRIALS, plus a floor of a few float32
         roundings, see step_tolerance)
   r2    --replicas 2 (--sync-batchnorm where the model has BN) equals 1 replica
+  bf16  --precision bf16 (issue #19) trains: BF16_STEPS Adam steps on the batch, every loss
+        finite and the last below BF16_DROP x the first (mixed precision on real graphs)
 
 and records what plain torch.onnx.export(model, args, f) does to the same module (column
 `defaults`, informational). Prints the table and a last line `models: N passed, M failed`; exits 1
@@ -44,7 +46,8 @@ LR = 0.1
 CLASSES = 10
 VOCAB, SEQ = 100, 16
 EXPORTERS = ("classic", "dynamo")
-CHECKS = ("fwd", "raw", "step", "r2")
+CHECKS = ("fwd", "raw", "step", "r2", "bf16")
+BF16_STEPS, BF16_LR, BF16_DROP = 6, 2e-3, 0.97
 
 # (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
 # the list stays true; the table still shows them (as xfail).
@@ -271,23 +274,23 @@ class Case:
                                                 verbose=True)
         return path
 
-    def train(self, path, data, tag, replicas, has_bn):
+    def train(self, path, data, tag, replicas, has_bn, extra=None):
         out = os.path.join(self.dir, f"trained_{tag}.onnx")
         metrics = os.path.join(self.dir, f"metrics_{tag}.jsonl")
         if os.path.exists(metrics):
             os.remove(metrics)
         cmd = [self.tool("onnxtrain"), path, "--data", data, "--val-data", "none",
-               "--loss", "cross-entropy", "--optimizer", "sgd", "--lr", str(LR), "--momentum", "0",
-               "--weight-decay", "0", "--steps", "1", "--global-batch-size", str(BATCH),
-               "--replicas", str(replicas), "--threads", str(self.args.threads),
-               "--output", out, "--metrics-json", metrics]
+               "--loss", "cross-entropy", "--replicas", str(replicas),
+               "--threads", str(self.args.threads), "--output", out, "--metrics-json", metrics]
+        cmd += extra or ["--optimizer", "sgd", "--lr", str(LR), "--momentum", "0",
+                         "--weight-decay", "0", "--steps", "1", "--global-batch-size", str(BATCH)]
         if self.kind == "lm":
             cmd += ["--class-axis", "-1", "--ignore-index", "-100"]
         if replicas > 1 and has_bn:
             cmd += ["--sync-batchnorm"]
         run(cmd, self.log)
-        loss = json.loads(open(metrics).read().strip().splitlines()[-1])["loss"]
-        return loss, initializers(out)
+        losses = [json.loads(line)["loss"] for line in open(metrics).read().strip().splitlines()]
+        return (losses if extra else losses[-1]), initializers(out)
 
     def go(self):
         model = self.build()
@@ -383,6 +386,22 @@ class Case:
                                  f"max |p2 - p1| {e:.2e} (tol {tol:.2e}); loss {l2:.6f} vs {lot:.6f}")
         except Exception as e:  # noqa: BLE001
             self.result["r2"] = (False, str(e))
+
+        # bf16: mixed precision trains the real graph (the batch is one step per epoch; a
+        # non-finite loss stops onnxtrain with exit 1)
+        try:
+            data = (f"npy:{os.path.join(self.dir, 'input.npy')},{os.path.join(self.dir, 'labels.npy')}"
+                    if self.kind == "image" else f"npz:{os.path.join(self.dir, 'batch.npz')}")
+            losses, _ = self.train(path, data, "bf16", 1, has_bn,
+                                   ["--precision", "bf16", "--optimizer", "adam", "--lr",
+                                    str(BF16_LR), "--steps", str(BF16_STEPS),
+                                    "--global-batch-size", str(BATCH), "--allow-emulation"])
+            finite = all(loss is not None and np.isfinite(loss) for loss in losses)
+            ok = finite and len(losses) == BF16_STEPS and losses[-1] < BF16_DROP * losses[0]
+            self.result["bf16"] = (ok, "losses " + " ".join(
+                f"{loss:.4f}" if loss is not None else "null" for loss in losses))
+        except Exception as e:  # noqa: BLE001
+            self.result["bf16"] = (False, str(e))
 
 
 class redirect:
