@@ -115,6 +115,9 @@ replicas and threads:
 several processes (mpirun -np P onnxtrain ... trains P x R replicas; see README):
   --collective-timeout S  a process waiting longer than S seconds for another in a collective
                           ends the job with an error naming both (default 300)
+  --verify-ranks          after every step, check that every process holds the same weights
+                          (a hash of them compared across ranks; one pass over the weights per
+                          step). Without it they are compared once, after training
 
 files:
   --output FILE           the trained inference model (written atomically; never the input)
@@ -365,6 +368,9 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "--sync-batchnorm") {
       no_value();
       c.train.parallel.sync_batchnorm = true;
+    } else if (arg == "--verify-ranks") {
+      no_value();
+      c.train.parallel.verify_ranks = true;
     } else if (arg == "--collective-timeout") {
       a.collective_timeout = parse_float(arg, value(), 0, false);
     } else if (arg == "--reduce-precision") {

@@ -241,7 +241,8 @@ TrainResult run_training(const TrainConfig& config) {
     pos = trainer.resume();
     res.start_step = std::min(pos.step, res.total_steps);
   }
-  const bool validate = data.sets.val && lead;
+  // Every process validates its share of the batches (Trainer::evaluate); rank 0 reports.
+  const bool validate = data.sets.val.has_value();
 
   runtime::LoaderOptions tl;
   tl.batch_size = res.global_batch;
@@ -305,6 +306,7 @@ TrainResult run_training(const TrainConfig& config) {
     if (skip_nonfinite) before = trainer.state();
     const double scale_before = trainer.loss_scaler().scale;
     runtime::StepResult r = trainer.run_step(std::move(b), s);
+    if (o.parallel.verify_ranks) trainer.check_weights_agree(cat("after step ", s + 1));
     // The loss is summed over every replica and process, so all of them decide alike.
     if (!r.finite) {
       // fp16: the graph skipped the update itself (no state changed); the scale halved.

@@ -78,6 +78,9 @@ struct ParallelOptions {
   // Allows replicas or threads beyond kMaxOversubscription x the CPUs (tools/train_loop.cc).
   bool oversubscribe = false;
   bool sync_batchnorm = false;
+  // Several processes: compare the weights' hash across the processes after every step
+  // (Trainer::check_weights_agree), not only after training.
+  bool verify_ranks = false;
   double bucket_mb = 25;
   // --reduce-precision: the dtype gradients are AllReduced in (float32, or bfloat16 for half
   // the bytes on the wire; passes::BucketOptions::wire_dtype).

@@ -629,9 +629,14 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   lo.batch_size = batch;
   lo.shuffle = false;
   runtime::DataLoader loader(val, adapter, lo);
+  // With several processes each evaluates every P-th batch (rank p: batches p, p + P, ...) and
+  // the sums are added over the processes: validation takes 1/P of the time on every rank and
+  // no rank waits for another's (the collective timeout never covers a whole validation).
+  const int64_t procs = world_ ? world_->size() : 1, me = world_ ? world_->rank() : 0;
   double loss_sum = 0, correct = 0, count = 0;
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
+    if (i % procs != me) continue;
     const int64_t rows = b.size();
     const auto targets = static_cast<double>(target_count(sig, b.targets, rows));
     count += targets;
@@ -642,6 +647,13 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
     // A model's own loss is its batch's mean: weigh it by the rows.
     loss_sum += static_cast<double>(r[loss_at].data_as<float>()[0]) * (model_loss ? targets : 1.0);
     if (correct_at >= 0) correct += static_cast<double>(r[correct_at].data_as<float>()[0]);
+  }
+  if (world_) {
+    double sums[3] = {loss_sum, correct, count};
+    world_->all_reduce(sums, 3, graph::DataType::kDouble, "validation");
+    loss_sum = sums[0];
+    correct = sums[1];
+    count = sums[2];
   }
   EvalResult out;
   const double n = std::max(count, 1.0);  // targets (rows, or counted labels)
@@ -795,19 +807,21 @@ void Trainer::check_setup(bool resume) const {
   setup.emplace_back("steps", cat(length_.total_steps, " of ", length_.steps_per_epoch,
                                   " per epoch, ", length_.train_examples, " examples"));
   setup.emplace_back("resume", resume ? "1" : "0");
+  // Each adds collectives of its own: every process must take part in the same ones.
+  setup.emplace_back("--verify-ranks", opts_.parallel.verify_ranks ? "1" : "0");
   check_same(*world_, setup, "before step 1");
 }
 
-void Trainer::check_weights_agree() const {
+void Trainer::check_weights_agree(const std::string& when) const {
   if (!world_) return;
-  // The collectives give every replica of every process the same bytes; verify it once.
+  // The collectives give every replica of every process the same bytes; verify it.
   OT_CHECK(session().replicas_identical(), "rank ", world_->rank(),
            ": the replicas of this process ended with different weights");
   uint64_t h = fnv1a64("state");
   for (const auto& [name, t] : session().state())
     h = fnv1a64(std::string_view(reinterpret_cast<const char*>(t.data()), t.nbytes()),
                 fnv1a64(name, h));
-  check_same(*world_, {{"trained weights", cat(h)}}, "after training");
+  check_same(*world_, {{"trained weights", cat(h)}}, when);
 }
 
 void Trainer::export_model(const std::string& path) const {

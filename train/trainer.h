@@ -131,8 +131,9 @@ class Trainer {
   // Every process compares its setup (options, training graph, buckets, length) with rank 0's
   // before step 1; a difference is a one-line error on every process.
   void check_setup(bool resume) const;
-  // After training: the replicas of this process and the processes hold the same weights.
-  void check_weights_agree() const;
+  // The replicas of this process and the processes hold the same weights (after training, and
+  // after every step with --verify-ranks); `when` names the point in the error.
+  void check_weights_agree(const std::string& when = "after training") const;
 
   // ---- state and results
   const std::vector<std::string>& parameters() const { return info_.prepared.params; }

@@ -2,6 +2,7 @@
 #include "runtime/comm/hierarchical.h"
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "graph/error.h"
@@ -23,10 +24,43 @@ void HierarchicalCommunicator::all_reduce(void* buf, int64_t count, DataType dty
   local_.broadcast(buf, count, dtype, 0);
 }
 
+namespace {
+
+// The process stage of an asynchronous all_reduce: local rank 0 started the world's sum of the
+// process's local sum; wait() finishes it there and hands it to the replica threads (a local
+// broadcast: every replica thread waits its handles in the same order).
+class HierarchicalWork final : public CommWork {
+ public:
+  HierarchicalWork(Communicator& local, ProcessWorld& world, uint64_t ticket, void* buf,
+                   int64_t count, DataType dtype)
+      : local_(local), world_(world), ticket_(ticket), buf_(buf), count_(count), dtype_(dtype) {}
+  void wait() override {
+    if (done_) return;
+    if (local_.rank() == 0) world_.all_reduce_wait(ticket_);
+    local_.broadcast(buf_, count_, dtype_, 0);
+    done_ = true;
+  }
+  bool done() const override { return done_; }
+
+ private:
+  Communicator& local_;
+  ProcessWorld& world_;
+  uint64_t ticket_;
+  void* buf_;
+  int64_t count_;
+  DataType dtype_;
+  bool done_ = false;
+};
+
+}  // namespace
+
 CommHandle HierarchicalCommunicator::all_reduce_async(void* buf, int64_t count, DataType dtype,
                                                       ReduceOp op) {
-  all_reduce(buf, count, dtype, op);
-  return CommHandle();
+  check_comm_args(buf, count, dtype, true, "all_reduce");
+  local_.all_reduce(buf, count, dtype, op);
+  const uint64_t ticket =
+      local_.rank() == 0 ? world_.all_reduce_start(buf, count, dtype, "all_reduce (gradients)") : 0;
+  return CommHandle(std::make_shared<HierarchicalWork>(local_, world_, ticket, buf, count, dtype));
 }
 
 void HierarchicalCommunicator::broadcast(void* buf, int64_t count, DataType dtype, int root) {

@@ -20,8 +20,10 @@ class HierarchicalCommunicator final : public Communicator {
   int size() const override;
   // Sum within the process (rank order), across processes (process order), broadcast back.
   void all_reduce(void* buf, int64_t count, DataType dtype, ReduceOp op = ReduceOp::kSum) override;
-  // Runs synchronously (the process stage cannot overlap the replica threads' work); the
-  // returned handle is already done.
+  // The replica threads' sum now; the processes' sum is started (ProcessWorld::
+  // all_reduce_start) and finished, then handed to the replica threads, by the handle's wait():
+  // the transfer between processes overlaps the work in between. Every replica thread waits
+  // its handles in issue order.
   CommHandle all_reduce_async(void* buf, int64_t count, DataType dtype,
                               ReduceOp op = ReduceOp::kSum) override;
   void broadcast(void* buf, int64_t count, DataType dtype, int root) override;

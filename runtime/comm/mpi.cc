@@ -1,12 +1,18 @@
 // MpiWorld (mpi.h). MPI has no timeouts, so every transfer is a nonblocking call polled with
-// MPI_Test against a deadline; an expired deadline names the collective and the missing peer
-// and aborts the job instead of hanging. Sums are computed on rank 0 in rank order, never by
-// MPI_Reduce, so the result does not depend on the MPI library's reduction tree.
+// MPI_Test against a deadline; an expired deadline names the missing peer (point to point: the
+// peer whose transfer is pending; a reduction: the ranks that do not answer a ping) and aborts
+// the job instead of hanging. Sums are MPI_Iallreduce: the library's algorithm decides the order
+// of additions (every rank still gets the same bytes: the allreduce algorithms Open MPI uses
+// distribute one reduced value). Broadcast and gather stay point to point from / to the root.
 #include "runtime/comm/mpi.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,14 +39,19 @@ int env_int(const char* name) {
 using Clock = std::chrono::steady_clock;
 // Bytes per MPI message: counts are int.
 constexpr size_t kChunk = size_t{1} << 30;
-// Message tags: the gather to rank 0 and the broadcast from the root never match each other.
-constexpr int kGatherTag = 1, kBcastTag = 2;
+// Elements per MPI_Iallreduce: counts are int.
+constexpr int64_t kMaxCount = int64_t{1} << 30;
+// Message tags: the gather to rank 0 and the broadcast from the root never match each other;
+// ping / pong find the ranks that still answer when a reduction times out.
+constexpr int kGatherTag = 1, kBcastTag = 2, kPingTag = 3, kPongTag = 4;
 
-template <typename T>
-void add_into(void* acc, const std::byte* src, int64_t n) {
-  T* a = static_cast<T*>(acc);
-  const T* s = reinterpret_cast<const T*>(src);
-  for (int64_t i = 0; i < n; ++i) a[i] += s[i];
+// MPI_Op for bfloat16 (as MPI_UINT16_T): each addition in float32, rounded to nearest-even bf16
+// (graph/bfloat16.h). With 2 processes that is the in-process group's float sum rounded once.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = graph::bf16_from_float(graph::bf16_to_float(a[i]) + graph::bf16_to_float(b[i]));
 }
 #endif
 
@@ -78,41 +89,130 @@ int mpi_local_size() {
 
 #ifdef ONNXTRAIN_HAVE_MPI
 
+struct MpiWorld::State {
+  std::mutex mu;               // held around every MPI call (MPI_THREAD_SERIALIZED)
+  std::condition_variable cv;  // a reduction finished
+  struct Reduction {
+    std::vector<MPI_Request> reqs;
+    std::string what;  // for the timeout message
+    bool done = false;
+  };
+  std::map<uint64_t, Reduction> pending;  // started, not yet waited for
+  uint64_t next = 1;
+  bool stop = false;
+  MPI_Op bf16 = MPI_OP_NULL;
+  std::thread progress;
+};
+
 namespace {
 
-// Polls `reqs` until all are done or `timeout` passed; on expiry prints which peers' requests
-// are still pending and aborts the job.
-void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, int rank,
-              std::chrono::milliseconds timeout, std::string_view what) {
+// Answers every ping that has arrived (the caller holds the MPI lock): a rank whose reduction
+// timed out asks who is still alive.
+void answer_pings() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, MPI_COMM_WORLD, &flag, &st);
+    if (!flag) return;
+    int v = 0;
+    MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, kPingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Send(&v, 1, MPI_INT, st.MPI_SOURCE, kPongTag, MPI_COMM_WORLD);
+  }
+}
+
+[[noreturn]] void report_timeout(int rank, std::chrono::milliseconds timeout,
+                                 std::string_view what, const std::string& missing) {
+  // A rank waiting for rank 0 may really wait for whoever rank 0 waits for.
+  const char* via = rank != 0 && missing == " 0" ? " (or a rank that rank 0 waits for)" : "";
+  std::fprintf(stderr,
+               "onnxtrain: error: rank %d: collective '%.*s' timed out after %.0f s waiting "
+               "for rank%s%s: it died or stalled (--collective-timeout)\n",
+               rank, static_cast<int>(what.size()), what.data(),
+               std::chrono::duration<double>(timeout).count(), missing.c_str(), via);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+// " 1, 3": the ranks, for the timeout message.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? " " : ", ") + std::to_string(r);
+  return s;
+}
+
+MPI_Datatype mpi_type(graph::DataType t) {
+  switch (t) {
+    case graph::DataType::kFloat: return MPI_FLOAT;
+    case graph::DataType::kDouble: return MPI_DOUBLE;
+    case graph::DataType::kInt32: return MPI_INT32_T;
+    case graph::DataType::kInt64: return MPI_INT64_T;
+    case graph::DataType::kBFloat16: return MPI_UINT16_T;
+    default: fail("all_reduce: dtype ", graph::dtype_short_name(t), " cannot be summed over MPI");
+  }
+}
+
+}  // namespace
+
+// The ranks that do not answer a ping within a second (at most the timeout), with the MPI lock
+// held; every rank polling a collective answers pings.
+static std::string silent_ranks(int rank, int size, std::chrono::milliseconds timeout) {
+  std::vector<int> pong(static_cast<size_t>(size), 0);
+  std::vector<MPI_Request> recvs(static_cast<size_t>(size), MPI_REQUEST_NULL);
+  std::vector<MPI_Request> sends;
+  int ping = rank;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    MPI_Irecv(&pong[static_cast<size_t>(p)], 1, MPI_INT, p, kPongTag, MPI_COMM_WORLD,
+              &recvs[static_cast<size_t>(p)]);
+    sends.emplace_back();
+    MPI_Isend(&ping, 1, MPI_INT, p, kPingTag, MPI_COMM_WORLD, &sends.back());
+  }
+  const auto deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(1));
+  std::vector<int> silent;
+  for (;;) {
+    answer_pings();
+    silent.clear();
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      int f = 0;
+      MPI_Test(&recvs[static_cast<size_t>(p)], &f, MPI_STATUS_IGNORE);
+      if (!f) silent.push_back(p);
+    }
+    if (silent.empty() || Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (silent.empty()) return " other than this one (every rank answers: one may be in another collective)";
+  return rank_list(silent);
+}
+
+namespace {
+
+// Polls `reqs` until all are done or `timeout` passed (taking the MPI lock per poll); on expiry
+// prints which peers' requests are still pending and aborts the job.
+void wait_all(std::mutex& mu, std::vector<MPI_Request>& reqs, const std::vector<int>& peers,
+              int rank, std::chrono::milliseconds timeout, std::string_view what) {
   if (reqs.empty()) return;
   const auto start = Clock::now();
   for (int spins = 0;; ++spins) {
-    int done = 0;
-    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) return;
-    if (Clock::now() - start > timeout) {
-      std::string missing;
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        int f = 0;
-        MPI_Test(&reqs[i], &f, MPI_STATUS_IGNORE);
-        const std::string p = std::to_string(peers[i]);
-        if (!f && missing.find(" " + p + ",") == std::string::npos) missing += " " + p + ",";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      int done = 0;
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) return;
+      answer_pings();
+      if (Clock::now() - start > timeout) {
+        std::vector<int> missing;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          int f = 0;
+          MPI_Test(&reqs[i], &f, MPI_STATUS_IGNORE);
+          if (!f && std::find(missing.begin(), missing.end(), peers[i]) == missing.end())
+            missing.push_back(peers[i]);
+        }
+        if (missing.empty()) missing = peers;  // completed just now: name every peer
+        report_timeout(rank, timeout, what, rank_list(missing));
       }
-      if (missing.empty())  // completed just now: name every peer of the collective
-        for (int p : peers)
-          if (missing.find(" " + std::to_string(p) + ",") == std::string::npos)
-            missing += " " + std::to_string(p) + ",";
-      missing.pop_back();
-      // A rank waiting for rank 0 may really wait for whoever rank 0 waits for.
-      const char* via = rank != 0 && missing == " 0" ? " (or a rank that rank 0 waits for)" : "";
-      std::fprintf(stderr,
-                   "onnxtrain: error: rank %d: collective '%.*s' timed out after %.0f s waiting "
-                   "for rank%s%s: it died or stalled (--collective-timeout)\n",
-                   rank, static_cast<int>(what.size()), what.data(),
-                   std::chrono::duration<double>(timeout).count(), missing.c_str(), via);
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      std::_Exit(1);
     }
     // Spin first (MPI progresses transfers only inside its calls), then poll gently: ranks
     // sharing cores must not starve the peer they wait for.
@@ -122,7 +222,8 @@ void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, int
 
 }  // namespace
 
-MpiWorld::MpiWorld(std::chrono::milliseconds timeout) : timeout_(timeout) {
+MpiWorld::MpiWorld(std::chrono::milliseconds timeout)
+    : timeout_(timeout), state_(std::make_unique<State>()) {
   int provided = 0;
   int argc = 0;
   char** argv = nullptr;
@@ -135,9 +236,42 @@ MpiWorld::MpiWorld(std::chrono::milliseconds timeout) : timeout_(timeout) {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Op_create(&bf16_sum, 1, &state_->bf16);
+  // Drives outstanding reductions (MPI progresses them only inside MPI calls) and answers
+  // pings; every 50 us while a reduction is outstanding, every millisecond otherwise.
+  state_->progress = std::thread([s = state_.get()] {
+    std::unique_lock<std::mutex> lock(s->mu);
+    while (!s->stop) {
+      bool outstanding = false;
+      for (auto& [ticket, r] : s->pending) {
+        if (r.done) continue;
+        int done = 0;
+        MPI_Testall(static_cast<int>(r.reqs.size()), r.reqs.data(), &done, MPI_STATUSES_IGNORE);
+        if (done) {
+          r.done = true;
+          s->cv.notify_all();
+        } else {
+          outstanding = true;
+        }
+      }
+      answer_pings();
+      lock.unlock();
+      std::this_thread::sleep_for(outstanding ? std::chrono::microseconds(50)
+                                              : std::chrono::microseconds(1000));
+      lock.lock();
+    }
+  });
 }
 
-MpiWorld::~MpiWorld() { MPI_Finalize(); }
+MpiWorld::~MpiWorld() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->progress.join();
+  MPI_Op_free(&state_->bf16);
+  MPI_Finalize();
+}
 
 void MpiWorld::abort(int code) {
   std::fflush(stdout);
@@ -152,6 +286,7 @@ void MpiWorld::gather_to_root(const void* send, void* recv, size_t bytes, std::s
   const auto* s = static_cast<const std::byte*>(send);
   auto* r = static_cast<std::byte*>(recv);
   if (rank_ == 0 && bytes) std::memcpy(r, s, bytes);
+  std::unique_lock<std::mutex> lock(state_->mu);
   // At least one message per rank, so rank 0 sees every rank arrive.
   const size_t messages = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
   for (int p = rank_ == 0 ? 1 : 0; p < (rank_ == 0 ? size_ : 1); ++p)
@@ -166,7 +301,8 @@ void MpiWorld::gather_to_root(const void* send, void* recv, size_t bytes, std::s
       else
         MPI_Isend(s + off, n, MPI_BYTE, 0, kGatherTag, MPI_COMM_WORLD, &reqs.back());
     }
-  wait_all(reqs, peers, rank_, timeout_, what);
+  lock.unlock();
+  wait_all(state_->mu, reqs, peers, rank_, timeout_, what);
 }
 
 void MpiWorld::bcast_bytes(void* buf, size_t bytes, int root, std::string_view what) {
@@ -175,6 +311,7 @@ void MpiWorld::bcast_bytes(void* buf, size_t bytes, int root, std::string_view w
   auto* b = static_cast<std::byte*>(buf);
   std::vector<MPI_Request> reqs;
   std::vector<int> peers;
+  std::unique_lock<std::mutex> lock(state_->mu);
   // An empty message still arrives: every rank passes the collective.
   const size_t messages = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
   for (int p = 0; p < size_; ++p) {
@@ -190,39 +327,53 @@ void MpiWorld::bcast_bytes(void* buf, size_t bytes, int root, std::string_view w
         MPI_Irecv(b + off, n, MPI_BYTE, root, kBcastTag, MPI_COMM_WORLD, &reqs.back());
     }
   }
-  wait_all(reqs, peers, rank_, timeout_, what);
+  lock.unlock();
+  wait_all(state_->mu, reqs, peers, rank_, timeout_, what);
 }
 
 void MpiWorld::all_reduce(void* buf, int64_t count, graph::DataType dtype, std::string_view what) {
+  all_reduce_wait(all_reduce_start(buf, count, dtype, what));
+}
+
+uint64_t MpiWorld::all_reduce_start(void* buf, int64_t count, graph::DataType dtype,
+                                    std::string_view what) {
   check_comm_args(buf, count, dtype, true, "all_reduce");
-  const size_t bytes = static_cast<size_t>(count * comm_element_size(dtype, "all_reduce"));
-  std::vector<std::byte> all(rank_ == 0 ? bytes * static_cast<size_t>(size_) : 0);
-  gather_to_root(buf, all.data(), bytes, what);
-  if (rank_ == 0 && dtype == graph::DataType::kBFloat16) {
-    // The bf16 gradient wire: summed in float32 in rank order, rounded once (as in-process).
-    std::vector<float> acc(static_cast<size_t>(count), 0.0f);
-    for (int p = 0; p < size_; ++p) {
-      const std::byte* src = all.data() + static_cast<size_t>(p) * bytes;
-      for (int64_t i = 0; i < count; ++i) {
-        uint16_t b = 0;
-        std::memcpy(&b, src + 2 * i, 2);
-        acc[static_cast<size_t>(i)] += graph::bf16_to_float(b);
-      }
-    }
-    auto* out = static_cast<uint16_t*>(buf);
-    for (int64_t i = 0; i < count; ++i) out[i] = graph::bf16_from_float(acc[static_cast<size_t>(i)]);
-  } else if (rank_ == 0) {
-    for (int p = 1; p < size_; ++p) {
-      const std::byte* src = all.data() + static_cast<size_t>(p) * bytes;
-      switch (dtype) {
-        case graph::DataType::kFloat: add_into<float>(buf, src, count); break;
-        case graph::DataType::kDouble: add_into<double>(buf, src, count); break;
-        case graph::DataType::kInt32: add_into<int32_t>(buf, src, count); break;
-        default: add_into<int64_t>(buf, src, count); break;
-      }
-    }
+  const MPI_Datatype type = mpi_type(dtype);
+  const int64_t es = comm_element_size(dtype, "all_reduce");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State::Reduction r;
+  const MPI_Op op = dtype == graph::DataType::kBFloat16 ? state_->bf16 : MPI_SUM;
+  // An empty reduction still runs: every rank passes the collective.
+  for (int64_t at = 0; at < count || (count == 0 && r.reqs.empty()); at += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - at));
+    r.reqs.emplace_back();
+    MPI_Iallreduce(MPI_IN_PLACE, static_cast<std::byte*>(buf) + at * es, n, type, op,
+                   MPI_COMM_WORLD, &r.reqs.back());
+    if (count == 0) break;
   }
-  bcast_bytes(buf, bytes, 0, what);
+  const uint64_t ticket = state_->next++;
+  r.what = std::string(what);
+  state_->pending.emplace(ticket, std::move(r));
+  return ticket;
+}
+
+void MpiWorld::all_reduce_wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  auto it = state_->pending.find(ticket);
+  OT_CHECK(it != state_->pending.end(), "all_reduce_wait: unknown ticket ", ticket);
+  // The clock starts at the wait: a reduction may be outstanding through a long backward pass.
+  const auto deadline = Clock::now() + timeout_;
+  while (!it->second.done) {
+    // The progress thread tests the requests; test here too so a lone waiter needs no wake-up.
+    int done = 0;
+    MPI_Testall(static_cast<int>(it->second.reqs.size()), it->second.reqs.data(), &done,
+                MPI_STATUSES_IGNORE);
+    if (done) break;
+    if (Clock::now() > deadline)
+      report_timeout(rank_, timeout_, it->second.what, silent_ranks(rank_, size_, timeout_));
+    state_->cv.wait_for(lock, std::chrono::microseconds(200));
+  }
+  state_->pending.erase(it);
 }
 
 void MpiWorld::broadcast(void* buf, int64_t count, graph::DataType dtype, int root,
@@ -248,6 +399,7 @@ void MpiWorld::barrier(std::string_view what) {
 
 #else  // no MPI in this build
 
+struct MpiWorld::State {};
 MpiWorld::MpiWorld(std::chrono::milliseconds timeout) : timeout_(timeout) {
   fail("this onnxtrain was built without MPI (CMake option ONNXTRAIN_MPI, package "
        "libopenmpi-dev): it cannot join a multi-process launch");
@@ -257,6 +409,10 @@ void MpiWorld::abort(int code) { std::_Exit(code); }
 void MpiWorld::gather_to_root(const void*, void*, size_t, std::string_view) {}
 void MpiWorld::bcast_bytes(void*, size_t, int, std::string_view) {}
 void MpiWorld::all_reduce(void*, int64_t, graph::DataType, std::string_view) {}
+uint64_t MpiWorld::all_reduce_start(void*, int64_t, graph::DataType, std::string_view) {
+  return 0;
+}
+void MpiWorld::all_reduce_wait(uint64_t) {}
 void MpiWorld::broadcast(void*, int64_t, graph::DataType, int, std::string_view) {}
 void MpiWorld::all_gather(const void*, void*, int64_t, graph::DataType, std::string_view) {}
 void MpiWorld::barrier(std::string_view) {}

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "runtime/comm/process_world.h"
@@ -26,10 +28,12 @@ int mpi_local_rank();
 
 class MpiWorld final : public ProcessWorld {
  public:
-  // MPI_Init_thread (MPI_THREAD_SERIALIZED). `timeout`: how long one collective waits for a
-  // peer; then this process prints "onnxtrain: error: rank R: collective 'WHAT' timed out ...
-  // waiting for rank Q" on stderr and MPI_Abort ends the whole job with exit code 1. Throws
-  // Error when the build has no MPI or the library cannot do serialized threading.
+  // MPI_Init_thread (MPI_THREAD_SERIALIZED; every MPI call here holds one lock). `timeout`: how
+  // long one collective waits for a peer; then this process prints "onnxtrain: error: rank R:
+  // collective 'WHAT' timed out ... waiting for rank Q" on stderr (Q: the ranks that do not
+  // answer a ping; every waiting rank answers one) and MPI_Abort ends the whole job with exit
+  // code 1. Throws Error when the build has no MPI or the library cannot do serialized
+  // threading.
   explicit MpiWorld(std::chrono::milliseconds timeout);
   // MPI_Finalize.
   ~MpiWorld() override;
@@ -39,8 +43,13 @@ class MpiWorld final : public ProcessWorld {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
-  // Gathers every buffer on rank 0 (point to point), sums in rank order there, broadcasts.
+  // MPI_Iallreduce on the buffer (Open MPI picks the algorithm: ring / recursive doubling, so
+  // a rank moves about 2(P-1)/P x the bytes instead of rank 0 moving (P-1)x); a progress thread
+  // drives outstanding reductions while the caller computes. bf16 through a user-defined sum.
   void all_reduce(void* buf, int64_t count, graph::DataType dtype, std::string_view what) override;
+  uint64_t all_reduce_start(void* buf, int64_t count, graph::DataType dtype,
+                            std::string_view what) override;
+  void all_reduce_wait(uint64_t ticket) override;
   void broadcast(void* buf, int64_t count, graph::DataType dtype, int root,
                  std::string_view what) override;
   void all_gather(const void* send, void* recv, int64_t count, graph::DataType dtype,
@@ -51,12 +60,14 @@ class MpiWorld final : public ProcessWorld {
   [[noreturn]] void abort(int code);
 
  private:
+  struct State;  // the MPI lock, outstanding reductions, the progress thread (mpi.cc)
   void gather_to_root(const void* send, void* recv, size_t bytes, std::string_view what);
   void bcast_bytes(void* buf, size_t bytes, int root, std::string_view what);
 
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace onnxtrain::runtime

@@ -29,9 +29,19 @@ class ProcessWorld {
   virtual int size() const = 0;
   // How long a collective waits for a peer before the job ends with an error.
   virtual std::chrono::milliseconds timeout() const = 0;
-  // In place: buf[i] = sum over processes in rank order (rank 0 + rank 1 + ...), computed on
-  // rank 0 and broadcast, so every process ends with identical bytes. f32, f64, i32, i64.
+  // In place: buf[i] = sum over processes; every process ends with identical bytes. f32, f64,
+  // bf16 (summed in float32 pairwise, rounded after each addition), i32, i64. The order of the
+  // additions is the implementation's (MpiWorld: the MPI library's allreduce algorithm).
   virtual void all_reduce(void* buf, int64_t count, graph::DataType dtype, std::string_view what) = 0;
+  // The same sum started now and finished by all_reduce_wait(ticket): the processes' transfer
+  // overlaps what the caller does in between (buf must not be touched until the wait returns).
+  // Every process starts and waits in the same order. The default runs it synchronously.
+  virtual uint64_t all_reduce_start(void* buf, int64_t count, graph::DataType dtype,
+                                    std::string_view what) {
+    all_reduce(buf, count, dtype, what);
+    return 0;
+  }
+  virtual void all_reduce_wait(uint64_t ticket) { (void)ticket; }
   // Every process's buf becomes a copy of process `root`'s.
   virtual void broadcast(void* buf, int64_t count, graph::DataType dtype, int root,
                          std::string_view what) = 0;

@@ -71,9 +71,10 @@ class MpiTest : public ::testing::Test {
   // mpirun -np `np` [wrapper] onnxtrain args, under a hard 50 s limit (a hang fails the test
   // instead of stalling CI); `seconds` gets the wall time.
   RunResult mpirun(int np, const std::string& wrapper, std::vector<std::string> args,
-                   double* seconds = nullptr) {
+                   double* seconds = nullptr, std::vector<std::string> mpi_options = {}) {
     std::vector<std::string> cmd = {"timeout", "50", "mpirun", "--oversubscribe", "-np",
                                     std::to_string(np)};
+    cmd.insert(cmd.end(), mpi_options.begin(), mpi_options.end());
     if (!wrapper.empty()) cmd.push_back(wrapper);
     cmd.push_back(kOnnxtrain);
     cmd.insert(cmd.end(), args.begin(), args.end());
@@ -83,7 +84,8 @@ class MpiTest : public ::testing::Test {
     EXPECT_NE(r.rc, 124) << "mpirun hung: " << r.out << r.err;
     return r;
   }
-  RunResult run_with_rank1_signal(const std::string& signal, double* seconds);
+  RunResult run_with_rank1_signal(const std::string& signal, double* seconds, int np = 2,
+                                  int rank = 1, std::vector<std::string> mpi_options = {});
 
   fs::path dir_;
 };
@@ -227,15 +229,17 @@ TEST_F(MpiTest, ResumeFromRankZerosCheckpointContinuesBitForBit) {
 // A training run on 2 ranks (--collective-timeout 2) whose rank 1 gets SIG<signal> once rank 0
 // wrote its first checkpoint: both are training then (the watcher gives up after 30 s, so a
 // failed run leaves no loop behind).
-RunResult MpiTest::run_with_rank1_signal(const std::string& signal, double* seconds) {
+RunResult MpiTest::run_with_rank1_signal(const std::string& signal, double* seconds, int np,
+                                         int rank, std::vector<std::string> mpi_options) {
   const std::string ck = path("ck");
   const std::string wrap = script(signal + ".sh",
-      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then\n"
+      "if [ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(rank) + " ]; then\n"
       "  (i=0; until ls '" + ck + "' 2>/dev/null | grep -q otck || [ $i -ge 600 ]; do\n"
       "     sleep 0.05; i=$((i+1)); done; kill -" + signal + " $$) &\n"
       "fi\nexec \"$@\"\n");
-  return mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
-                                   " --checkpoint-every 20 --collective-timeout 2"), seconds);
+  return mpirun(np, wrap, mlp_args(path("mlp.onnx"), "--steps 1000000 --threads 1 --checkpoint-dir " + ck +
+                                    " --checkpoint-every 20 --collective-timeout 2"), seconds,
+                mpi_options);
 }
 
 TEST_F(MpiTest, StalledRankEndsTheJobWithinTheTimeout) {
@@ -257,6 +261,85 @@ TEST_F(MpiTest, KilledRankEndsTheJob) {
   EXPECT_LT(seconds, 30);
   // mpirun notices the death itself; if it did not, the timeout names the rank.
   EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex("rank 1 .*(signal 9|Killed)|waiting for rank 1")))
+      << r.out << r.err;
+}
+
+// 4 processes over TCP only (no shared memory between them), oversubscribed on this machine:
+// the zoo CNN trains with every rank's weights compared after every step (--verify-ranks), and
+// matches 1 process x 4 replicas to float rounding (the MPI library adds the 4 processes'
+// gradients in its own order: within 1e-5 of each tensor's largest weight). Validation is
+// sharded over the ranks (each takes every 4th batch) and summed: the same val_loss and
+// val_accuracy as one process, to float64 rounding.
+TEST_F(MpiTest, FourProcessesOverTcpStayBitIdenticalEveryStep) {
+  RunResult z = run_process({kOnnxzoo, "cnn", "--input", "1x16x16", "--width", "4", "-o", path("cnn.onnx")}, dir_);
+  ASSERT_EQ(z.rc, 0) << z.err;
+  auto args = [&](const std::string& rest) {
+    std::vector<std::string> a = {path("cnn.onnx")};
+    for (const std::string& w : words("--data synthetic:600 --val-data synthetic:150 --epochs 2 "
+                                      "--global-batch-size 64 --lr 3e-3 --seed 5 " + rest))
+      a.push_back(w);
+    return a;
+  };
+  RunResult four = mpirun(4, "", args("--threads 1 --verify-ranks --metrics-json " + path("p4.jsonl") +
+                                      " --output " + path("p4.onnx")),
+                          nullptr, {"--mca", "btl", "tcp,self"});
+  ASSERT_EQ(four.rc, 0) << four.out << four.err;
+  EXPECT_TRUE(four.out.find("replicas    4 = 4 processes (MPI) x 1") != std::string::npos) << four.out;
+  RunResult one = onnxtrain(args("--replicas 4 --threads 2 --metrics-json " + path("r4.jsonl") +
+                                 " --output " + path("r4.onnx")));
+  ASSERT_EQ(one.rc, 0) << one.err;
+  const auto a = initializers(path("p4.onnx"));
+  const auto b = initializers(path("r4.onnx"));
+  const auto start = initializers(path("cnn.onnx"));
+  int64_t moved = 0;
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name) && b.at(name).dims() == t.dims()) << name;
+    if (t.dtype() != DataType::kFloat) continue;
+    double scale = 0, diff = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double x = t.data_as<float>()[i], y = b.at(name).data_as<float>()[i];
+      scale = std::max(scale, std::fabs(x));
+      diff = std::max(diff, std::fabs(x - y));
+    }
+    EXPECT_LE(diff, 1e-5 * scale) << name;
+    moved += start.count(name) && !start.at(name).equals(t);
+  }
+  EXPECT_GT(moved, 0) << "training did not move the weights";
+  std::ifstream pf(path("p4.jsonl")), rf(path("r4.jsonl"));
+  std::string pl, rl;
+  int epochs = 0;
+  while (std::getline(pf, pl) && std::getline(rf, rl)) {
+    ++epochs;
+    for (const std::string key : {"\"val_loss\": ", "\"val_accuracy\": "}) {
+      const double x = std::stod(pl.substr(pl.find(key) + key.size()));
+      const double y = std::stod(rl.substr(rl.find(key) + key.size()));
+      EXPECT_NEAR(x, y, 1e-6 * std::fabs(y)) << key << " epoch " << epochs;
+    }
+  }
+  EXPECT_EQ(epochs, 2);
+}
+
+// One of 4 ranks (rank 2, over TCP) is killed mid-training: every other rank ends, non-zero,
+// within the timeout, and the output names rank 2.
+TEST_F(MpiTest, OneOfFourRanksKilledEndsTheJob) {
+  double seconds = 0;
+  RunResult r = run_with_rank1_signal("KILL", &seconds, 4, 2, {"--mca", "btl", "tcp,self"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 30);
+  EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex("rank 2 .*(signal 9|Killed)|waiting for rank 2")))
+      << r.out << r.err;
+}
+
+// One of 4 ranks stalls (SIGSTOP) inside the gradient reductions (MPI_Iallreduce: no peer is
+// pending by itself): the ranks that time out ping the others, and only the stalled one, which
+// cannot answer, is named.
+TEST_F(MpiTest, OneOfFourRanksStalledIsNamedByPing) {
+  double seconds = 0;
+  RunResult r = run_with_rank1_signal("STOP", &seconds, 4, 2, {"--mca", "btl", "tcp,self"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 30);
+  EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex(
+      "onnxtrain: error: rank [013]: collective '[^']+' timed out after 2 s waiting for rank 2: ")))
       << r.out << r.err;
 }
 
