@@ -807,6 +807,7 @@ void Trainer::check_setup(bool resume) const {
   setup.emplace_back("steps", cat(length_.total_steps, " of ", length_.steps_per_epoch,
                                   " per epoch, ", length_.train_examples, " examples"));
   setup.emplace_back("resume", resume ? "1" : "0");
+  setup.emplace_back("MPI reduction algorithm", world_->reduction_algorithm());
   // Each adds collectives of its own: every process must take part in the same ones.
   setup.emplace_back("--verify-ranks", opts_.parallel.verify_ranks ? "1" : "0");
   check_same(*world_, setup, "before step 1");

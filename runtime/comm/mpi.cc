@@ -39,6 +39,8 @@ int env_int(const char* name) {
 using Clock = std::chrono::steady_clock;
 // Bytes per MPI message: counts are int.
 constexpr size_t kChunk = size_t{1} << 30;
+// Open MPI's choice of nonblocking allreduce algorithm (1 = ring).
+constexpr const char* kNbcAlgorithm = "OMPI_MCA_coll_libnbc_iallreduce_algorithm";
 // Elements per MPI_Iallreduce: counts are int.
 constexpr int64_t kMaxCount = int64_t{1} << 30;
 // Message tags: the gather to rank 0 and the broadcast from the root never match each other;
@@ -224,6 +226,11 @@ void wait_all(std::mutex& mu, std::vector<MPI_Request>& reqs, const std::vector<
 
 MpiWorld::MpiWorld(std::chrono::milliseconds timeout)
     : timeout_(timeout), state_(std::make_unique<State>()) {
+  // Open MPI's nonblocking allreduce (libnbc) picks a binomial tree for some sizes, where two
+  // ranks send twice what the others do; the ring sends 2(P-1)/P x the bytes from every rank
+  // and still gives every rank the same bits (each chunk is summed once, then copied). A value
+  // the user set (environment or mpirun -x / --mca) is kept. Other MPI libraries ignore it.
+  setenv(kNbcAlgorithm, "1", 0);
   int provided = 0;
   int argc = 0;
   char** argv = nullptr;
@@ -271,6 +278,17 @@ MpiWorld::~MpiWorld() {
   state_->progress.join();
   MPI_Op_free(&state_->bf16);
   MPI_Finalize();
+}
+
+std::string MpiWorld::reduction_algorithm() const {
+  const char* v = std::getenv(kNbcAlgorithm);
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string lib(version, static_cast<size_t>(len));
+  lib = lib.substr(0, lib.find_first_of(",\n"));
+  return cat(lib, ", MPI_Iallreduce algorithm ", v ? v : "default",
+             v && std::string(v) == "1" ? " (ring)" : "");
 }
 
 void MpiWorld::abort(int code) {
@@ -406,6 +424,7 @@ MpiWorld::MpiWorld(std::chrono::milliseconds timeout) : timeout_(timeout) {
 }
 MpiWorld::~MpiWorld() = default;
 void MpiWorld::abort(int code) { std::_Exit(code); }
+std::string MpiWorld::reduction_algorithm() const { return ""; }
 void MpiWorld::gather_to_root(const void*, void*, size_t, std::string_view) {}
 void MpiWorld::bcast_bytes(void*, size_t, int, std::string_view) {}
 void MpiWorld::all_reduce(void*, int64_t, graph::DataType, std::string_view) {}

@@ -56,6 +56,9 @@ class MpiWorld final : public ProcessWorld {
                   std::string_view what) override;
   void barrier(std::string_view what) override;
 
+  // "Open MPI v4.1.4, MPI_Iallreduce algorithm 1 (ring)": the library and the nonblocking
+  // allreduce algorithm this process asked for (compared across processes before step 1).
+  std::string reduction_algorithm() const override;
   // Ends every process of the job with `code` (MPI_Abort); for an error only this process saw.
   [[noreturn]] void abort(int code);
 

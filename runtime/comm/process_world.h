@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "graph/dtype.h"
@@ -49,6 +50,9 @@ class ProcessWorld {
   virtual void all_gather(const void* send, void* recv, int64_t count, graph::DataType dtype,
                           std::string_view what) = 0;
   virtual void barrier(std::string_view what) = 0;
+  // How sums are computed (library, algorithm), for the processes to compare before step 1:
+  // every rank must run the same, or they could disagree in the last bits. "" = no choice.
+  virtual std::string reduction_algorithm() const { return ""; }
 };
 
 }  // namespace onnxtrain::runtime

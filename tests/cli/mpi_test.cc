@@ -356,6 +356,20 @@ TEST_F(MpiTest, OtherOptionsOnOneRankFailBeforeStepOne) {
   EXPECT_EQ(r.out.find("Epoch"), std::string::npos) << r.out;
 }
 
+// The reduction algorithm is part of the setup check: a rank told to use another one (which
+// could sum in another order) is named before step 1.
+TEST_F(MpiTest, AnotherReductionAlgorithmOnOneRankFailsBeforeStepOne) {
+  const std::string wrap = script("alg.sh",
+      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then export OMPI_MCA_coll_libnbc_iallreduce_algorithm=2; fi\n"
+      "exec \"$@\"\n");
+  RunResult r = mpirun(2, wrap, mlp_args(path("mlp.onnx"), "--threads 1"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("processes disagree before step 1 (rank 1 differs from rank 0 in MPI "
+                       "reduction algorithm)"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace onnxtrain
 
