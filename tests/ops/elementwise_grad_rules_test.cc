@@ -36,7 +36,7 @@ struct RuleCase {
 
 // Y of the forward node alone.
 Tensor forward(const RuleCase& c, const std::vector<Tensor>& inputs) {
-  optest::NodeCall call{c.op, {}, c.attrs, 1, c.opset, "", 1};
+  optest::NodeCall call{c.op, {}, c.attrs, 1, c.opset, "", 1, {}};
   for (const Tensor& t : inputs) call.inputs.push_back({t});
   return optest::run_node(call).outputs.at(0);
 }

@@ -23,14 +23,14 @@ using optest::values_of;
 Tensor run_grad_op(const std::string& op, std::vector<Tensor> inputs,
                    std::vector<Attribute> attrs = {}, int outputs = 1, int out_index = 0,
                    int64_t opset = 17) {
-  optest::NodeCall call{op, {}, std::move(attrs), outputs, opset, ops::kOnnxtrainDomain, 1};
+  optest::NodeCall call{op, {}, std::move(attrs), outputs, opset, ops::kOnnxtrainDomain, 1, {}};
   for (auto& t : inputs) call.inputs.push_back({std::move(t)});
   return optest::run_node(call).outputs.at(static_cast<size_t>(out_index));
 }
 
 Tensor run_forward(const std::string& op, std::vector<Tensor> inputs,
                    std::vector<Attribute> attrs = {}, int64_t opset = 17) {
-  optest::NodeCall call{op, {}, std::move(attrs), 1, opset, "", 1};
+  optest::NodeCall call{op, {}, std::move(attrs), 1, opset, "", 1, {}};
   for (auto& t : inputs) call.inputs.push_back({std::move(t)});
   return optest::run_node(call).outputs.at(0);
 }

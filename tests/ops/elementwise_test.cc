@@ -34,7 +34,7 @@ using optest::values;
 // Runs a one-node model with every input fed at run time; returns output 0.
 Tensor run(std::string op, std::vector<std::optional<Tensor>> inputs,
            std::vector<Attribute> attrs = {}, int64_t opset = 17) {
-  optest::NodeCall call{std::move(op), {}, std::move(attrs), 1, opset, "", 2};
+  optest::NodeCall call{std::move(op), {}, std::move(attrs), 1, opset, "", 2, {}};
   for (auto& t : inputs) call.inputs.push_back({std::move(t)});
   return optest::run_node(call).outputs.at(0);
 }

@@ -36,7 +36,7 @@ struct NodeCase {
 };
 
 std::vector<Tensor> run(const NodeCase& c) {
-  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, "", c.threads};
+  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, "", c.threads, {}};
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
     call.inputs.push_back({t.dtype() == DataType::kUndefined ? std::nullopt : std::optional<Tensor>(t),

@@ -59,11 +59,15 @@ struct NodeCall {
   int64_t opset = 17;
   std::string domain;  // imported at version 1 when set
   int threads = 2;
+  // Output o may be written over input in_place[o]'s buffer (SessionOptions::output_aliases),
+  // as the optimizer's state updates are; NodeResult::inputs then holds the updated inputs.
+  std::vector<int> in_place;
 };
 
 struct NodeResult {
   std::vector<Tensor> outputs;
   runtime::PlanStats stats;
+  std::map<std::string, Tensor> inputs;  // the fed inputs after the run (each its own buffer)
 };
 
 // Inputs are named x0, x1, ...; outputs y0, y1, ...; the node is "n0".
@@ -87,6 +91,7 @@ inline NodeResult run_node(const NodeCall& c) {
     }
     ins.push_back(g.add_input(name, graph::ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
     feeds[name] = t;
+    feeds[name].mutable_data();  // its own buffer: an in-place run writes into it
   }
   std::vector<std::string> outs;
   for (int i = 0; i < c.outputs; ++i) outs.push_back(cat("y", i));
@@ -95,8 +100,11 @@ inline NodeResult run_node(const NodeCall& c) {
   for (graph::Value* v : n->outputs()) g.add_output(v);
   runtime::SessionOptions opts;
   opts.threads = c.threads;
+  for (size_t o = 0; o < c.in_place.size(); ++o)
+    opts.output_aliases[cat("y", o)] = cat("x", c.in_place[o]);
   runtime::InferenceSession session(std::move(model), opts);
-  NodeResult r{session.run(feeds), session.last_plan_stats()};
+  NodeResult r{session.run(feeds), session.last_plan_stats(), {}};
+  r.inputs = std::move(feeds);
   EXPECT_EQ(r.outputs.size(), static_cast<size_t>(c.outputs));
   return r;
 }

@@ -44,7 +44,7 @@ struct NodeCase {
 };
 
 std::vector<Tensor> run(const NodeCase& c) {
-  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, c.domain, c.threads};
+  optest::NodeCall call{c.op, {}, c.attrs, c.outputs, c.opset, c.domain, c.threads, {}};
   for (const Tensor& t : c.inputs)
     call.inputs.push_back({t.dtype() == DataType::kUndefined ? std::nullopt : std::optional<Tensor>(t)});
   return optest::run_node(call).outputs;

@@ -66,7 +66,7 @@ struct Result {
 // Runs one node with `num_outputs` outputs; nullopt inputs are omitted optional inputs.
 Result run_op(const std::string& op, std::vector<std::optional<Arg>> inputs,
               std::vector<Attribute> attrs = {}, int64_t opset = 17, int num_outputs = 1) {
-  optest::NodeCall call{op, {}, std::move(attrs), num_outputs, opset, "", 2};
+  optest::NodeCall call{op, {}, std::move(attrs), num_outputs, opset, "", 2, {}};
   for (auto& in : inputs)
     call.inputs.push_back(in ? optest::NodeInput{in->t, in->constant} : optest::NodeInput{});
   auto r = optest::run_node(call);

@@ -305,45 +305,11 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-// run_node with output_aliases y<o> -> x<in>: the runtime may write those outputs over the
-// inputs' buffers. Returns the inputs after the run (the updated state) and the plan stats.
-struct InPlaceResult {
-  std::map<std::string, Tensor> inputs;
-  std::vector<Tensor> outputs;
-  runtime::PlanStats stats;
-};
-
-InPlaceResult run_in_place(const NodeCall& c, const std::vector<int>& output_input) {
-  auto model = std::make_unique<graph::Model>();
-  model->set_opset("", c.opset);
-  model->set_opset(c.domain, 1);
-  graph::Graph& g = *model->graph;
-  std::vector<graph::Value*> ins;
-  InPlaceResult r;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    if (!c.inputs[i].value) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    Tensor t = *c.inputs[i].value;
-    t.mutable_data();  // its own buffer: the run writes into it
-    ins.push_back(
-        g.add_input(cat("x", i), graph::ValueType::tensor(t.dtype(), graph::make_shape(t.dims()))));
-    r.inputs[cat("x", i)] = t;
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < c.outputs; ++i) outs.push_back(cat("y", i));
-  graph::Node* n = g.add_node(c.op, ins, outs, "n0", c.domain);
-  for (const Attribute& a : c.attrs) n->set_attr(a);
-  for (graph::Value* v : n->outputs()) g.add_output(v);
-  runtime::SessionOptions opts;
-  opts.threads = c.threads;
-  for (size_t o = 0; o < output_input.size(); ++o)
-    opts.output_aliases[cat("y", o)] = cat("x", output_input[o]);
-  runtime::InferenceSession session(std::move(model), opts);
-  r.outputs = session.run(r.inputs);
-  r.stats = session.last_plan_stats();
-  return r;
+// run_node with output_aliases y<o> -> x<output_input[o]>: the runtime may write those outputs
+// over the inputs' buffers; NodeResult::inputs is the updated state.
+NodeResult run_in_place(NodeCall c, const std::vector<int>& output_input) {
+  c.in_place = output_input;
+  return run_node(c);
 }
 
 std::vector<double> abs_noise(size_t n, uint32_t seed) {
@@ -453,9 +419,9 @@ void expect_guard_semantics(const GuardCase& c) {
   }
   // In place (the training case): the outputs are written over the inputs' buffers.
   const auto count = static_cast<int>(c.output_input.size());
-  const InPlaceResult on_ip = run_in_place(guard_call(c, true), c.output_input);
+  const NodeResult on_ip = run_in_place(guard_call(c, true), c.output_input);
   EXPECT_EQ(on_ip.stats.aliased_in_place, count);
-  const InPlaceResult off_ip = run_in_place(guard_call(c, false), c.output_input);
+  const NodeResult off_ip = run_in_place(guard_call(c, false), c.output_input);
   EXPECT_EQ(off_ip.stats.aliased_in_place, count);
   for (size_t o = 0; o < c.output_input.size(); ++o) {
     const std::string x = cat("x", c.output_input[o]);
@@ -606,7 +572,7 @@ TEST(UnscaleGradients, Float64) {
 
 TEST(UnscaleGradients, InPlace) {
   NodeCall call = unscale_call(f32({}, {0.5f}), {f32({2}, {2, 4}), f32({3}, {6, 8, 10})});
-  const InPlaceResult r = run_in_place(call, {1, 2});
+  const NodeResult r = run_in_place(call, {1, 2});
   EXPECT_EQ(r.stats.aliased_in_place, 2);
   EXPECT_EQ(values<float>(r.inputs.at("x1")), (std::vector<float>{1, 2}));
   EXPECT_EQ(values<float>(r.inputs.at("x2")), (std::vector<float>{3, 4, 5}));
