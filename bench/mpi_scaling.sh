@@ -6,6 +6,9 @@
 #     one of S1 steps, divided by S2 - S1 (setup, checks and the final weight comparison cancel).
 #  2. images/s of 1 process x 2 replica threads, 2 processes x 1 (shared memory) and
 #     2 processes x 1 over TCP only (--mca btl tcp,self), median over K alternating rounds.
+#  3. the plan's predicted ring time next to the measured wait: the "Wait" events of rank 0's
+#     --profile trace (a gradient AllReduce's first reader waiting for the processes' sum: the
+#     transfer not hidden behind backward, plus the slower rank's lag), ms per step.
 # Usage: bench/mpi_scaling.sh [--bin DIR] [--old-bin DIR] [--rounds K] [MODEL_SPEC]
 #   --old-bin: a second build's tools (e.g. an older commit) whose bytes are counted next to --bin's
 #   MODEL_SPEC: onnxzoo name and options, default "resnet18 --input 1x28x28 --classes 10 --width 16"
@@ -82,3 +85,17 @@ echo "images/s (steady, median of $rounds rounds):"
 echo "  1 process x 2 replica threads:      $(median "${threads[@]}")   (${threads[*]})"
 echo "  2 processes x 1, shared memory:     $(median "${shm[@]}")   (${shm[*]})"
 echo "  2 processes x 1, TCP only:          $(median "${tcp[@]}")   (${tcp[*]})"
+
+rm -f "$work"/t.json*
+mpirun --oversubscribe -np 2 --mca btl tcp,self "$bin/onnxtrain" "$work/model.onnx" "${common[@]}" \
+  --steps 20 --profile "$work/t.json" > "$work/plan.txt" 2>&1
+echo
+echo "2 processes over TCP, 20 steps: $(grep '^network' "$work/plan.txt" | sed 's/^network *//')"
+python3 - "$work/t.json.r0" "$work/plan.txt" <<'PY'
+import json, re, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+wait = sum(e["dur"] for e in events if e["cat"] == "Wait") / 1e3 / 20
+step = re.search(r"([0-9.]+)ms/step", open(sys.argv[2]).read())
+print(f"  measured on rank 0: {wait:.2f} ms/step waiting for the gradient sums"
+      + (f" of {step.group(1)} ms/step" if step else ""))
+PY

@@ -135,6 +135,10 @@ files:
                           the state from before every step)
   --max-nonfinite-skips N with skip: stop after N such steps in a row (default 10)
   --metrics-json FILE     append one JSON object per epoch
+  --tensorboard DIR       write TensorBoard event files (tensorboard --logdir DIR): DIR/train
+                          and DIR/validation, epoch_loss/epoch_accuracy/... per epoch as Keras
+                          writes them, batch_loss/batch_accuracy/batch_learning_rate by step
+  --tensorboard-every N   batch scalars every N steps (default 10; 0: per epoch only)
   --profile FILE          Chrome trace of the executed kernels (FILE.r<k> per replica)
 
   -h, --help              this text
@@ -363,6 +367,10 @@ Args parse_args(int argc, char** argv) {
       c.train.checkpoint.overwrite = true;
     } else if (arg == "--metrics-json") {
       c.metrics_json = path();
+    } else if (arg == "--tensorboard") {
+      c.tensorboard = path();
+    } else if (arg == "--tensorboard-every") {
+      c.tensorboard_every = parse_int(arg, value(), 0);
     } else if (arg == "--profile") {
       c.train.parallel.profile = path();
     } else if (arg == "--sync-batchnorm") {

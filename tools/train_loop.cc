@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "runtime/data/loader.h"
 #include "runtime/finite.h"
 #include "runtime/lr_schedule.h"
+#include "tools/tensorboard.h"
 #include "tools/train_report.h"
 #include "train/trainer.h"
 
@@ -190,6 +192,7 @@ TrainResult run_training(const TrainConfig& config) {
     c.output.clear();
     c.save_graph.clear();
     c.metrics_json.clear();
+    c.tensorboard.clear();
     if (!c.train.parallel.profile.empty()) c.train.parallel.profile += cat(".p", world->rank());
   }
   check_config(c);
@@ -218,6 +221,23 @@ TrainResult run_training(const TrainConfig& config) {
     metrics.reset(std::fopen(c.metrics_json.c_str(), "a"));
     OT_CHECK(metrics, "--metrics-json '", c.metrics_json, "': ", std::strerror(errno));
   }
+  // TensorBoard: the train file now, so a folder that cannot be written fails before step 1.
+  std::unique_ptr<TensorBoardWriter> board;
+  if (!c.tensorboard.empty()) {
+    board = std::make_unique<TensorBoardWriter>(c.tensorboard);
+    board->train();
+  }
+  // The event files are a by-product, as the metrics: a failed write warns once, training goes on.
+  auto board_write = [&](const std::function<void(TensorBoardWriter&)>& fn) {
+    if (!board) return;
+    try {
+      fn(*board);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "onnxtrain: warning: %s; no more TensorBoard events are written\n",
+                   e.what());
+      board.reset();
+    }
+  };
   const bool checkpoints = !o.checkpoint.dir.empty();
   if (checkpoints && lead) {
     std::error_code ec;
@@ -365,6 +385,13 @@ TrainResult run_training(const TrainConfig& config) {
       steady.steady_examples += n;
       steady.steady_seconds += step_seconds;
     }
+    if (counted && c.tensorboard_every > 0 && (s + 1) % c.tensorboard_every == 0)
+      board_write([&](TensorBoardWriter& tb) {
+        EventFile& f = tb.train();
+        f.scalar("batch_loss", s + 1, r.loss);
+        if (ce) f.scalar("batch_accuracy", s + 1, r.correct / static_cast<double>(std::max<int64_t>(targets, 1)));
+        f.scalar("batch_learning_rate", s + 1, trainer.lr_at(s));
+      });
     const double seen = static_cast<double>(std::max<int64_t>(pos.epoch_targets, 1));
     const int64_t epoch = s / spe + 1;
     progress.step(epoch, s % spe + 1, pos.epoch_seconds, pos.epoch_loss_sum / seen,
@@ -389,6 +416,21 @@ TrainResult run_training(const TrainConfig& config) {
         m.val_accuracy = v.accuracy;
       }
       progress.epoch_done(m);
+      board_write([&](TensorBoardWriter& tb) {
+        // Keras' layout: epoch scalars at step = the epoch, 0-based.
+        EventFile& f = tb.train();
+        f.scalar("epoch_loss", epoch - 1, m.loss);
+        if (m.accuracy) f.scalar("epoch_accuracy", epoch - 1, *m.accuracy);
+        f.scalar("epoch_learning_rate", epoch - 1, trainer.lr_at(s));
+        f.scalar("epoch_samples_per_second", epoch - 1,
+                 static_cast<double>(m.examples) / std::max(m.seconds, 1e-9));
+        if (m.val_loss) {
+          EventFile& v = tb.validation();
+          v.scalar("epoch_loss", epoch - 1, *m.val_loss);
+          if (m.val_accuracy) v.scalar("epoch_accuracy", epoch - 1, *m.val_accuracy);
+        }
+        tb.flush();
+      });
       if (metrics) {
         try {
           write_metrics_line(metrics.get(), m);

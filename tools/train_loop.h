@@ -20,6 +20,10 @@ struct TrainConfig {
   std::string output;        // trained inference model
   std::string save_graph;    // the training graph, written before training
   std::string metrics_json;  // appended, one JSON object per epoch
+  // TensorBoard event files (tools/tensorboard.h): per epoch, and batch scalars every
+  // tensorboard_every steps. "" = none.
+  std::string tensorboard;
+  int64_t tensorboard_every = 10;
   // Output: the plan, progress and epoch lines go to `log`; `live` = a progress line updated in
   // place (a terminal), otherwise one line per epoch.
   std::FILE* log = stdout;

@@ -435,6 +435,8 @@ runtime::StepResult Trainer::step(const std::map<std::string, Tensor>& batch, fl
   return scaled_step(batch, lr, loss_scale, seed);
 }
 
+float Trainer::lr_at(int64_t s) const { return runtime::lr_at(schedule_, s); }
+
 runtime::StepResult Trainer::scaled_step(const std::map<std::string, Tensor>& feeds, float lr,
                                          float loss_scale, uint64_t seed) {
   const double scale = scaler_.scale;
@@ -468,7 +470,7 @@ runtime::StepResult Trainer::run_step(runtime::Batch b, int64_t s) {
       loss_scale_of(sig, b.targets, opts_.parallel.replicas * processes());
   const uint64_t step_seed =
       runtime::DataParallelSession::mix_seed(opts_.data.seed, static_cast<uint64_t>(s));
-  return scaled_step(session_feeds(std::move(b)), runtime::lr_at(schedule_, s), loss_scale,
+  return scaled_step(session_feeds(std::move(b)), lr_at(s), loss_scale,
                      step_seed);
 }
 

@@ -100,6 +100,8 @@ class Trainer {
   // training signature's ignore_index.
   int64_t targets(const runtime::Batch& b) const;
 
+  // The learning rate of step `s` (0-based) of this run (the schedule, with its total steps).
+  float lr_at(int64_t s) const;
   // Dynamic loss scaling's state (scale 0 without it: float32 and bf16).
   const LossScaler& loss_scaler() const { return scaler_; }
 

@@ -31,6 +31,7 @@
 #include "runtime/npy.h"
 #include "tests/cli/cli_support.h"
 #include "tests/cli/cli_words.h"
+#include "tools/tensorboard.h"
 #include "tools/train_loop.h"
 
 extern char** environ;
@@ -981,6 +982,59 @@ TEST_F(OnnxtrainTest, ReducePrecisionBf16HalvesTheGradientBytes) {
   EXPECT_NE(bad.err.find("--reduce-precision: expected fp32 or bf16, got 'fp16'"),
             std::string::npos)
       << bad.err;
+}
+
+// --tensorboard (issue #21): TFRecord framing checked here (lengths and masked CRC-32C of every
+// record, the file_version event first, the tags present); that TensorBoard itself reads the
+// files back with the right steps and values is tests/models/interop.py (label models). A
+// folder that cannot be created fails before step 1.
+TEST_F(OnnxtrainTest, TensorBoardEventFilesAreValidRecords) {
+  EXPECT_EQ(tools::crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
+  const std::string model = small_mlp();
+  RunResult r = train({model, "--data", "synthetic:64", "--val-data", "synthetic:32", "--epochs",
+                       "2", "--batch-size", "16", "--tensorboard", path("tb"),
+                       "--tensorboard-every", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const std::string sub : {"train", "validation"}) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(path("tb/" + sub))) files.push_back(e.path());
+    ASSERT_EQ(files.size(), 1u) << sub;
+    EXPECT_NE(files[0].filename().string().find("events.out.tfevents."), std::string::npos);
+    const std::string bytes = cli_test::read_file(files[0].string());
+    size_t at = 0;
+    int records = 0;
+    std::string all;
+    while (at < bytes.size()) {
+      ASSERT_LE(at + 12, bytes.size()) << sub << ": truncated header";
+      uint64_t len = 0;
+      uint32_t len_crc = 0, data_crc = 0;
+      std::memcpy(&len, bytes.data() + at, 8);
+      std::memcpy(&len_crc, bytes.data() + at + 8, 4);
+      EXPECT_EQ(len_crc, tools::masked_crc32c(std::string_view(bytes).substr(at, 8)));
+      ASSERT_LE(at + 12 + len + 4, bytes.size()) << sub << ": truncated record";
+      const std::string_view data = std::string_view(bytes).substr(at + 12, len);
+      std::memcpy(&data_crc, bytes.data() + at + 12 + len, 4);
+      EXPECT_EQ(data_crc, tools::masked_crc32c(data)) << sub << " record " << records;
+      if (records == 0) {
+        EXPECT_NE(data.find("brain.Event:2"), std::string::npos);
+      }
+      all += data;
+      at += 12 + len + 4;
+      ++records;
+    }
+    const bool train = sub == std::string("train");
+    // train: the version, 2 epochs x 4 epoch scalars, 8 steps / 2 x 3 batch scalars (loss,
+    // accuracy, learning rate); validation: the version, 2 epochs x 2.
+    EXPECT_EQ(records, train ? 1 + 2 * 4 + 8 / 2 * 3 : 1 + 2 * 2) << sub;
+    for (const char* tag : {"epoch_loss", "epoch_accuracy"}) EXPECT_NE(all.find(tag), std::string::npos) << tag;
+    if (train) {
+      EXPECT_NE(all.find("batch_learning_rate"), std::string::npos);
+    }
+  }
+  fs::create_directories(path("d"));
+  std::ofstream(path("d/file")) << "x";
+  expect_error(train({model, "--data", "synthetic:64", "--tensorboard", path("d/file")}), 1,
+               "--tensorboard '.*d/file/train': cannot create the folder");
 }
 
 TEST_F(OnnxtrainTest, ResumeErrors) {

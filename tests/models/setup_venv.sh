@@ -1,6 +1,6 @@
 #!/bin/bash
 # Creates the real-model corpus's Python venv (current torch, torchvision, transformers, onnxscript,
-# onnx from PyPI) at $1 (default build/models-venv); a venv that already imports them is reused.
+# onnx, tensorboard, onnxruntime from PyPI) at $1 (default build/models-venv); a venv that already imports them is reused.
 # Wheels are kept in ONNXTRAIN_WHEELS (default ~/.cache/onnxtrain-wheels), outside the clone, so
 # later builds and CI runs on this machine install them without downloading.
 #
@@ -12,7 +12,7 @@
 set -euo pipefail
 venv=${1:-build/models-venv}
 wheels=${ONNXTRAIN_WHEELS:-$HOME/.cache/onnxtrain-wheels}
-check='import torch, torchvision, transformers, onnxscript, onnx, numpy'
+check='import torch, torchvision, transformers, onnxscript, onnx, numpy, tensorboard, onnxruntime'
 fail() {
   echo "models: error: $*" >&2
   echo "models: the corpus needs PyPI (or the wheels in $wheels) to build its venv" >&2
@@ -56,8 +56,9 @@ for r in md.requires("torch") or []:
     if q.name in ("triton", "cuda-bindings"): continue
     print(str(q).split(";")[0].strip())')
 [ ${#reqs[@]} -gt 0 ] || fail "could not read torch's requirements"
-# 3. the rest: torchvision's own (pillow), the exporters, transformers.
-install "${reqs[@]}" numpy pillow onnx onnxscript transformers
+# 3. the rest: torchvision's own (pillow), the exporters, transformers; tensorboard and
+#    onnxruntime read what onnxtrain writes (tests/models/interop.py).
+install "${reqs[@]}" numpy pillow onnx onnxscript transformers tensorboard onnxruntime
 
 "$venv/bin/python" -c "$check" || fail "the venv at $venv does not import torch/torchvision/transformers/onnxscript/onnx"
 "$venv/bin/python" -c 'import torch, torchvision, transformers, onnxscript, onnx
