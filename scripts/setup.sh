@@ -11,6 +11,8 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler
   # CPU kernels (oneDNN)
   libdnnl-dev ocl-icd-opencl-dev   # dnnl-config.cmake insists on finding OpenCL
+  # the Python module (import onnxtrain)
+  python3-dev pybind11-dev
   # multi-process / multi-machine
   libopenmpi-dev openmpi-bin
   # datasets

@@ -46,7 +46,8 @@ fi
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
 # -O1 -g1 (line tables: sanitizer reports keep file:line) compiles about twice as fast as -O2 -g.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DONNXTRAIN_CUDA=OFF "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DONNXTRAIN_CUDA=OFF -DONNXTRAIN_PYTHON=OFF \
+  "${launcher[@]}" \
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training \

@@ -12,7 +12,7 @@
 set -euo pipefail
 venv=${1:-build/models-venv}
 wheels=${ONNXTRAIN_WHEELS:-$HOME/.cache/onnxtrain-wheels}
-check='import torch, torchvision, transformers, onnxscript, onnx, numpy, tensorboard, onnxruntime'
+check='import torch, torchvision, transformers, onnxscript, onnx, numpy, tensorboard, onnxruntime, pytest'
 fail() {
   echo "models: error: $*" >&2
   echo "models: the corpus needs PyPI (or the wheels in $wheels) to build its venv" >&2
@@ -58,7 +58,7 @@ for r in md.requires("torch") or []:
 [ ${#reqs[@]} -gt 0 ] || fail "could not read torch's requirements"
 # 3. the rest: torchvision's own (pillow), the exporters, transformers; tensorboard and
 #    onnxruntime read what onnxtrain writes (tests/models/interop.py).
-install "${reqs[@]}" numpy pillow onnx onnxscript transformers tensorboard onnxruntime
+install "${reqs[@]}" numpy pillow onnx onnxscript transformers tensorboard onnxruntime pytest
 
 "$venv/bin/python" -c "$check" || fail "the venv at $venv does not import torch/torchvision/transformers/onnxscript/onnx"
 "$venv/bin/python" -c 'import torch, torchvision, transformers, onnxscript, onnx

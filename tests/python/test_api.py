@@ -1,0 +1,121 @@
+"""`import onnxtrain` (python/onnxtrain, issue #21): Trainer.fit on NumPy data learns, returns a
+Keras-like History, releases the GIL, matches the command line's numerics contract (2 replicas =
+1), saves a model that onnxruntime runs like onnxtrain.run, continues on a second fit, and turns
+bad input into ValueError / RuntimeError / FileNotFoundError / TypeError with onnxtrain's message.
+Run by ctest `python_api` (label models) in the corpus venv with PYTHONPATH=<build>/python."""
+
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import onnxtrain
+
+BIN = os.environ["ONNXTRAIN_BIN"]
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("m") / "mlp.onnx")
+    subprocess.run([os.path.join(BIN, "onnxzoo"), "mlp", "--input", "16", "--width", "8", "-o", path],
+                   check=True, capture_output=True)
+    return path
+
+
+def separable(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    w = np.random.default_rng(99).standard_normal(16).astype(np.float32)
+    return x, (x @ w > 0).astype(np.int64)
+
+
+def test_fit_learns_and_returns_history(mlp):
+    x, y = separable(1024, 0)
+    xv, yv = separable(256, 1)
+    t = onnxtrain.Trainer(mlp, lr=1e-2, threads=1)
+    h = t.fit((x, y), epochs=4, batch_size=32, validation_data=(xv, yv), verbose=0)
+    assert h.epoch == [1, 2, 3, 4]
+    assert set(h.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert all(len(v) == 4 for v in h.history.values())
+    assert h.history["loss"][-1] < 0.5 * h.history["loss"][0]
+    assert h.history["val_accuracy"][-1] > 0.85  # chance is 0.5
+
+
+def test_fit_releases_the_gil(mlp):
+    x, y = separable(8192, 2)
+    ticks, stop = [0], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    th = threading.Thread(target=tick)
+    th.start()
+    t0 = time.time()
+    onnxtrain.Trainer(mlp, threads=1).fit((x, y), epochs=3, batch_size=16, verbose=0)
+    seconds = time.time() - t0
+    stop.set()
+    th.join()
+    # A thread sleeping 1 ms per tick gets hundreds of ticks a second only if the GIL is free.
+    assert seconds > 0.2
+    assert ticks[0] > 50 * seconds, (ticks[0], seconds)
+
+
+def test_two_replicas_follow_one(mlp):
+    x, y = separable(512, 3)
+    one = onnxtrain.Trainer(mlp, replicas=1, threads=2, optimizer="momentum", lr=0.05)
+    two = onnxtrain.Trainer(mlp, replicas=2, threads=2, optimizer="momentum", lr=0.05)
+    a = one.fit((x, y), epochs=2, global_batch_size=64, verbose=0).history["loss"]
+    b = two.fit((x, y), epochs=2, global_batch_size=64, verbose=0).history["loss"]
+    assert np.allclose(a, b, rtol=1e-5), (a, b)
+
+
+def test_save_runs_in_onnxruntime_like_run(mlp, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    x, y = separable(512, 4)
+    t = onnxtrain.Trainer(mlp, lr=1e-2, lr_schedule="warmup:2,cosine")
+    t.fit({"input": x, "labels": y}, epochs=2, batch_size=64, verbose=0)
+    path = tmp_path / "trained.onnx"
+    t.save(path)
+    ours = onnxtrain.run(path, x[:8])
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    theirs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"input": x[:8]})))
+    assert list(ours) == list(theirs)
+    for k in ours:
+        assert ours[k].dtype == np.float32 and ours[k].shape == theirs[k].shape
+        assert np.allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-6)
+    # The saved model is the trained one: it differs from the untrained model's outputs.
+    assert not np.allclose(ours["logits"], onnxtrain.run(mlp, x[:8])["logits"])
+
+
+def test_second_fit_continues(mlp):
+    x, y = separable(1024, 5)
+    t = onnxtrain.Trainer(mlp, lr=1e-2)
+    first = t.fit((x, y), epochs=2, batch_size=32, verbose=0).history["loss"]
+    second = t.fit((x, y), epochs=1, batch_size=32, verbose=0).history["loss"]
+    assert second[0] < first[0]
+
+
+def test_errors_name_the_problem(mlp, tmp_path):
+    x, y = separable(64, 6)
+    t = onnxtrain.Trainer(mlp)
+    with pytest.raises(ValueError, match=r"--lr: expected a number > 0, got '-1'"):
+        t.fit((x, y), lr=-1, verbose=0)
+    with pytest.raises(ValueError, match=r"unknown option|unknown|--no-such-flag"):
+        t.fit((x, y), no_such_flag=3, verbose=0)
+    with pytest.raises(RuntimeError, match=r"nothing.npz"):
+        t.fit(str(tmp_path / "nothing.npz").join(["npz:", ""]), verbose=0)
+    with pytest.raises(FileNotFoundError):
+        onnxtrain.Trainer(tmp_path / "missing.onnx")
+    with pytest.raises(ValueError, match=r'"labels"'):
+        t.fit({"input": x}, verbose=0)
+    with pytest.raises(TypeError):
+        t.fit([x, y], verbose=0)
+    with pytest.raises(RuntimeError, match=r"nothing trained yet"):
+        onnxtrain.Trainer(mlp).save(tmp_path / "x.onnx")
+    with pytest.raises(TypeError, match=r"complex128"):
+        onnxtrain.run(mlp, np.zeros((2, 16), np.complex128))
