@@ -263,7 +263,7 @@ MpiWorld::MpiWorld(std::chrono::milliseconds timeout)
       }
       answer_pings();
       lock.unlock();
-      std::this_thread::sleep_for(outstanding ? std::chrono::microseconds(50)
+      std::this_thread::sleep_for(outstanding ? std::chrono::microseconds(200)
                                               : std::chrono::microseconds(1000));
       lock.lock();
     }
@@ -381,15 +381,20 @@ void MpiWorld::all_reduce_wait(uint64_t ticket) {
   OT_CHECK(it != state_->pending.end(), "all_reduce_wait: unknown ticket ", ticket);
   // The clock starts at the wait: a reduction may be outstanding through a long backward pass.
   const auto deadline = Clock::now() + timeout_;
-  while (!it->second.done) {
-    // The progress thread tests the requests; test here too so a lone waiter needs no wake-up.
+  // A waiter drives the transfer itself, as wait_all does: MPI moves data only inside its calls,
+  // and a TCP transfer of megabytes needs many of them (the progress thread's occasional test
+  // is for the overlap while nobody waits).
+  for (int spins = 0; !it->second.done; ++spins) {
     int done = 0;
     MPI_Testall(static_cast<int>(it->second.reqs.size()), it->second.reqs.data(), &done,
                 MPI_STATUSES_IGNORE);
     if (done) break;
+    answer_pings();
     if (Clock::now() > deadline)
       report_timeout(rank_, timeout_, it->second.what, silent_ranks(rank_, size_, timeout_));
-    state_->cv.wait_for(lock, std::chrono::microseconds(200));
+    lock.unlock();
+    if (spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lock.lock();
   }
   state_->pending.erase(it);
 }
