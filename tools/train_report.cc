@@ -129,21 +129,21 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                      ? cat(", buckets ", bytes_text(p.memory.persistent_scratch_bytes)).c_str()
                      : "",
                  p.prepare_seconds);
+  // --reduce-precision bf16: the gradients travel at half their float32 bytes.
+  const bool bf16_wire = o.parallel.reduce_precision == graph::DataType::kBFloat16;
   if (all > 1) {
     int64_t bytes = 0;
     for (int64_t b : p.info.buckets.bytes) bytes += b;
-    const bool bf16 = o.parallel.reduce_precision == graph::DataType::kBFloat16;
     std::fprintf(f, "allreduce   %zu bucket%s, %s of gradients per replica (--bucket-mb %g)%s\n",
                  p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
                  mib(bytes).c_str(), o.parallel.bucket_mb,
-                 bf16 ? cat("; reduced in bf16: ", mib(bytes / 2), " on the wire").c_str() : "");
+                 bf16_wire ? cat("; reduced in bf16: ", mib(bytes / 2), " on the wire").c_str() : "");
     if (o.parallel.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }
   // What the network between machines must carry (README "Several machines"): replicas of one
   // process sum in memory first, so the ring spans the processes.
   const int n = std::max(p.processes, 2);
-  const bool bf16_wire = o.parallel.reduce_precision == graph::DataType::kBFloat16;
   std::fprintf(f, "network     %s bytes AllReduced per step (%s%s); ring 2(n-1)/n x bytes over n = %d "
                "processes%s: %.3g ms at 10 Gbit/s, %.3g ms at 100 Gbit/s\n",
                grouped(p.allreduce_bytes).c_str(), mib(p.allreduce_bytes).c_str(),

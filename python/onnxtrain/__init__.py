@@ -115,10 +115,25 @@ class Trainer:
         return History(epochs_done)
 
     def save(self, path):
-        """Writes the trained inference model (float32, the original graph with trained weights)."""
+        """Writes the trained inference model (float32, the original graph with trained weights)
+        atomically: a temporary file in the same folder, renamed over `path`. The model this
+        Trainer was built from is never overwritten (as onnxtrain --output refuses its input)."""
         if self._trained is None:
             raise RuntimeError("onnxtrain: nothing trained yet: call fit() first")
-        shutil.copyfile(self._trained, os.fspath(path))
+        path = os.fspath(path)
+        if os.path.exists(path) and os.path.samefile(path, self.model):
+            raise ValueError(f"onnxtrain: save('{path}') would overwrite the model this Trainer "
+                             "reads; choose another path")
+        fd, tmp = tempfile.mkstemp(prefix=".onnxtrain-", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as out, open(self._trained, "rb") as src:
+                shutil.copyfileobj(src, out)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
 
 def run(model, inputs, threads=0):

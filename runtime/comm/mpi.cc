@@ -7,7 +7,6 @@
 #include "runtime/comm/mpi.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -93,7 +92,6 @@ int mpi_local_size() {
 
 struct MpiWorld::State {
   std::mutex mu;               // held around every MPI call (MPI_THREAD_SERIALIZED)
-  std::condition_variable cv;  // a reduction finished
   struct Reduction {
     std::vector<MPI_Request> reqs;
     std::string what;  // for the timeout message
@@ -154,11 +152,9 @@ MPI_Datatype mpi_type(graph::DataType t) {
   }
 }
 
-}  // namespace
-
 // The ranks that do not answer a ping within a second (at most the timeout), with the MPI lock
 // held; every rank polling a collective answers pings.
-static std::string silent_ranks(int rank, int size, std::chrono::milliseconds timeout) {
+std::string silent_ranks(int rank, int size, std::chrono::milliseconds timeout) {
   std::vector<int> pong(static_cast<size_t>(size), 0);
   std::vector<MPI_Request> recvs(static_cast<size_t>(size), MPI_REQUEST_NULL);
   std::vector<MPI_Request> sends;
@@ -188,8 +184,6 @@ static std::string silent_ranks(int rank, int size, std::chrono::milliseconds ti
   if (silent.empty()) return " other than this one (every rank answers: one may be in another collective)";
   return rank_list(silent);
 }
-
-namespace {
 
 // Polls `reqs` until all are done or `timeout` passed (taking the MPI lock per poll); on expiry
 // prints which peers' requests are still pending and aborts the job.
@@ -255,8 +249,7 @@ MpiWorld::MpiWorld(std::chrono::milliseconds timeout)
         int done = 0;
         MPI_Testall(static_cast<int>(r.reqs.size()), r.reqs.data(), &done, MPI_STATUSES_IGNORE);
         if (done) {
-          r.done = true;
-          s->cv.notify_all();
+          r.done = true;  // all_reduce_wait sees it at its next test
         } else {
           outstanding = true;
         }

@@ -128,5 +128,12 @@ def test_errors_name_the_problem(mlp, tmp_path):
         t.fit([x, y], verbose=0)
     with pytest.raises(RuntimeError, match=r"nothing trained yet"):
         onnxtrain.Trainer(mlp).save(tmp_path / "x.onnx")
+    # save() never writes over the model the Trainer reads; the file keeps its bytes.
+    t.fit((x, y), epochs=1, batch_size=16, verbose=0)
+    before = open(mlp, "rb").read()
+    with pytest.raises(ValueError, match=r"would overwrite the model this Trainer reads"):
+        t.save(mlp)
+    assert open(mlp, "rb").read() == before
+    assert not [f for f in os.listdir(os.path.dirname(mlp)) if f.startswith(".onnxtrain-")]
     with pytest.raises(TypeError, match=r"complex128"):
         onnxtrain.run(mlp, np.zeros((2, 16), np.complex128))
