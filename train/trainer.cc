@@ -872,8 +872,8 @@ std::string Trainer::nonfinite_state() const {
 std::string Trainer::diagnose_nonfinite(const runtime::Batch& batch) const {
   constexpr int64_t kMaxRows = 256;
   // The rows that have inputs (this process's, under MPI with a fill range), at most kMaxRows.
-  const auto [first, last] = batch.filled();
-  runtime::Batch b = batch.rows(first, std::min(kMaxRows, last - first));
+  const auto [fill_begin, fill_end] = batch.filled();
+  runtime::Batch b = batch.rows(fill_begin, std::min(kMaxRows, fill_end - fill_begin));
   std::map<std::string, Tensor> feeds = model_feeds(std::move(b));
   for (const auto& [name, t] : feeds)
     if (auto bad = runtime::find_nonfinite(t)) {

@@ -29,8 +29,8 @@ struct ImageStreamOptions {
   Augment augment = Augment::kNone;
   int workers = 1;  // decoding threads per loader, >= 1
   OnBadImage on_bad_image = OnBadImage::kStop;
-  // Called (from any worker thread) with a one-line warning for the first kNamedBadImages
-  // skipped files of a loader; null = silent. The per-batch count is Batch::bad_images.
+  // Called (from any worker thread) with a one-line warning the first time each of the first
+  // kNamedBadImages skipped files of a loader is met; null = silent. Batch::bad_images counts.
   std::function<void(const std::string&)> warn = nullptr;
 };
 inline constexpr int kNamedBadImages = 5;

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "graph/error.h"
 #include "runtime/data/image_io.h"
@@ -169,7 +170,8 @@ struct ImageStream {
   std::vector<int64_t> shape;  // the examples' (C,H,W) before normalization
   int64_t numel = 0;
   std::unique_ptr<WorkerPool> pool;  // created on the first batch (on the producer thread)
-  std::atomic<int64_t> named{0};     // skipped files named through options.warn so far
+  std::mutex named_mu;
+  std::set<int64_t> named;  // storage indices of the skipped files named through options.warn
 
   // Row `row` of the batch: example `index` (a dataset index) into x (numel floats before
   // normalization) and its label; returns whether a substitute was used.
@@ -185,12 +187,19 @@ struct ImageStream {
         return k > 0;
       } catch (const Error& e) {
         if (options.on_bad_image == OnBadImage::kStop) throw;
-        if (options.warn && named.fetch_add(1) < kNamedBadImages)
+        if (options.warn && first_named(data.storage_index(i)))
           options.warn(cat(e.what(), " (skipped: --on-bad-image skip uses the next readable "
                                      "image in the list instead)"));
       }
     }
     fail(data.name(), ": no readable image among its ", n, " files");
+  }
+
+  // True the first time a file is skipped, for the first kNamedBadImages files.
+  bool first_named(int64_t storage_index) {
+    std::lock_guard lock(named_mu);
+    if (named.size() >= static_cast<size_t>(kNamedBadImages)) return false;
+    return named.insert(storage_index).second;
   }
 };
 
