@@ -290,6 +290,13 @@ TrainResult run_training(const TrainConfig& config) {
     for (int64_t d : in.dims) inputs += d < 0 ? std::string(",?") : cat(",", d);
     inputs += cat("] ", graph::dtype_short_name(in.dtype));
   }
+  // Image files: how they are decoded, then the adapter (normalization).
+  std::string adapter_text = data.adapter.describe();
+  if (data.sets.train.is_image_files())
+    adapter_text = cat("decoded per batch by ", tl.images.workers, " worker",
+                       tl.images.workers == 1 ? "" : "s", ", augment ",
+                       runtime::augment_name(tl.images.augment),
+                       adapter_text.empty() ? "" : ", ", adapter_text);
   const PlanFacts plan{.model_path = o.model.path,
                        .inputs = inputs,
                        .output_name = trainer.info().prepared.logits,
@@ -299,7 +306,7 @@ TrainResult run_training(const TrainConfig& config) {
                        .train_examples = data.sets.train.size(),
                        .val_name = data.sets.val ? data.sets.val->name() : "",
                        .val_examples = data.sets.val ? data.sets.val->size() : 0,
-                       .adapter = data.adapter.describe(),
+                       .adapter = adapter_text,
                        .info = trainer.info(),
                        .result = res,
                        .epochs = len.epochs,
