@@ -28,19 +28,35 @@ line when stdout is a terminal).
 
 data:
   --data SPEC             fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
-                          synthetic:N | npz:FILE | npy:NAME=FILE,NAME=FILE,...
-                          (default fashion-mnist). npz: and NAME=FILE feed each array to the
-                          model input of its name, in the dtype the input declares (token
-                          ids, masks, features); the array 'labels' holds class labels, (N) or
-                          per token (N,T), or float targets. synthetic:N fills integer inputs
-                          with ids below the embedding table they index, masks with 1s
+                          images:FILE.csv | synthetic:N | npz:FILE | npy:NAME=FILE,NAME=FILE,...
+                          (default fashion-mnist). images:DIR = DIR/<class>/*.jpg|jpeg|png
+                          (classes in sorted order); images:FILE.csv = lines path,INDEX (paths
+                          relative to the CSV's folder, INDEX an integer class). Images are
+                          decoded batch by batch (memory follows the prefetch depth, not the
+                          dataset) for a model input (C,H,W). npz: and NAME=FILE feed each
+                          array to the model input of its name, in the dtype the input
+                          declares (token ids, masks, features); the array 'labels' holds
+                          class labels, (N) or per token (N,T), or float targets. synthetic:N
+                          fills integer inputs with ids below the embedding table they index,
+                          masks with 1s
   --labels NAME           the array of npz:/NAME=FILE data holding the labels (default labels)
   --val-data SPEC         validation data ('none' = no validation; default: the dataset's
                           test split when it has one)
   --val-split F           hold out fraction F of the training data for validation
   --mean LIST --std LIST  normalization after scaling pixels to [0,1], e.g. 0.5 or
                           0.485,0.456,0.406 (default: the dataset's own)
-  --seed N                shuffle order, synthetic data, holdout (default 0)
+  --seed N                shuffle order, synthetic data, holdout, augmentation (default 0)
+  --augment MODE          image files, training only: none (default) | basic (random-resized-
+                          crop to the input's HxW, scale [0.08,1], ratio [3/4,4/3], and a
+                          horizontal flip p=0.5) | imagenet (basic + color jitter 0.4 for
+                          brightness, contrast, saturation). Validation and none: shorter side
+                          resized to round(side/0.875), then the center HxW crop (images already
+                          HxW pass unchanged)
+  --data-workers N        threads decoding image files (default: the cores the replicas'
+                          threads leave free, at least 1)
+  --on-bad-image MODE     an image file that does not decode: stop (default; an error naming
+                          the file) | skip (warn, use the next readable image of the list for
+                          that row; the count is reported per epoch)
 
 length and batch:
   --epochs N              epochs (default 1)
@@ -330,6 +346,19 @@ Args parse_train_args(int argc, const char* const* argv) {
       c.train.checkpoint.dir = path();
     } else if (arg == "--checkpoint-every") {
       c.train.checkpoint.every = parse_int(arg, value(), 1);
+    } else if (arg == "--augment") {
+      const std::string v = value();
+      if (v != "none" && v != "basic" && v != "imagenet")
+        usage_fail(arg, ": expected none, basic or imagenet, got '", v, "'");
+      c.train.data.augment = runtime::parse_augment(v);
+    } else if (arg == "--data-workers") {
+      c.train.data.data_workers = static_cast<int>(parse_int(arg, value(), 1));
+      if (c.train.data.data_workers > 256)
+        usage_fail(arg, ": at most 256, got ", c.train.data.data_workers);
+    } else if (arg == "--on-bad-image") {
+      const std::string v = value();
+      if (v != "stop" && v != "skip") usage_fail(arg, ": expected stop or skip, got '", v, "'");
+      c.train.data.on_bad_image = runtime::parse_on_bad_image(v);
     } else if (arg == "--on-nonfinite") {
       const std::string v = value();
       if (v != "stop" && v != "skip") usage_fail(arg, ": expected stop or skip, got '", v, "'");

@@ -267,6 +267,8 @@ TrainResult run_training(const TrainConfig& config) {
   runtime::LoaderOptions tl;
   tl.batch_size = res.global_batch;
   tl.seed = o.data.seed;
+  tl.images = trainer.image_stream(true);
+  trainer.set_fill(tl);  // under MPI, decode only this process's rows
   runtime::DataLoader loader(data.sets.train, data.adapter, tl,
                              runtime::LoaderPosition{res.start_step / spe, res.start_step % spe});
   // The first batch is read now and every replica's plan built for its shape, so step 1 costs
@@ -288,6 +290,13 @@ TrainResult run_training(const TrainConfig& config) {
     for (int64_t d : in.dims) inputs += d < 0 ? std::string(",?") : cat(",", d);
     inputs += cat("] ", graph::dtype_short_name(in.dtype));
   }
+  // Image files: how they are decoded, then the adapter (normalization).
+  std::string adapter_text = data.adapter.describe();
+  if (data.sets.train.is_image_files())
+    adapter_text = cat("decoded per batch by ", tl.images.workers, " worker",
+                       tl.images.workers == 1 ? "" : "s", ", augment ",
+                       runtime::augment_name(tl.images.augment),
+                       adapter_text.empty() ? "" : ", ", adapter_text);
   const PlanFacts plan{.model_path = o.model.path,
                        .inputs = inputs,
                        .output_name = trainer.info().prepared.logits,
@@ -297,7 +306,7 @@ TrainResult run_training(const TrainConfig& config) {
                        .train_examples = data.sets.train.size(),
                        .val_name = data.sets.val ? data.sets.val->name() : "",
                        .val_examples = data.sets.val ? data.sets.val->size() : 0,
-                       .adapter = data.adapter.describe(),
+                       .adapter = adapter_text,
                        .info = trainer.info(),
                        .result = res,
                        .epochs = len.epochs,
@@ -315,6 +324,7 @@ TrainResult run_training(const TrainConfig& config) {
   std::map<std::string, graph::Tensor> before;  // skip: the state from before the step
   int64_t skipped = 0, skipped_in_row = 0;       // skipped steps: this epoch, in a row
   int64_t overflowed = 0, overflow_notes = 0;     // fp16 overflow skips: this epoch, noted
+  int64_t bad_images = 0, bad_noted = 0;  // --on-bad-image skip: substituted rows, reported
   constexpr int64_t kOverflowNotes = 3;
   EpochMetrics steady;  // this epoch's run-first-step and steady-state figures
   StopSignals signals;
@@ -322,6 +332,7 @@ TrainResult run_training(const TrainConfig& config) {
     const auto t0 = Clock::now();
     runtime::Batch b = s == res.start_step && first ? std::move(*first) : loader.next();
     const int64_t n = b.size(), targets = trainer.targets(b);
+    bad_images += b.bad_images;
     runtime::Batch kept = b;  // for a diagnosis when the step turns out non-finite
     if (skip_nonfinite) before = trainer.state();
     const double scale_before = trainer.loss_scaler().scale;
@@ -416,6 +427,13 @@ TrainResult run_training(const TrainConfig& config) {
         m.val_accuracy = v.accuracy;
       }
       progress.epoch_done(m);
+      if (bad_images > bad_noted && lead)
+        std::fprintf(stderr,
+                     "onnxtrain: warning: %lld unreadable image%s skipped so far (epoch %lld; "
+                     "each replaced by the next readable one in the list; this process's rows)\n",
+                     static_cast<long long>(bad_images), bad_images == 1 ? "" : "s",
+                     static_cast<long long>(epoch));
+      bad_noted = bad_images;
       board_write([&](TensorBoardWriter& tb) {
         // Keras' layout: epoch scalars at step = the epoch, 0-based.
         EventFile& f = tb.train();

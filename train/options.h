@@ -10,6 +10,7 @@
 
 #include "passes/passes.h"
 #include "runtime/comm/process_world.h"
+#include "runtime/data/augment.h"
 #include "runtime/data/dataset.h"
 #include "train/loss_scaler.h"
 
@@ -50,6 +51,12 @@ struct DataOptions {
   // global_batch > 0 wins; otherwise batch_size per replica x replicas x processes.
   int64_t batch_size = 64;
   int64_t global_batch = 0;
+  // Image files (images:DIR, images:FILE.csv): training augmentation (validation never
+  // augments), decoding threads (0 = the cores the replicas' threads leave free, at least 1)
+  // and what an unreadable image does.
+  runtime::Augment augment = runtime::Augment::kNone;
+  int data_workers = 0;
+  runtime::OnBadImage on_bad_image = runtime::OnBadImage::kStop;
 };
 
 using OptimizerOptions = passes::OptimizerOptions;

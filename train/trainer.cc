@@ -630,6 +630,8 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   runtime::LoaderOptions lo;
   lo.batch_size = batch;
   lo.shuffle = false;
+  lo.seed = opts_.data.seed;
+  lo.images = image_stream(false);
   runtime::DataLoader loader(val, adapter, lo);
   // With several processes each evaluates every P-th batch (rank p: batches p, p + P, ...) and
   // the sums are added over the processes: validation takes 1/P of the time on every rank and
@@ -662,6 +664,29 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   out.loss = loss_sum / n;
   if (cross_entropy() && correct_at >= 0) out.accuracy = correct / n;
   return out;
+}
+
+runtime::ImageStreamOptions Trainer::image_stream(bool training) const {
+  runtime::ImageStreamOptions io;
+  io.augment = training ? opts_.data.augment : runtime::Augment::kNone;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  io.workers = opts_.data.data_workers > 0 ? opts_.data.data_workers
+                                           : std::max(1, cores - threads_);
+  io.on_bad_image = opts_.data.on_bad_image;
+  if (lead())
+    io.warn = [](const std::string& message) {
+      std::fprintf(stderr, "onnxtrain: warning: %s\n", message.c_str());
+    };
+  return io;
+}
+
+void Trainer::set_fill(runtime::LoaderOptions& lo) const {
+  if (!world_) return;
+  // The rows session_feeds keeps: this process's replicas of the global split.
+  const int r = opts_.parallel.replicas;
+  lo.fill_parts = r * world_->size();
+  lo.fill_first = world_->rank() * r;
+  lo.fill_count = r;
 }
 
 RunIdentity Trainer::identity() const {
@@ -846,7 +871,9 @@ std::string Trainer::nonfinite_state() const {
 
 std::string Trainer::diagnose_nonfinite(const runtime::Batch& batch) const {
   constexpr int64_t kMaxRows = 256;
-  runtime::Batch b = batch.size() > kMaxRows ? batch.rows(0, kMaxRows) : batch;
+  // The rows that have inputs (this process's, under MPI with a fill range), at most kMaxRows.
+  const auto [fill_begin, fill_end] = batch.filled();
+  runtime::Batch b = batch.rows(fill_begin, std::min(kMaxRows, fill_end - fill_begin));
   std::map<std::string, Tensor> feeds = model_feeds(std::move(b));
   for (const auto& [name, t] : feeds)
     if (auto bad = runtime::find_nonfinite(t)) {

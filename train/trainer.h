@@ -114,6 +114,11 @@ class Trainer {
   // The evaluation graph (passes::build_evaluation_graph) on the current state, summed over `val`.
   EvalResult evaluate(const runtime::Dataset& val, const runtime::InputAdapter& adapter,
                       int64_t batch);
+  // How loaders of this run decode image files: opts.data's augmentation for training (none
+  // for validation), workers, bad-image rule; skipped files are named on stderr by the lead.
+  runtime::ImageStreamOptions image_stream(bool training) const;
+  // The LoaderOptions fill range of this process (its replicas' rows of each global batch).
+  void set_fill(runtime::LoaderOptions& lo) const;
 
   // ---- checkpoints (opts.checkpoint.dir; after plan_length)
   RunIdentity identity() const;

@@ -8,6 +8,9 @@
 #include <numeric>
 
 #include "graph/error.h"
+#include "runtime/data/augment.h"
+#include "runtime/data/image_io.h"
+#include "runtime/data/image_stream.h"
 #include "runtime/data/random.h"
 #include "runtime/finite.h"
 
@@ -29,6 +32,7 @@ struct Dataset::Storage {
   std::vector<float> targets;  // otherwise
   int64_t num_classes = 0;
   bool has_truth = true;
+  std::shared_ptr<const ImageFiles> files;  // streamed image files
 };
 
 namespace {
@@ -159,6 +163,33 @@ Dataset Dataset::from_arrays(std::string name, std::vector<NamedArray> features,
   return d;
 }
 
+Dataset Dataset::from_image_files(std::string name, std::shared_ptr<const ImageFiles> files,
+                                  std::vector<int64_t> example_shape) {
+  OT_CHECK(files && !files->paths.empty(), name, ": no image files");
+  OT_CHECK(example_shape.size() == 3 && (example_shape[0] == 1 || example_shape[0] == 3), name,
+           ": image files need a model input (C,H,W) with C 1 or 3");
+  auto s = std::make_shared<Dataset::Storage>();
+  s->example_numel = numel_of(example_shape, name);
+  s->example_shape = std::move(example_shape);
+  s->count = static_cast<int64_t>(files->paths.size());
+  set_labels(*s, name, files->labels);
+  s->num_classes = std::max(s->num_classes, files->num_classes);
+  s->files = std::move(files);
+  Dataset d;
+  d.storage_ = std::move(s);
+  d.name_ = std::move(name);
+  return d;
+}
+
+bool Dataset::is_image_files() const {
+  return storage_ && storage_->files != nullptr;
+}
+
+const std::string& Dataset::image_path(int64_t i) const {
+  OT_CHECK(is_image_files(), name_, ": not a dataset of image files");
+  return storage_->files->paths[static_cast<size_t>(storage_index(i))];
+}
+
 int64_t Dataset::size() const {
   if (!storage_) return 0;
   return indices_ ? static_cast<int64_t>(indices_->size()) : storage_->count;
@@ -229,7 +260,10 @@ void Dataset::read_example(int64_t i, float* out) const {
   int64_t k = storage_index(i);
   auto n = static_cast<size_t>(s.example_numel);
   size_t base = static_cast<size_t>(k) * n;
-  if (s.is_pixels) {
+  if (s.files) {
+    transform_image(decode_image_file(s.files->paths[static_cast<size_t>(k)]), s.example_shape,
+                    Augment::kNone, nullptr, out);
+  } else if (s.is_pixels) {
     const uint8_t* p = s.pixels.data() + base;
     for (size_t j = 0; j < n; ++j) out[j] = static_cast<float>(p[j]) * (1.0f / 255.0f);
   } else {

@@ -16,6 +16,8 @@
 
 namespace onnxtrain::runtime {
 
+struct ImageFiles;  // image_stream.h
+
 // A named array: row i is example i's value for the model input of the same name.
 using NamedArray = std::pair<std::string, graph::Tensor>;
 
@@ -52,6 +54,11 @@ class Dataset {
                              const graph::Tensor& truth,
                              std::optional<int64_t> padding_label = std::nullopt);
 
+  // Listed image files (images:DIR, images:FILE.csv; image_stream.h), decoded when a batch
+  // needs them: example_shape is the model input's (C,H,W) with C 1 or 3; labels as listed.
+  static Dataset from_image_files(std::string name, std::shared_ptr<const ImageFiles> files,
+                                  std::vector<int64_t> example_shape);
+
   Dataset() = default;
   // For messages: "fashion-mnist (train)", "npy:x.npy,y.npy".
   const std::string& name() const { return name_; }
@@ -79,7 +86,12 @@ class Dataset {
   // Rows `indices` (dataset indices) of array k: (indices.size(), dims past the batch...).
   graph::Tensor gather(size_t k, std::span<const int64_t> indices) const;
 
-  // Example i as float32 (pixels scaled to [0,1]) into out[0, example_numel()).
+  // Streamed image files: the file of example i (image_batch_fn decodes them in batches).
+  bool is_image_files() const;
+  const std::string& image_path(int64_t i) const;
+
+  // Example i as float32 (pixels scaled to [0,1]) into out[0, example_numel()); image files are
+  // decoded here with the validation geometry (augment.h transform_image, Augment::kNone).
   void read_example(int64_t i, float* out) const;
   int64_t label(int64_t i) const;  // one label per example
   // Example i's label_numel() labels into out.

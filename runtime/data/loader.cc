@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "graph/error.h"
+#include "runtime/data/image_stream.h"
 #include "runtime/data/random.h"
 
 namespace onnxtrain::runtime {
@@ -63,8 +64,14 @@ Batch Batch::rows(int64_t begin, int64_t count) const {
   OT_CHECK(begin >= 0 && count >= 0 && begin + count <= size(), "shard: batch has ", size(),
            " rows, slice wants [", begin, ", ", begin + count, ")");
   b.indices.assign(indices.begin() + begin, indices.begin() + begin + count);
-  if (inputs.rank() > 0) b.inputs = slice_rows(inputs, begin, count);
-  for (const auto& [name, t] : named) b.named.emplace_back(name, slice_rows(t, begin, count));
+  const auto [first, last] = filled();
+  const bool has_inputs = inputs.rank() > 0 || !named.empty();
+  OT_CHECK(!has_inputs || count == 0 || (begin >= first && begin + count <= last), "shard: rows [", begin, ", ",
+           begin + count, ") of a batch whose inputs hold rows [", first, ", ", last, ") only");
+  const int64_t at = count == 0 ? 0 : begin - first;
+  if (inputs.rank() > 0) b.inputs = slice_rows(inputs, at, count);
+  for (const auto& [name, t] : named) b.named.emplace_back(name, slice_rows(t, at, count));
+  b.fill_end = count;
   if (targets.rank() > 0) b.targets = slice_rows(targets, begin, count);
   return b;
 }
@@ -80,24 +87,33 @@ std::vector<Batch> shard(const Batch& batch, int replicas) {
   return out;
 }
 
-BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter) {
+BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter, uint64_t seed,
+                         const ImageStreamOptions& images) {
+  if (data.is_image_files())
+    return image_batch_fn(std::move(data), std::move(adapter), seed, images);
   return [data = std::move(data), adapter = std::move(adapter)](std::span<const int64_t> indices,
                                                                 Batch& out) {
     auto n = static_cast<int64_t>(indices.size());
+    const auto [first, last] = out.filled();
+    OT_CHECK(first >= 0 && first <= last && last <= n, "batch fill range [", first, ", ", last,
+             ") outside a batch of ", n);
+    const std::span<const int64_t> fill = indices.subspan(static_cast<size_t>(first),
+                                                          static_cast<size_t>(last - first));
+    const auto rows = static_cast<int64_t>(fill.size());
     if (data.is_named()) {
       // Named arrays go to the model's inputs as they are (the loader converted them).
       for (size_t k = 0; k < data.arrays().size(); ++k)
-        out.named.emplace_back(data.arrays()[k].first, data.gather(k, indices));
+        out.named.emplace_back(data.arrays()[k].first, data.gather(k, fill));
     } else {
-      std::vector<int64_t> in_dims{n};
-    in_dims.insert(in_dims.end(), adapter.output_shape().begin(), adapter.output_shape().end());
-    out.inputs = graph::Tensor(graph::DataType::kFloat, in_dims);
-    float* x = out.inputs.mutable_data_as<float>();
-    std::vector<float> example(static_cast<size_t>(data.example_numel()));
-    for (int64_t i = 0; i < n; ++i) {
-      data.read_example(indices[i], example.data());
-      adapter.apply(example.data(), x + i * adapter.output_numel());
-    }
+      std::vector<int64_t> in_dims{rows};
+      in_dims.insert(in_dims.end(), adapter.output_shape().begin(), adapter.output_shape().end());
+      out.inputs = graph::Tensor(graph::DataType::kFloat, in_dims);
+      float* x = out.inputs.mutable_data_as<float>();
+      std::vector<float> example(static_cast<size_t>(data.example_numel()));
+      for (int64_t i = 0; i < rows; ++i) {
+        data.read_example(fill[static_cast<size_t>(i)], example.data());
+        adapter.apply(example.data(), x + i * adapter.output_numel());
+      }
     }
     if (!data.has_truth()) {
       out.targets = graph::Tensor();  // the model computes its own loss
@@ -119,7 +135,9 @@ BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter) {
 
 DataLoader::DataLoader(Dataset data, InputAdapter adapter, LoaderOptions options,
                        LoaderPosition start)
-    : DataLoader(data.size(), dataset_batch_fn(data, std::move(adapter)), options, start) {}
+    : DataLoader(data.size(), dataset_batch_fn(data, std::move(adapter), options.seed,
+                                               options.images),
+                 options, start) {}
 
 DataLoader::DataLoader(int64_t examples, BatchFn make_batch, LoaderOptions options,
                        LoaderPosition start)
@@ -177,6 +195,10 @@ void DataLoader::produce(LoaderPosition pos) {
       item.batch.epoch = pos.epoch;
       item.batch.step = pos.step;
       item.batch.indices.assign(order.begin() + begin, order.begin() + end);
+      const auto [fill_at, fill_rows] = shard_range(end - begin, options_.fill_parts,
+                                                    options_.fill_first, options_.fill_count);
+      item.batch.fill_begin = fill_at;
+      item.batch.fill_end = fill_at + fill_rows;
       make_batch_(item.batch.indices, item.batch);
     } catch (...) {
       item.error = std::current_exception();

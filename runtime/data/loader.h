@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "graph/tensor.h"
+#include "runtime/data/augment.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/transform.h"
 
@@ -30,11 +31,22 @@ namespace onnxtrain::runtime {
 struct Batch {
   int64_t epoch = 0, step = 0;
   std::vector<int64_t> indices;  // dataset indices, in batch order
-  graph::Tensor inputs;          // (n, model input dims...) float32; empty for named datasets
-  std::vector<NamedArray> named;  // named datasets: (n, ...) per model input, its dtype
+  // Model inputs exist for rows [fill_begin, fill_end) only (fill_end -1: every row); `inputs`
+  // and `named` start at row fill_begin. The loader sets the range before its BatchFn runs
+  // (LoaderOptions::fill_*): under MPI a process decodes only its own rows.
+  int64_t fill_begin = 0, fill_end = -1;
+  graph::Tensor inputs;          // (rows, model input dims...) float32; empty for named datasets
+  std::vector<NamedArray> named;  // named datasets: (rows, ...) per model input, its dtype
   graph::Tensor targets;  // (n) or (n, label dims...) int64 labels, or (n, target dims...) float32
+  // Image files: rows whose file did not decode and were given a substitute (--on-bad-image skip).
+  int64_t bad_images = 0;
   int64_t size() const { return static_cast<int64_t>(indices.size()); }
-  // Rows [begin, begin + count) of every tensor (copies), same epoch/step.
+  // [begin, end) of the rows that have model inputs.
+  std::pair<int64_t, int64_t> filled() const {
+    return {fill_begin, fill_end < 0 ? size() : fill_end};
+  }
+  // Rows [begin, begin + count) of every tensor (copies), same epoch/step; the rows must lie in
+  // filled() (or count be 0).
   Batch rows(int64_t begin, int64_t count) const;
 };
 
@@ -53,15 +65,24 @@ std::pair<int64_t, int64_t> shard_range(int64_t batch, int replicas, int first, 
 graph::Tensor slice_rows(const graph::Tensor& t, int64_t begin, int64_t count);
 
 // Builds the inputs/targets of one batch from dataset indices (called on the prefetch thread).
+// `out` arrives with epoch, step, indices and the fill range set; model inputs are wanted for
+// rows out.filled() only (a BatchFn may fill more if it resets the range), targets for all.
 using BatchFn = std::function<void(std::span<const int64_t> indices, Batch& out)>;
-// The usual BatchFn: dataset examples through `adapter`, labels or float targets.
-BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter);
+// The usual BatchFn: dataset examples through `adapter`, labels or float targets. Image files
+// (Dataset::is_image_files) are decoded by image_batch_fn with `images` and `seed`.
+BatchFn dataset_batch_fn(Dataset data, InputAdapter adapter, uint64_t seed = 0,
+                         const ImageStreamOptions& images = {});
 
 struct LoaderOptions {
   int64_t batch_size = 32;  // global batch
   uint64_t seed = 0;
   bool shuffle = true;  // false: dataset order (validation)
   int prefetch = 2;     // batches prepared ahead (queue bound), >= 1
+  // Image files: augmentation, decoding threads, bad files (augment.h).
+  ImageStreamOptions images = {};
+  // Model inputs only for the rows of replicas [fill_first, fill_first + fill_count) of
+  // fill_parts (shard_range): one process's share under MPI. Default: every row.
+  int fill_parts = 1, fill_first = 0, fill_count = 1;
 };
 
 struct LoaderPosition {

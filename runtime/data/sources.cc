@@ -14,6 +14,7 @@
 #include "graph/tensor.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/image_io.h"
+#include "runtime/data/image_stream.h"
 #include "runtime/data/random.h"
 #include "runtime/data/transform.h"
 #include "runtime/npy.h"
@@ -487,20 +488,6 @@ LoadedData load_synthetic_named(const DataSpec& spec, const LoadOptions& options
   return out;
 }
 
-std::vector<fs::path> sorted_entries(const fs::path& dir, bool directories) {
-  std::vector<fs::path> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.empty() || name[0] == '.') continue;
-    if (directories ? e.is_directory() : (e.is_regular_file() && is_image_file_name(name)))
-      out.push_back(e.path());
-  }
-  OT_CHECK(!ec, dir.string(), ": cannot list: ", ec.message());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // Bilinear resize of 8-bit CHW, rounding back to bytes.
 std::vector<uint8_t> resize_u8(const DecodedImage& img, int64_t oh, int64_t ow) {
   std::vector<float> src(img.chw.begin(), img.chw.end());
@@ -512,40 +499,53 @@ std::vector<uint8_t> resize_u8(const DecodedImage& img, int64_t oh, int64_t ow) 
   return out;
 }
 
+const Normalization kImageNetNorm{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+
+// images:DIR and images:FILE.csv for a model input (C,H,W) with C 1 or 3: only the file list
+// now; image_batch_fn decodes each batch. Default normalization ImageNet's when C is 3.
+LoadedData stream_images(const DataSpec& spec, const LoadOptions& options) {
+  auto files = std::make_shared<ImageFiles>(is_image_csv(spec.dir) ? list_image_csv(spec.dir)
+                                                                   : list_image_folder(spec.dir));
+  LoadedData out;
+  out.train = Dataset::from_image_files(spec.text, std::move(files), options.model_input);
+  if (options.model_input[0] == 3) out.train.set_default_normalization(kImageNetNorm);
+  return out;
+}
+
+// images:DIR for a model without an image input (C,H,W), e.g. a flat vector: every image
+// decoded now, all of one size, held in memory (capped by kMaxDatasetBytes).
 LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
-  std::error_code ec;
-  OT_CHECK(fs::is_directory(spec.dir, ec), spec.text, ": directory not found");
-  std::vector<fs::path> classes = sorted_entries(spec.dir, true);
-  OT_CHECK(!classes.empty(), spec.dir,
-           ": no class sub-folders (images:DIR wants DIR/<class>/*.png)");
+  const std::vector<int64_t>& m = options.model_input;
+  if (m.size() == 3 && (m[0] == 1 || m[0] == 3) && m[1] > 0 && m[2] > 0)
+    return stream_images(spec, options);
+  OT_CHECK(!is_image_csv(spec.dir), spec.text, ": images:FILE.csv needs a model input (C,H,W) ",
+           "with 1 or 3 channels");
+  const ImageFiles listed = list_image_folder(spec.dir);
   bool resize = options.model_input.size() == 3;
   int64_t h = resize ? options.model_input[1] : 0, w = resize ? options.model_input[2] : 0;
   std::vector<DecodedImage> images;
   std::vector<int64_t> labels;
   std::string first_file;
   int64_t bytes = 0;
-  for (size_t k = 0; k < classes.size(); ++k) {
-    std::vector<fs::path> files = sorted_entries(classes[k], false);
-    OT_CHECK(!files.empty(), classes[k].string(), ": class folder has no .jpg/.jpeg/.png files");
-    for (const auto& f : files) {
-      DecodedImage img = decode_image_file(f.string());
-      if (!resize && images.empty()) {
-        h = img.height, w = img.width;
-        first_file = f.string();
-      }
-      OT_CHECK(resize || (img.height == h && img.width == w), f.string(), ": image is ", img.width,
-               "x", img.height, " but ", first_file, " is ", w, "x", h,
-               " (mixed sizes need a model input (C,H,W) to resize to)");
-      if (img.height != h || img.width != w) {
-        img.chw = resize_u8(img, h, w);
-        img.height = h, img.width = w;
-      }
-      bytes += 3 * h * w;
-      OT_CHECK(bytes <= kMaxDatasetBytes, f.string(), ": ", spec.text,
-               " exceeds the dataset limit of ", kMaxDatasetBytes, " bytes");
-      images.push_back(std::move(img));
-      labels.push_back(static_cast<int64_t>(k));
+  for (size_t i = 0; i < listed.paths.size(); ++i) {
+    const fs::path f = listed.paths[i];
+    DecodedImage img = decode_image_file(f.string());
+    if (!resize && images.empty()) {
+      h = img.height, w = img.width;
+      first_file = f.string();
     }
+    OT_CHECK(resize || (img.height == h && img.width == w), f.string(), ": image is ", img.width,
+             "x", img.height, " but ", first_file, " is ", w, "x", h,
+             " (mixed sizes need a model input (C,H,W) to resize to)");
+    if (img.height != h || img.width != w) {
+      img.chw = resize_u8(img, h, w);
+      img.height = h, img.width = w;
+    }
+    bytes += 3 * h * w;
+    OT_CHECK(bytes <= kMaxDatasetBytes, f.string(), ": ", spec.text,
+             " exceeds the dataset limit of ", kMaxDatasetBytes, " bytes");
+    images.push_back(std::move(img));
+    labels.push_back(listed.labels[i]);
   }
   int64_t c = 1;
   for (const auto& img : images) c = std::max(c, img.channels);
@@ -560,8 +560,7 @@ LoadedData load_images(const DataSpec& spec, const LoadOptions& options) {
   }
   LoadedData out;
   out.train = Dataset::from_pixels(spec.text, {c, h, w}, std::move(pixels), std::move(labels));
-  if (c == 3)
-    out.train.set_default_normalization({{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}});
+  if (c == 3) out.train.set_default_normalization(kImageNetNorm);
   return out;
 }
 
@@ -616,7 +615,7 @@ DataSpec parse_data_spec(const std::string& text) {
     spec.dir = arg;
   } else if (kind == "images") {
     spec.kind = DataSpec::Kind::kImages;
-    need_arg("images:DIR");
+    need_arg("images:DIR or images:FILE.csv");
     spec.dir = arg;
   } else if (kind == "npz") {
     spec.kind = DataSpec::Kind::kNpz;
@@ -656,7 +655,7 @@ DataSpec parse_data_spec(const std::string& text) {
   } else {
     fail("data spec '", text, "': unknown kind '", kind,
          "' (expected fashion-mnist, mnist:DIR, npy:X.npy,Y.npy, npy:NAME=FILE,..., npz:FILE, ",
-         "images:DIR or synthetic:N)");
+         "images:DIR, images:FILE.csv or synthetic:N)");
   }
   return spec;
 }

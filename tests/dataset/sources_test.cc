@@ -256,14 +256,19 @@ TEST(ImageFolder, MixedSizesNeedAModelShape) {
   LoadOptions o;
   o.model_input = {1, 4, 4};
   LoadedData d = load_dataset(parse_data_spec("images:" + dir.path().string()), o);
+  EXPECT_TRUE(d.train.is_image_files());  // an image model input: streamed, decoded per batch
   EXPECT_EQ(d.train.example_shape(), (std::vector<int64_t>{1, 4, 4}));
-  EXPECT_TRUE(d.train.default_normalization().empty());  // grayscale folder: none
+  EXPECT_TRUE(d.train.default_normalization().empty());  // grayscale input: none
   std::vector<float> x(16);
+  // The validation geometry: 2x2 scaled by (4/2)/0.875 to 5x5, then the top-left-centered
+  // 4x4 crop (offset (5-4)/2 = 0).
+  std::vector<float> src = {0, 1, 0, 1}, big(25);
+  resize_bilinear(src.data(), 1, 2, 2, big.data(), 5, 5);
   d.train.read_example(0, x.data());
-  // 2x2 [0 255; 0 255] upsampled: columns 0,1 -> 0, 63.75, column 2,3 -> 191.25, 255 (rounded).
-  std::vector<float> want = {0, 64, 191, 255};
   for (int r = 0; r < 4; ++r)
-    for (int c = 0; c < 4; ++c) EXPECT_FLOAT_EQ(x[r * 4 + c] * 255.0f, want[c]) << r << "," << c;
+    for (int c = 0; c < 4; ++c) EXPECT_FLOAT_EQ(x[r * 4 + c], big[r * 5 + c]) << r << "," << c;
+  d.train.read_example(1, x.data());  // already 4x4: as is
+  for (float v : x) EXPECT_FLOAT_EQ(v, 128 / 255.0f);
 }
 
 TEST(Synthetic, DeterministicPerSeedWithLabelsInRange) {
