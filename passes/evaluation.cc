@@ -23,6 +23,7 @@ std::unique_ptr<graph::Model> build_evaluation_graph(const graph::Model& origina
     if (b.role == graph::InputRole::kBatch) m->training.inputs.push_back(b);
   attach_loss(*m, p.logits, loss_options(opts, loss));
   infer_shapes(*m);
+  select_conv_algorithm(*m, opts.conv_algorithm);
   const std::set<std::string> fed(state.begin(), state.end());
   for (graph::Value* v : m->graph->initializers()) {
     if (!fed.count(v->name())) continue;

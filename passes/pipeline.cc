@@ -27,6 +27,8 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_loss");
   info.gradients = autodiff(model, info.loss.loss, info.prepared.params);
   stage("autodiff");
+  info.conv_algorithm = select_conv_algorithm(model, opts.conv_algorithm);
+  stage("select_conv_algorithm");
   // float16's narrow range needs dynamic loss scaling; bfloat16 has float32's exponent range.
   OptimizerOptions optimizer = opts.optimizer;
   optimizer.loss_scaling = optimizer.loss_scaling || opts.precision == graph::DataType::kFloat16;

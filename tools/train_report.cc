@@ -115,6 +115,12 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   } else if (o.model.precision != graph::DataType::kFloat)
     std::fprintf(f, "precision   %s requested, but no float32 Conv/Gemm/MatMul to run in it: "
                  "float32 throughout\n", train::precision_name(o.model.precision).c_str());
+  if (o.model.conv_algorithm == passes::ConvAlgorithm::kWinograd) {
+    const passes::ConvAlgorithmStats& c = p.info.conv_algorithm;
+    std::fprintf(f, "convolution winograd on %d of %d convolutions and %d of %d gradients (3x3 "
+                 "stride 1 float32; the rest direct)\n",
+                 c.winograd_forward, c.forward, c.winograd_backward, c.backward);
+  }
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (p.memory.total() > 0)

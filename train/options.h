@@ -36,6 +36,9 @@ struct ModelOptions {
   // --loss-scale-growth-interval) and runs natively on no CPU here (allow_emulation).
   graph::DataType precision = graph::DataType::kFloat;
   bool allow_emulation = false;
+  // --conv-algorithm (passes::select_conv_algorithm): direct, or winograd for the 3x3 stride-1
+  // convolutions of the training and validation graphs (CPU kernels).
+  passes::ConvAlgorithm conv_algorithm = passes::ConvAlgorithm::kDirect;
   LossScalerOptions loss_scaler;
 };
 

@@ -145,6 +145,7 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.ignore_index = o.model.ignore_index;
   t.optimizer = o.optimizer;
   t.precision = o.model.precision;
+  t.conv_algorithm = o.model.conv_algorithm;
   return t;
 }
 

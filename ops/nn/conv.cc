@@ -223,16 +223,21 @@ class ConvKernel final : public Kernel {
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
-    auto make = [&](const memory::desc& xm, const memory::desc& wm, const memory::desc& ym,
-                    const dnnl::primitive_attr& attr) -> dnnl::primitive_desc {
-      using dnnl::convolution_forward;
-      const auto prop = dnnl::prop_kind::forward_inference;
-      const auto alg = dnnl::algorithm::convolution_direct;
-      auto d =
-          has_bias_
-              ? convolution_forward::desc(prop, alg, xm, wm, u.b, ym, strides, dil, pad_l, pad_r)
-              : convolution_forward::desc(prop, alg, xm, wm, ym, strides, dil, pad_l, pad_r);
-      return convolution_forward::primitive_desc(d, attr, cpu_engine());
+    auto make_with = [&](dnnl::algorithm alg) {
+      return [&, alg](const memory::desc& xm, const memory::desc& wm, const memory::desc& ym,
+                      const dnnl::primitive_attr& attr) -> dnnl::primitive_desc {
+        using dnnl::convolution_forward;
+        // forward_training although nothing is kept for a backward: oneDNN 2.6 then takes its
+        // nChw16c kernels (the layout ConvGrad's primitives use) rather than the inference-only
+        // brgconv on nhwc, whose reorders from and to nchw cost more (ResNet-50 training 224²
+        // b8, 2 threads: 37 abcd->acdb and acdb->abcd reorders per step, 53 ms, 4% of a step).
+        const auto prop = dnnl::prop_kind::forward_training;
+        auto d =
+            has_bias_
+                ? convolution_forward::desc(prop, alg, xm, wm, u.b, ym, strides, dil, pad_l, pad_r)
+                : convolution_forward::desc(prop, alg, xm, wm, ym, strides, dil, pad_l, pad_r);
+        return convolution_forward::primitive_desc(d, attr, cpu_engine());
+      };
     };
     // Blocked layouts (nChw16c) beat plain nchw for spatial kernels even with the per-run
     // reorders (AVX-512, 2 threads: 8x64x56x56 3x3 9.5 vs 18 ms, depthwise 3x3 0.6 vs 2.2 ms);
@@ -242,7 +247,10 @@ class ConvKernel final : public Kernel {
     // 1024 -> 2048 s2, batch 16, 1 thread: 24 ms plain).
     bool prefer_blocked = prefer_blocked_layout(g);
     ThreadBudget budget(ctx.num_threads());
-    dnnl_.init(u, prefer_blocked, make);
+    // Winograd when the node asks for it and oneDNN has it (blocked layouts only), else direct.
+    const dnnl::algorithm alg = requested_conv_algorithm(ctx.node());
+    if (alg == dnnl::algorithm::convolution_winograd && dnnl_.init(u, true, make_with(alg))) return;
+    dnnl_.init(u, prefer_blocked, make_with(dnnl::algorithm::convolution_direct));
   }
 
   std::string where_;
@@ -465,40 +473,53 @@ class ConvGradKernel final : public Kernel {
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
-    const auto alg = algorithm::convolution_direct;
+    // Winograd when the node asks for it (its forward hint too); else, or where oneDNN has no
+    // Winograd kernel for it, direct.
+    const algorithm requested = requested_conv_algorithm(ctx.node());
     const engine& eng = cpu_engine();
     primitive_attr attr;
     attr.set_scratchpad_mode(scratchpad_mode::user);
-    auto hint = [&](bool blocked) {
+    auto hint = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
       convolution_forward::desc fd(prop_kind::forward_training, alg, pick(x_md), pick(w_md), b_md,
                                    pick(y_md), strides, dil, pad_l, pad_r);
       return convolution_forward::primitive_desc(fd, eng);
     };
-    auto init_data = [&](bool blocked) {
+    auto init_data = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
       convolution_backward_data::desc dd(alg, pick(x_md), pick(w_md), pick(y_md), strides, dil,
                                          pad_l, pad_r);
-      data_.init(convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked)),
+      data_.init(convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked, alg)),
                  {{DNNL_ARG_DIFF_DST, y_md, false},
                   {DNNL_ARG_WEIGHTS, w_md, false},
                   {DNNL_ARG_DIFF_SRC, x_md, true}});
     };
-    auto init_weights = [&](bool blocked) {
+    auto init_weights = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
       convolution_backward_weights::desc wdsc(alg, pick(x_md), pick(w_md), b_md, pick(y_md),
                                               strides, dil, pad_l, pad_r);
-      weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng, hint(blocked)),
+      weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng,
+                                                                 hint(blocked, alg)),
                     {{DNNL_ARG_SRC, x_md, false},
                      {DNNL_ARG_DIFF_DST, y_md, false},
                      {DNNL_ARG_DIFF_WEIGHTS, w_md, true},
                      {DNNL_ARG_DIFF_BIAS, b_md, true}});
     };
-    auto try_both = [](bool prefer_blocked, const std::function<void(bool)>& init) {
+    // Winograd first when asked for (blocked layouts only), then direct: blocked when
+    // preferred, then plain.
+    auto try_both = [&](bool prefer_blocked, const std::function<void(bool, algorithm)>& init) {
+      if (requested == algorithm::convolution_winograd) {
+        try {
+          init(true, requested);
+          return;
+        } catch (const dnnl::error&) {
+          // no Winograd kernel for this CPU or shape: direct
+        }
+      }
       for (bool blocked : {true, false}) {
         if (blocked && !prefer_blocked) continue;
         try {
-          init(blocked);
+          init(blocked, algorithm::convolution_direct);
           return;
         } catch (const dnnl::error&) {
           // the other layout, or the reference loop when neither has an implementation

@@ -201,10 +201,10 @@ class FusedConvKernel final : public Kernel {
     memory::dims strides = to_dnnl(geom_.strides), pad_l = to_dnnl(geom_.pad_begin),
                  pad_r = to_dnnl(geom_.pad_end), dil;
     for (int64_t d : geom_.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
-    auto make = [&](const memory::desc& xm, const memory::desc& ym) {
+    auto make = [&](const memory::desc& xm, const memory::desc& ym,
+                    dnnl::algorithm alg = dnnl::algorithm::convolution_direct) {
       using dnnl::convolution_forward;
       const auto prop = dnnl::prop_kind::forward_inference;
-      const auto alg = dnnl::algorithm::convolution_direct;
       const memory::desc wm = any_layout(w_user_md_);
       auto d =
           has_bias_
@@ -220,10 +220,22 @@ class FusedConvKernel final : public Kernel {
     };
     ThreadBudget budget(ctx.num_threads());
     std::optional<dnnl::convolution_forward::primitive_desc> pd;
-    try {
-      pd = make(pick(x_user_md_, x_blocked_, y_blocked_), pick(y_user_md_, y_blocked_, x_blocked_));
-    } catch (const dnnl::error&) {
-      pd = make(x_user_md_, y_user_md_);  // throws dnnl::error when oneDNN has nothing at all
+    const dnnl::algorithm requested = requested_conv_algorithm(ctx.node());
+    if (requested == dnnl::algorithm::convolution_winograd) {
+      try {
+        pd = make(pick(x_user_md_, x_blocked_, y_blocked_), pick(y_user_md_, y_blocked_, x_blocked_),
+                  requested);
+      } catch (const dnnl::error&) {
+        // no Winograd kernel for this CPU or shape: direct below
+      }
+    }
+    if (!pd) {
+      try {
+        pd = make(pick(x_user_md_, x_blocked_, y_blocked_),
+                  pick(y_user_md_, y_blocked_, x_blocked_));
+      } catch (const dnnl::error&) {
+        pd = make(x_user_md_, y_user_md_);  // throws dnnl::error when oneDNN has nothing at all
+      }
     }
     const dnnl::engine& eng = cpu_engine();
     x_md_ = pd->src_desc();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "ops/nn/conv_algorithm.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::nn {
@@ -280,6 +281,14 @@ void check_float_input(const InferenceContext& ctx, size_t i) {
   const ValueType& t = tensor_input(ctx, i);
   OT_CHECK(t.dtype == DataType::kUndefined || graph::is_float_dtype(t.dtype), ctx.where(),
            ": input ", i, " must be a float tensor, got ", graph::dtype_short_name(t.dtype));
+}
+
+dnnl::algorithm requested_conv_algorithm(const graph::Node& node) {
+  const std::string algo = node.attr_string(kConvAlgorithmAttr, "");
+  if (algo.empty()) return dnnl::algorithm::convolution_direct;
+  OT_CHECK(algo == kConvWinograd, node.describe(), ": ", kConvAlgorithmAttr, " '", algo,
+           "' is not a convolution algorithm (winograd, or no attribute for direct)");
+  return dnnl::algorithm::convolution_winograd;
 }
 
 }  // namespace onnxtrain::ops::nn

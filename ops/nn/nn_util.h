@@ -149,4 +149,9 @@ std::optional<dnnl::memory::data_type> dnnl_float_type(DataType t);
 // Float dtypes the shape inference of these ops accepts (the kernels support f32 and f64).
 void check_float_input(const InferenceContext& ctx, size_t i);
 
+// The oneDNN algorithm a Conv / ConvGrad / FusedConv node asks for through its conv_algorithm
+// attribute (ops/nn/conv_algorithm.h): winograd, or direct when the attribute is absent. Any
+// other value is an error naming the node.
+dnnl::algorithm requested_conv_algorithm(const graph::Node& node);
+
 }  // namespace onnxtrain::ops::nn

@@ -516,6 +516,84 @@ TEST(NnGradRules, Float32OneDnnMatchesFloat64Reference) {
   }
 }
 
+// --conv-algorithm winograd: the conv_algorithm attribute (passes::select_conv_algorithm) makes
+// the float32 Conv and ConvGrad kernels take oneDNN's Winograd primitives. Their results must
+// differ from the direct ones (else the attribute did nothing) by no more than Winograd's
+// rounding, and the gradients still match the float64 reference loops.
+TEST(NnGradRules, WinogradConvMatchesDirectAndFloat64Reference) {
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
+    GTEST_SKIP() << "oneDNN has Winograd convolutions for AVX-512 only; the kernels run direct";
+  const Attribute winograd = Attribute::make_string("conv_algorithm", "winograd");
+  struct Shape3 {
+    std::vector<int64_t> x, w, pads;
+    bool bias;
+  };
+  uint64_t seed = 300;
+  for (const Shape3& v : {Shape3{{2, 16, 12, 12}, {32, 16, 3, 3}, {1, 1, 1, 1}, false},
+                          Shape3{{3, 32, 9, 7}, {16, 32, 3, 3}, {1, 1, 1, 1}, true}}) {
+    SCOPED_TRACE(cat("x ", join(v.x), " w ", join(v.w)));
+    const Tensor x = to_f32(rnd(v.x, seed++)), w = to_f32(rnd(v.w, seed++));
+    std::vector<optest::NodeInput> ins{{x}, {w}};
+    if (v.bias) ins.push_back({to_f32(rnd({v.w[0]}, seed++))});
+    const std::vector<Attribute> attrs{Attribute::make_ints("pads", v.pads)};
+    std::vector<Attribute> wattrs = attrs;
+    wattrs.push_back(winograd);
+    auto conv = [&](const std::vector<Attribute>& a) {
+      optest::NodeCall c;
+      c.op = "Conv";
+      c.inputs = ins;
+      c.attrs = a;
+      return optest::run_node(c).outputs.at(0);
+    };
+    const Tensor direct = conv(attrs), wino = conv(wattrs);
+    ASSERT_EQ(wino.dims(), direct.dims());
+    const std::vector<double> d = optest::values_of(direct), q = optest::values_of(wino);
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < d.size(); ++i) {
+      scale = std::max(scale, std::abs(d[i]));
+      diff = std::max(diff, std::abs(d[i] - q[i]));
+    }
+    EXPECT_GT(diff, 0.0) << "Winograd output bit-identical to direct: not taken";
+    EXPECT_LT(diff, 2e-5 * scale) << "Winograd forward off by more than its rounding";
+
+    // ConvGrad (dY, X, W) -> dX, dW, dB with and without the attribute.
+    const Tensor dy = to_f32(rnd(direct.dims(), seed++));
+    const std::vector<optest::NodeInput> gins{{dy}, {x}, {w}};
+    auto grads = [&](const std::vector<Attribute>& a) {
+      optest::NodeCall c;
+      c.op = "ConvGrad";
+      c.inputs = gins;
+      c.attrs = a;
+      c.outputs = 3;
+      c.domain = ops::kOnnxtrainDomain;
+      return optest::run_node(c).outputs;
+    };
+    const std::vector<Tensor> gd = grads(attrs), gw = grads(wattrs);
+    for (size_t o = 0; o < 3; ++o) {
+      const std::vector<double> a = optest::values_of(gd[o]), b = optest::values_of(gw[o]);
+      double sc = 0, df = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        sc = std::max(sc, std::abs(a[i]));
+        df = std::max(df, std::abs(a[i] - b[i]));
+      }
+      if (o < 2) {
+        EXPECT_GT(df, 0.0) << "ConvGrad output " << o << ": Winograd not taken";
+      }
+      EXPECT_LT(df, 2e-5 * sc) << "ConvGrad output " << o;
+    }
+
+    // The gradient rule copies the attribute onto ConvGrad; float32 vs float64 as above.
+    NnCase c;
+    c.op = "Conv";
+    c.finite_diff = false;
+    c.label = "winograd";
+    c.inputs = {rnd(v.x, seed++), rnd(v.w, seed++)};
+    c.attrs = wattrs;
+    check_case(c);
+  }
+}
+
 // Static shape inference of every grad op with a symbolic batch dim: outputs are shaped like
 // X, W and the bias (or scale).
 TEST(NnGradRules, ShapeInferenceWithSymbolicBatch) {
