@@ -22,8 +22,10 @@ from peers_common import (REPO, BenchError, describe_rc, emit, header, median, p
                           print_table, resolve_tool, rotated, run_child, tail, time_steps,
                           uptime, versions)
 
-PEERS = ["onnxrun", "onnxruntime", "torch"]
-PEER_LABEL = {"onnxrun": "onnxrun", "onnxruntime": "ONNX Runtime", "torch": "torch eager NCHW"}
+PEERS = ["onnxrun", "onnxrun-winograd", "onnxruntime", "torch"]
+OURS = ("onnxrun", "onnxrun-winograd")
+PEER_LABEL = {"onnxrun": "onnxrun", "onnxrun-winograd": "onnxrun --conv-algorithm winograd",
+              "onnxruntime": "ONNX Runtime", "torch": "torch eager NCHW"}
 INPUT = (3, 224, 224)
 
 
@@ -55,17 +57,19 @@ def worker(a):
 
 
 def one_run(a, peer, batch, work):
-    if peer == "onnxrun":
+    if peer in OURS:
         x = work / f"input_b{batch}.npy"
         cmd = [a.onnxrun, a.model, "--input", f"input={x}", "--threads", a.threads,
                "--bench", a.runs_of[batch]]
+        if peer == "onnxrun-winograd":
+            cmd += ["--conv-algorithm", "winograd"]
     else:
         cmd = [sys.executable, __file__, "--worker", peer, "--model", a.model, "--batch", batch,
                "--threads", a.threads, "--runs", a.runs_of[batch], "--warmup", a.warmup]
     rc, so, se, rss, _ = run_child(cmd, timeout=a.timeout)
     if rc != 0:
         return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer == "onnxrun":
+    if peer in OURS:
         m = re.search(r"median latency:\s*([0-9.eE+-]+)\s*ms", so)
         if not m:
             return None, f"no 'median latency: X ms' line: {tail(so)}", rss
@@ -130,30 +134,34 @@ def main(argv):
                     res, err, rss = one_run(a, p, b, work)
                     if err:
                         errors[(p, b)] = err
-                        print(f"  round {r + 1} batch {b} {p:<12} FAILED {err}", flush=True)
+                        print(f"  round {r + 1} batch {b} {p:<16} FAILED {err}", flush=True)
                         continue
                     got.setdefault((p, b), []).append(res["median_ms"])
                     rss_of[(p, b)] = max(rss_of.get((p, b), 0.0), rss)
-                    print(f"  round {r + 1} batch {b} {p:<12} {res['median_ms']:9.1f} ms "
+                    print(f"  round {r + 1} batch {b} {p:<16} {res['median_ms']:9.1f} ms "
                           f"RSS {rss:.0f} MiB", flush=True)
         rows = []
         for b in batches:
             ours = median(got.get(("onnxrun", b), []))
+            wino = median(got.get(("onnxrun-winograd", b), []))
             for p in peers:
                 ms = median(got.get((p, b), []))
                 if ms is None:
-                    rows.append([PEER_LABEL[p], b, "failed", "", "", ""])
+                    rows.append([PEER_LABEL[p], b, "failed", "", "", "", ""])
                     continue
                 ratio = f"{ms / ours:.2f}x" if ours else "-"
+                wratio = f"{ms / wino:.2f}x" if wino else "-"
                 rows.append([PEER_LABEL[p], b, f"{ms:.1f}", f"{b * 1e3 / ms:.2f}",
-                             f"{rss_of[(p, b)]:.0f}", ratio])
+                             f"{rss_of[(p, b)]:.0f}", ratio, wratio])
         print()
-        print_table(["peer", "batch", "median ms", "img/s", "max RSS MiB", "onnxrun/peer"], rows)
-        print("\nonnxrun/peer = onnxrun img/s / peer img/s (> 1: onnxrun is faster)")
+        print_table(["peer", "batch", "median ms", "img/s", "max RSS MiB", "onnxrun/peer",
+                     "winograd/peer"], rows)
+        print("\nonnxrun/peer = onnxrun img/s / peer img/s (> 1: onnxrun is faster); "
+              "winograd/peer the same for onnxrun --conv-algorithm winograd")
         print(f"uptime after: {uptime()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if any(p == "onnxrun" for p, _ in errors) else 0
+    return 1 if any(p in OURS for p, _ in errors) else 0
 
 
 if __name__ == "__main__":

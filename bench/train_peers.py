@@ -20,8 +20,11 @@ from peers_common import (REPO, BenchError, describe_rc, emit, emit_na, fmt, hea
                           parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
                           rotated, run_child, step_result, tail, time_steps, uptime, versions)
 
-PEERS = ["onnxtrain", "torch", "torch-cl", "torch-compile", "tensorflow", "ort-training"]
-PEER_LABEL = {"onnxtrain": "onnxtrain", "torch": "torch eager NCHW",
+PEERS = ["onnxtrain", "onnxtrain-winograd", "torch", "torch-cl", "torch-compile", "tensorflow",
+         "ort-training"]
+OURS = ("onnxtrain", "onnxtrain-winograd")
+PEER_LABEL = {"onnxtrain": "onnxtrain", "onnxtrain-winograd": "onnxtrain --conv-algorithm winograd",
+              "torch": "torch eager NCHW",
               "torch-cl": "torch channels_last", "torch-compile": "torch.compile (inductor)",
               "tensorflow": "TensorFlow/Keras", "ort-training": "ORT training 1.19.2"}
 CLASSES = 1000
@@ -208,12 +211,14 @@ def one_run(a, peer, inp, batch, threads, work, model, artifacts):
     env = dict(os.environ)
     common = ["--input", inp, "--batch", batch, "--threads", threads, "--steps", a.steps,
               "--warmup", a.warmup]
-    if peer == "onnxtrain":
+    if peer in OURS:
         metrics = work / "metrics.json"
         metrics.unlink(missing_ok=True)
         cmd = [a.onnxtrain, model, "--data", f"synthetic:{batch * (a.warmup + a.steps)}",
                "--val-data", "none", "--epochs", "1", "--batch-size", batch, "--replicas", "1",
                "--threads", threads, "--optimizer", "adam", "--lr", LR, "--metrics-json", metrics]
+        if peer == "onnxtrain-winograd":
+            cmd += ["--conv-algorithm", "winograd"]
     elif peer == "ort-training":
         if artifacts is None:
             return None, "no training artifacts (see the error above)", 0.0
@@ -225,7 +230,7 @@ def one_run(a, peer, inp, batch, threads, work, model, artifacts):
     rc, so, se, rss, _ = run_child(cmd, env=env, timeout=a.timeout)
     if rc != 0:
         return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer == "onnxtrain":
+    if peer in OURS:
         try:
             return read_onnxtrain_metrics(metrics, batch), None, rss
         except (OSError, ValueError, KeyError, BenchError) as e:
@@ -315,23 +320,23 @@ def main(argv):
             errors = {}
             for r in range(a.rounds):
                 for p in rotated(peers, r):
-                    if p in errors and p != "onnxtrain":
+                    if p in errors and p not in OURS:
                         continue  # a peer that failed once is not retried
                     res, err, rss = one_run(a, p, inp, batch, threads, work, models[inp],
                                             artifacts[inp])
                     if err:
                         errors[p] = err
-                        print(f"  round {r + 1} {p:<14} FAILED {err}", flush=True)
-                        if p == "onnxtrain":
+                        print(f"  round {r + 1} {p:<18} FAILED {err}", flush=True)
+                        if p in OURS:
                             onnxtrain_failed = True
                         continue
                     res["rss"] = rss
                     got[p].append(res)
                     if "na" in res:
                         errors.setdefault(p, None)  # not retried in later rounds either
-                        print(f"  round {r + 1} {p:<14} n/a: {res['na']}", flush=True)
+                        print(f"  round {r + 1} {p:<18} n/a: {res['na']}", flush=True)
                         continue
-                    print(f"  round {r + 1} {p:<14} {res['median_ms']:9.1f} ms/step "
+                    print(f"  round {r + 1} {p:<18} {res['median_ms']:9.1f} ms/step "
                           f"{res['img_s']:8.2f} img/s  first {fmt(res.get('first_ms'))} ms  "
                           f"RSS {rss:.0f} MiB", flush=True)
             rows, ours = [], None
@@ -345,28 +350,32 @@ def main(argv):
                                 all(x.get("steady", True) for x in runs))
             if "onnxtrain" in stats:
                 ours = stats["onnxtrain"][1]
+            wino = stats["onnxtrain-winograd"][1] if "onnxtrain-winograd" in stats else None
             for p in peers:
                 label = PEER_LABEL[p]
                 if p in stats:
                     ms, ips, first, rss, steady = stats[p]
                     mark = "" if steady else " *"
                     ratio = f"{ours / ips:.2f}x" if ours else "-"
+                    wratio = f"{wino / ips:.2f}x" if wino else "-"
                     rows.append([label, f"{ms:.1f}{mark}", f"{ips:.2f}{mark}",
-                                 f"{first / ms:.2f}" if first else "-", f"{rss:.0f}", ratio])
+                                 f"{first / ms:.2f}" if first else "-", f"{rss:.0f}", ratio,
+                                 wratio])
                 elif errors.get(p):
-                    rows.append([label, "failed", "", "", "", ""])
+                    rows.append([label, "failed", "", "", "", "", ""])
                 else:
                     na = next((x["na"] for x in got[p] if "na" in x), "n/a")
-                    rows.append([label, "n/a", "", "", "", ""])
+                    rows.append([label, "n/a", "", "", "", "", ""])
                     print(f"  {p}: n/a ({na})")
                 summary.append((inp, batch, threads, rows[-1]))
             print()
             print_table(["peer", "median ms/step", "img/s", "first step / steady",
-                         "max RSS MiB", "onnxtrain/peer"], rows)
+                         "max RSS MiB", "onnxtrain/peer", "winograd/peer"], rows)
             if "onnxtrain" in stats and not stats["onnxtrain"][4]:
                 print("* onnxtrain's metrics JSON has no steady_images_per_sec: its figure is "
                       "images_per_sec over the whole epoch, first step included")
         print("\nonnxtrain/peer = onnxtrain img/s / peer img/s (> 1: onnxtrain is faster); "
+              "winograd/peer the same for onnxtrain --conv-algorithm winograd; "
               "first step / steady = the first step's time over the median timed step")
         print(f"uptime after: {uptime()}")
     finally:

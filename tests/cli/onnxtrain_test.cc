@@ -887,6 +887,53 @@ TEST_F(OnnxtrainTest, PrecisionBf16TrainsFromFloat32MasterWeights) {
       << bad.err;
 }
 
+// --conv-algorithm winograd (issue #18): the plan names how many convolutions and gradients
+// take oneDNN's Winograd kernels (resnet18: the 13 3x3 stride-1 ones), the saved training graph
+// records it on exactly those nodes (conv_algorithm, what the kernels read), and training
+// follows the direct run to within Winograd's rounding without being bit-identical to it.
+TEST_F(OnnxtrainTest, ConvAlgorithmWinogradTrainsLikeDirect) {
+  const std::string model =
+      zoo("resnet18", {"--input", "3x32x32", "--width", "16", "--classes", "10"}, "r18.onnx");
+  auto run = [&](const std::string& algo, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {model, "--data", "synthetic:256", "--val-data", "none",
+                                  "--epochs", "3", "--batch-size", "32", "--lr", "3e-3",
+                                  "--threads", "2", "--conv-algorithm", algo,
+                                  "--metrics-json", path(algo + ".jsonl")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train(a);
+  };
+  RunResult d = run("direct");
+  ASSERT_EQ(d.rc, 0) << d.err;
+  EXPECT_FALSE(has_line_matching(d.out, "^convolution")) << d.out;
+  RunResult w = run("winograd", {"--save-graph", path("wino_graph.onnx")});
+  ASSERT_EQ(w.rc, 0) << w.err;
+  EXPECT_TRUE(has_line_matching(w.out, "^convolution winograd on 13 of 20 convolutions and 13 of "
+                                       "20 gradients \\(3x3 stride 1 float32; the rest direct\\)"))
+      << w.out;
+  auto g = graph::import_onnx_file(path("wino_graph.onnx"));
+  int conv = 0, grad = 0;
+  for (const auto& n : g->graph->nodes()) {
+    if (n->attr_string("conv_algorithm", "") != "winograd") continue;
+    ++(n->op_type == "ConvGrad" ? grad : conv);
+    EXPECT_EQ(n->attr_ints("strides", {1, 1}), (std::vector<int64_t>{1, 1})) << n->describe();
+  }
+  EXPECT_EQ(conv, 13);
+  EXPECT_EQ(grad, 13);
+  const std::vector<std::string> dl = lines_of(cli_test::read_file(path("direct.jsonl")));
+  const std::vector<std::string> wl = lines_of(cli_test::read_file(path("winograd.jsonl")));
+  ASSERT_EQ(dl.size(), 3u);
+  ASSERT_EQ(wl.size(), 3u);
+  const double d1 = *json_number(dl[0], "loss"), d3 = *json_number(dl[2], "loss");
+  const double w1 = *json_number(wl[0], "loss"), w3 = *json_number(wl[2], "loss");
+  EXPECT_LT(d3, 0.9 * d1);
+  EXPECT_LT(w3, 0.9 * w1) << "winograd did not learn";
+  EXPECT_NEAR(w1, d1, 0.02 * d1);
+  EXPECT_NEAR(w3, d3, 0.1 * d3);
+  EXPECT_NE(w3, d3) << "bit-identical to direct: did Winograd run?";
+  expect_error(train({model, "--conv-algorithm", "fft"}), 2,
+               "--conv-algorithm: expected direct or winograd, got 'fft'");
+}
+
 // --precision fp16 (issue #19): float16 compute with dynamic loss scaling. Started at 2^24, the
 // first steps overflow float16, are skipped (noted, counted in the epoch line and the metrics)
 // and halve the scale until the gradients fit; the run still learns like float32 and writes a
