@@ -21,21 +21,23 @@ std::optional<std::pair<size_t, size_t>> conv_operands(const Node& n) {
   return std::nullopt;
 }
 
-bool eligible(const Node& n, size_t x_index, size_t w_index) {
+// y: the convolution's output (Conv, FusedConv) or its gradient dY (ConvGrad); same shape.
+bool eligible(const Node& n, size_t x_index, size_t w_index, const graph::Value* y) {
   const graph::Value* x = n.input(x_index);
   const graph::Value* w = n.input(w_index);
-  if (!x || !w || !w->shape()) return false;
-  std::vector<int64_t> kernel;
+  if (!x || !w || !y || !w->shape() || !y->shape()) return false;
+  std::vector<int64_t> kernel, out_spatial;
   for (size_t i = 2; i < w->shape()->size(); ++i) {
     const graph::Dim& d = (*w->shape())[i];
     if (!d.is_known()) return false;
     kernel.push_back(d.value);
   }
+  for (size_t i = 2; i < y->shape()->size(); ++i) out_spatial.push_back((*y->shape())[i].value);
   kernel = n.attr_ints("kernel_shape", kernel);
   const std::vector<int64_t> ones(kernel.size(), 1);
   return ops::winograd_eligible(kernel, n.attr_ints("strides", ones),
                                 n.attr_ints("dilations", ones), n.attr_int("group", 1),
-                                x->dtype());
+                                x->dtype(), out_spatial);
 }
 
 }  // namespace
@@ -48,7 +50,9 @@ ConvAlgorithmStats select_conv_algorithm(graph::Model& model, ConvAlgorithm algo
     if (!operands) continue;
     const bool backward = n.op_type == "ConvGrad";
     ++(backward ? stats.backward : stats.forward);
-    if (algorithm != ConvAlgorithm::kWinograd || !eligible(n, operands->first, operands->second))
+    const graph::Value* y = backward ? n.input(0) : n.output(0);
+    if (algorithm != ConvAlgorithm::kWinograd ||
+        !eligible(n, operands->first, operands->second, y))
       continue;
     n.set_attr(graph::Attribute::make_string(std::string(ops::kConvAlgorithmAttr),
                                              std::string(ops::kConvWinograd)));

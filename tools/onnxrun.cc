@@ -51,8 +51,8 @@ constexpr const char* kUsage =
     "  --no-optimize      run the graph as written (by default Conv+BatchNormalization+Add+Relu\n"
     "                     chains are fused into oneDNN convolutions; results agree to 1e-4)\n"
     "  --conv-algorithm A direct (default) | winograd: oneDNN's Winograd kernels for 3x3\n"
-    "                     stride-1 float32 convolutions (CPU; faster on AVX-512, rounding\n"
-    "                     error ~1e-6 relative instead of ~2e-7)\n"
+    "                     stride-1 float32 convolutions over maps of at least 7x7 (CPU;\n"
+    "                     faster on AVX-512, rounding error ~1e-6 relative instead of ~2e-7)\n"
     "  --list-ops         print the registered ops and exit\n"
     "  -h, --help         show this help\n";
 

@@ -118,7 +118,7 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   if (o.model.conv_algorithm == passes::ConvAlgorithm::kWinograd) {
     const passes::ConvAlgorithmStats& c = p.info.conv_algorithm;
     std::fprintf(f, "convolution winograd on %d of %d convolutions and %d of %d gradients (3x3 "
-                 "stride 1 float32; the rest direct)\n",
+                 "stride 1 float32, maps >= 7x7; the rest direct)\n",
                  c.winograd_forward, c.forward, c.winograd_backward, c.backward);
   }
   std::fprintf(f, "device      %s\n", p.devices.c_str());

@@ -1,5 +1,6 @@
 // passes::select_conv_algorithm: which nodes get conv_algorithm = winograd (3x3, stride 1, no
-// dilation, one group, float32; Conv, ConvGrad and FusedConv alike), the counts it reports, and
+// dilation, one group, float32, output maps >= 7x7; Conv, ConvGrad and FusedConv alike), the
+// counts it reports, and
 // that the training pipeline and the evaluation graph run it when asked and only then.
 #include <gtest/gtest.h>
 
@@ -24,17 +25,20 @@ bool is_conv(const graph::Node& n) {
   return n.op_type == "Conv" || n.op_type == "ConvGrad" || n.op_type == "FusedConv";
 }
 
-// The weight input's kernel and the strides: what the rule looks at in a zoo ResNet.
-bool three_by_three_stride_one(const graph::Node& n) {
-  const graph::Value* w = n.input(n.op_type == "ConvGrad" ? 2 : 1);
-  const graph::Shape& s = *w->shape();
+// The weight input's kernel, the strides and the output map: what the rule looks at in a zoo
+// ResNet (float32, one group throughout).
+bool winograd_wanted(const graph::Node& n) {
+  const bool grad = n.op_type == "ConvGrad";
+  const graph::Shape& w = *n.input(grad ? 2 : 1)->shape();
+  const graph::Shape& y = *(grad ? n.input(0) : n.output(0))->shape();
   const std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
-  return s[2].value == 3 && s[3].value == 3 && strides == std::vector<int64_t>{1, 1};
+  return w[2].value == 3 && w[3].value == 3 && strides == std::vector<int64_t>{1, 1} &&
+         y[2].value >= 7 && y[3].value >= 7;
 }
 
-TEST(ConvAlgorithm, ResNetTrainingGraphMarksExactlyThe3x3Stride1Convolutions) {
+TEST(ConvAlgorithm, ResNetTrainingGraphMarksExactlyThe3x3Stride1ConvolutionsOnLargeMaps) {
   for (ConvAlgorithm algo : {ConvAlgorithm::kDirect, ConvAlgorithm::kWinograd}) {
-    auto m = models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10});
+    auto m = models::build_zoo_model("resnet18", {.input_shape = {3, 64, 64}, .classes = 10});
     TrainingOptions o;
     o.conv_algorithm = algo;
     const TrainingGraphInfo info = build_training_graph(*m, o);
@@ -43,7 +47,7 @@ TEST(ConvAlgorithm, ResNetTrainingGraphMarksExactlyThe3x3Stride1Convolutions) {
       if (!is_conv(*n)) continue;
       const bool grad = n->op_type == "ConvGrad";
       ++(grad ? backward : forward);
-      const bool want = algo == ConvAlgorithm::kWinograd && three_by_three_stride_one(*n);
+      const bool want = algo == ConvAlgorithm::kWinograd && winograd_wanted(*n);
       EXPECT_EQ(marked(*n), want) << n->describe();
       if (marked(*n)) ++(grad ? wb : wf);
     }
@@ -52,30 +56,33 @@ TEST(ConvAlgorithm, ResNetTrainingGraphMarksExactlyThe3x3Stride1Convolutions) {
     EXPECT_EQ(info.conv_algorithm.winograd_forward, wf);
     EXPECT_EQ(info.conv_algorithm.winograd_backward, wb);
     if (algo == ConvAlgorithm::kWinograd) {
-      // resnet18: 20 convolutions, the stem (7x7 s2), 3 downsampling 1x1 s2 and the first 3x3
-      // of stages 2-4 (stride 2) stay direct; 13 are 3x3 stride 1. Every convolution has its
+      // resnet18 at 64x64: 20 convolutions; the stem (7x7 s2), 3 downsampling 1x1 s2 and the
+      // first 3x3 of stages 2-4 (stride 2) are not 3x3 stride 1, and stages 3-4 run on 4x4 and
+      // 2x2 maps: 4 of stage 1 (16x16) and 3 of stage 2 (8x8) remain. Every convolution has its
       // ConvGrad (the stem's computes only dW).
       EXPECT_EQ(forward, 20);
-      EXPECT_EQ(wf, 13);
-      EXPECT_EQ(wb, 13);
+      EXPECT_EQ(wf, 7);
+      EXPECT_EQ(wb, 7);
     } else {
       EXPECT_EQ(wf + wb, 0);
     }
   }
 }
 
-// One Conv over x (N, 8, 10, 10) with the given attributes and weight shape, in `dtype`.
+// One Conv over x (N, 8, side, side) with the given attributes and weight shape, in `dtype`,
+// shapes inferred.
 std::unique_ptr<graph::Model> one_conv(std::vector<int64_t> w_dims, std::vector<Attribute> attrs,
-                                       DataType dtype = DataType::kFloat) {
+                                       DataType dtype = DataType::kFloat, int64_t side = 10) {
   auto m = std::make_unique<graph::Model>();
   m->set_opset("", 17);
   graph::Graph& g = *m->graph;
   graph::Value* x =
-      g.add_input("x", graph::ValueType::tensor(dtype, graph::make_shape({2, 8, 10, 10})));
+      g.add_input("x", graph::ValueType::tensor(dtype, graph::make_shape({2, 8, side, side})));
   graph::Value* w = g.add_input("w", graph::ValueType::tensor(dtype, graph::make_shape(w_dims)));
   graph::Node* n = g.add_node("Conv", {x, w}, {"y"}, "c");
   for (Attribute& a : attrs) n->set_attr(std::move(a));
   g.add_output(n->output(0));
+  infer_shapes(*m);
   return m;
 }
 
@@ -86,6 +93,7 @@ TEST(ConvAlgorithm, RuleLeavesOtherGeometriesAndDtypesDirect) {
     std::vector<Attribute> attrs;
     DataType dtype;
     bool winograd;
+    int64_t side = 10;  // x's spatial side
   };
   const std::vector<Case> cases{
       {"3x3", {16, 8, 3, 3}, {}, DataType::kFloat, true},
@@ -102,10 +110,14 @@ TEST(ConvAlgorithm, RuleLeavesOtherGeometriesAndDtypesDirect) {
        false},
       {"3x3 float64", {16, 8, 3, 3}, {}, DataType::kDouble, false},
       {"3x3 bfloat16", {16, 8, 3, 3}, {}, DataType::kBFloat16, false},
+      {"3x3 to a 7x7 map", {16, 8, 3, 3}, {}, DataType::kFloat, true, 9},
+      {"3x3 to a 6x6 map", {16, 8, 3, 3}, {}, DataType::kFloat, false, 8},
+      {"3x3 padded to a 4x4 map", {16, 8, 3, 3}, {Attribute::make_ints("pads", {1, 1, 1, 1})},
+       DataType::kFloat, false, 4},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);
-    auto m = one_conv(c.w, c.attrs, c.dtype);
+    auto m = one_conv(c.w, c.attrs, c.dtype, c.side);
     const ConvAlgorithmStats s = select_conv_algorithm(*m, ConvAlgorithm::kWinograd);
     EXPECT_EQ(s.forward, 1);
     EXPECT_EQ(s.winograd_forward, c.winograd ? 1 : 0);
@@ -118,13 +130,13 @@ TEST(ConvAlgorithm, RuleLeavesOtherGeometriesAndDtypesDirect) {
 }
 
 TEST(ConvAlgorithm, EvaluationGraphAndInferenceFusedConvs) {
-  auto original = models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10});
+  auto original = models::build_zoo_model("resnet18", {.input_shape = {3, 64, 64}, .classes = 10});
   TrainingOptions o;
   o.conv_algorithm = ConvAlgorithm::kWinograd;
   auto eval = build_evaluation_graph(*original, o, LossKind::kCrossEntropy, {});
   int marked_eval = 0;
   for (const auto& n : eval->graph->nodes()) marked_eval += marked(*n);
-  EXPECT_EQ(marked_eval, 13);
+  EXPECT_EQ(marked_eval, 7);
 
   // onnxrun: optimize_inference's FusedConvs, then the pass.
   auto inf = original->clone();
@@ -138,8 +150,8 @@ TEST(ConvAlgorithm, EvaluationGraphAndInferenceFusedConvs) {
   }
   EXPECT_EQ(fused, 20);
   EXPECT_EQ(s.forward, 20);
-  EXPECT_EQ(marked_fused, 13);
-  EXPECT_EQ(s.winograd_forward, 13);
+  EXPECT_EQ(marked_fused, 7);
+  EXPECT_EQ(s.winograd_forward, 7);
 }
 
 TEST(ConvAlgorithm, ParsesTheCliNames) {
