@@ -633,11 +633,19 @@ EvalResult Trainer::evaluate(const runtime::Dataset& val, const runtime::InputAd
   lo.shuffle = false;
   lo.seed = opts_.data.seed;
   lo.images = image_stream(false);
-  runtime::DataLoader loader(val, adapter, lo);
   // With several processes each evaluates every P-th batch (rank p: batches p, p + P, ...) and
   // the sums are added over the processes: validation takes 1/P of the time on every rank and
-  // no rank waits for another's (the collective timeout never covers a whole validation).
+  // no rank waits for another's (the collective timeout never covers a whole validation). The
+  // other processes' batches are never built (no copies, no image decoding): the loader hands
+  // them out empty and the loop below skips them.
   const int64_t procs = world_ ? world_->size() : 1, me = world_ ? world_->rank() : 0;
+  runtime::BatchFn make = runtime::dataset_batch_fn(val, adapter, lo.seed, lo.images);
+  if (procs > 1)
+    make = [make = std::move(make), procs, me](std::span<const int64_t> indices,
+                                               runtime::Batch& out) {
+      if (out.step % procs == me) make(indices, out);
+    };
+  runtime::DataLoader loader(val.size(), std::move(make), lo);
   double loss_sum = 0, correct = 0, count = 0;
   for (int64_t i = 0; i < loader.steps_per_epoch(); ++i) {
     runtime::Batch b = loader.next();
