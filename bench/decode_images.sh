@@ -26,12 +26,18 @@ for aug in none basic imagenet; do
   for w in 1 2; do "$tool" time "$work/photos" "$w" "$aug" 224; done
 done
 
-echo "== max RSS of onnxtrain (zoo cnn 3x32x32, 200 steps of 64, --augment basic, 1 thread, 1 worker)"
+echo "== max RSS of onnxtrain on folders of 10k and 50k small JPEGs (24..40 px), --augment basic"
 "$build/tools/onnxzoo" cnn --input 3x32x32 --width 8 -o "$work/cnn.onnx" >/dev/null
+"$build/tools/onnxzoo" resnet18 --input 3x64x64 --width 16 --classes 10 -o "$work/r18.onnx" >/dev/null
 for n in 10000 50000; do
   "$tool" write "$work/small$n" "$n" 24 40
+  mb=$(du -sm "$work/small$n" | cut -f1)
   /usr/bin/time -f "%M" -o "$work/rss$n" "$build/tools/onnxtrain" "$work/cnn.onnx" \
     --data "images:$work/small$n" --val-data none --augment basic --steps 200 --batch-size 64 \
     --threads 1 --data-workers 1 >/dev/null
-  echo "$n images ($(du -sm "$work/small$n" | cut -f1) MB of JPEG): max RSS $(( $(cat "$work/rss$n") / 1024 )) MiB"
+  echo "$n images ($mb MB of JPEG), cnn 3x32x32, 1 replica, 200 steps of 64: max RSS $(( $(cat "$work/rss$n") / 1024 )) MiB"
+  /usr/bin/time -f "%M" -o "$work/rss$n" "$build/tools/onnxtrain" "$work/r18.onnx" \
+    --data "images:$work/small$n" --val-data none --augment basic --replicas 2 --steps 60 \
+    --batch-size 64 >/dev/null
+  echo "$n images ($mb MB of JPEG), resnet18 3x64x64 width 16, --replicas 2, 60 steps of 2 x 64: max RSS $(( $(cat "$work/rss$n") / 1024 )) MiB"
 done

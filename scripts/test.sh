@@ -43,6 +43,15 @@ if [ "${ONNXTRAIN_MODELS:-1}" != "0" ]; then
   ctest --test-dir build --output-on-failure -L models
 fi
 
+# `pip install .` into a fresh venv, then the Python API suite against the installed package
+# (issue #21). Its build folder is build/wheel (ccache makes it mostly hits after the Release
+# build); numpy, pytest, onnxruntime, scikit-build-core and pybind11 come from PyPI.
+# ONNXTRAIN_PIP=0 skips it (e.g. offline).
+if [ "${ONNXTRAIN_PIP:-1}" != "0" ]; then
+  echo "== pip install . (tests/python/pip_install.sh; ONNXTRAIN_PIP=0 skips it)"
+  tests/python/pip_install.sh build
+fi
+
 echo "== AddressSanitizer + UBSan build: hostile-input, I/O, executor, backend-suite, data, checkpoint, collective and plugin tests"
 # -O1 -g1 (line tables: sanitizer reports keep file:line) compiles about twice as fast as -O2 -g.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=ON \
