@@ -115,7 +115,8 @@ py::tuple train(const std::vector<std::string>& args, bool quiet) {
   return py::make_tuple(epochs, r.stopped_by_signal);
 }
 
-py::dict run(const std::string& path, const py::dict& inputs, int threads) {
+py::dict run(const std::string& path, const py::dict& inputs, int threads,
+             const std::string& conv_algorithm) {
   std::map<std::string, Tensor> feeds;
   for (const auto& [k, v] : inputs) {
     const std::string name = py::str(k);
@@ -135,6 +136,11 @@ py::dict run(const std::string& path, const py::dict& inputs, int threads) {
     passes::lower_sequences(*model);
     runtime::require_supported_ops(*model, path);
     passes::optimize_inference(*model);
+    const passes::ConvAlgorithm algo = passes::parse_conv_algorithm(conv_algorithm);
+    if (algo != passes::ConvAlgorithm::kDirect) {
+      passes::infer_shapes(*model);  // the rule reads the weights' shapes and x's dtype
+      passes::select_conv_algorithm(*model, algo);
+    }
     runtime::SessionOptions opts;
     opts.threads = threads;
     runtime::InferenceSession session(std::move(model), opts);
@@ -166,7 +172,7 @@ PYBIND11_MODULE(_onnxtrain, m) {
   m.doc() = "onnxtrain's C++ runtime (use the onnxtrain package's Trainer and run)";
   m.def("_train", &onnxtrain::python::train, py::arg("args"), py::arg("quiet") = false);
   m.def("_run", &onnxtrain::python::run, py::arg("model"), py::arg("inputs"),
-        py::arg("threads") = 0);
+        py::arg("threads") = 0, py::arg("conv_algorithm") = "direct");
   m.def("_inputs", &onnxtrain::python::inputs, py::arg("model"));
   m.attr("usage") = onnxtrain::tools::kTrainUsage;
 #ifdef ONNXTRAIN_VERSION

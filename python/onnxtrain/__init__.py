@@ -136,13 +136,17 @@ class Trainer:
             raise
 
 
-def run(model, inputs, threads=0):
+def run(model, inputs, threads=0, conv_algorithm="direct"):
     """The model's outputs on NumPy inputs ({input name: array}; one array for a one-input
-    model), as onnxrun computes them: {output name: ndarray}."""
+    model), as onnxrun computes them: {output name: ndarray}. conv_algorithm="winograd" is
+    onnxrun's --conv-algorithm winograd (3x3 stride-1 convolutions over maps >= 7x7)."""
+    if conv_algorithm not in ("direct", "winograd"):
+        raise ValueError(f"conv_algorithm: expected 'direct' or 'winograd', got {conv_algorithm!r}")
     model = os.fspath(model)
     if not isinstance(inputs, dict):
         names = [name for name, _, _ in _inputs(model)]
         if len(names) != 1:
             raise ValueError(f"the model has inputs {names}: pass a dict of arrays by input name")
         inputs = {names[0]: inputs}
-    return _run(model, {k: np.ascontiguousarray(v) for k, v in inputs.items()}, threads)
+    return _run(model, {k: np.ascontiguousarray(v) for k, v in inputs.items()}, threads,
+                conv_algorithm)

@@ -103,6 +103,29 @@ def test_save_runs_in_onnxruntime_like_run(mlp, tmp_path):
     assert not np.allclose(ours["logits"], onnxtrain.run(mlp, x[:8])["logits"])
 
 
+def test_conv_algorithm_winograd(tmp_path):
+    # --conv-algorithm as a keyword (Trainer) and an argument (run): a resnet18 at 32x32 has 4
+    # Winograd-eligible convolutions (stage 1's 3x3 on 8x8 maps); Winograd rounds differently
+    # but stays within float32 noise of direct.
+    path = str(tmp_path / "r18.onnx")
+    subprocess.run([os.path.join(BIN, "onnxzoo"), "resnet18", "--input", "3x32x32", "--width", "16",
+                    "--classes", "10", "-o", path], check=True, capture_output=True)
+    x = np.random.default_rng(5).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    direct = onnxtrain.run(path, x)["logits"]
+    wino = onnxtrain.run(path, x, conv_algorithm="winograd")["logits"]
+    assert np.allclose(wino, direct, rtol=1e-4, atol=1e-5 * np.abs(direct).max())
+    assert not np.array_equal(wino, direct), "bit-identical: did Winograd run?"
+    with pytest.raises(ValueError, match="conv_algorithm"):
+        onnxtrain.run(path, x, conv_algorithm="fft")
+    y = np.random.default_rng(6).integers(0, 10, 64)
+    xs = np.random.default_rng(7).standard_normal((64, 3, 32, 32)).astype(np.float32)
+    h = onnxtrain.Trainer(path, conv_algorithm="winograd", threads=1, lr=1e-3).fit(
+        (xs, y), epochs=2, batch_size=32, verbose=0)
+    assert np.isfinite(h.history["loss"]).all()
+    with pytest.raises(ValueError, match="--conv-algorithm: expected direct or winograd"):
+        onnxtrain.Trainer(path, conv_algorithm="fft").fit((xs, y), verbose=0)
+
+
 def test_second_fit_continues(mlp):
     x, y = separable(1024, 5)
     t = onnxtrain.Trainer(mlp, lr=1e-2)
