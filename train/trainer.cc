@@ -230,8 +230,9 @@ float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth, in
 
 }  // namespace
 
-// --precision against what the replicas' devices run. bf16 on a CPU without AVX512-BF16/AMX
-// would run the reference loops (hundreds of times slower): refused unless --allow-emulation.
+// --precision and --conv-algorithm against what the replicas' devices run. bf16 on a CPU
+// without AVX512-BF16/AMX would run the reference loops (hundreds of times slower): refused
+// unless --allow-emulation.
 // fp16 (dynamic loss scaling) runs natively on no CPU this oneDNN supports; the CUDA kernels
 // take float32 only so far.
 void check_precision(const ModelOptions& m,
@@ -246,6 +247,13 @@ void check_precision(const ModelOptions& m,
                (ls.init == defaults.init && ls.growth_interval == defaults.growth_interval),
            "--loss-scale and --loss-scale-growth-interval apply to --precision fp16 only (bf16 "
            "and fp32 need no loss scaling)");
+  // --conv-algorithm picks oneDNN (CPU) kernels; cuDNN chooses its own algorithms per plan.
+  for (const auto& d : devices)
+    OT_CHECK(m.conv_algorithm == passes::ConvAlgorithm::kDirect ||
+                 d->kind() == ops::DeviceKind::kCpu,
+             "--conv-algorithm winograd on ", d->name(),
+             ": it selects oneDNN's CPU kernels; on GPUs cuDNN chooses its own convolution "
+             "algorithms (use --device cpu, or leave --conv-algorithm out)");
   if (m.precision == graph::DataType::kFloat) return;
   const std::string name = precision_name(m.precision);
   for (const auto& d : devices) {
