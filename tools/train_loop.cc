@@ -402,6 +402,9 @@ TrainResult run_training(const TrainConfig& config) {
         f.scalar("batch_loss", s + 1, r.loss);
         if (ce) f.scalar("batch_accuracy", s + 1, r.correct / static_cast<double>(std::max<int64_t>(targets, 1)));
         f.scalar("batch_learning_rate", s + 1, trainer.lr_at(s));
+        // Flushed now, not at the epoch's end: TensorBoard shows a long epoch's curve as it
+        // goes (one small write per --tensorboard-every steps).
+        f.flush();
       });
     const double seen = static_cast<double>(std::max<int64_t>(pos.epoch_targets, 1));
     const int64_t epoch = s / spe + 1;

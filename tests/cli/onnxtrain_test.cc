@@ -1086,6 +1086,62 @@ TEST_F(OnnxtrainTest, TensorBoardEventFilesAreValidRecords) {
                "--tensorboard '.*d/file/train': cannot create the folder");
 }
 
+// Batch scalars reach the event file as training goes, not at the epoch's end. The epoch is
+// 16 steps, whose 48 batch records (~3 KB) stay below stdio's buffer: unflushed, they would
+// appear only with the epoch scalars. So 3 steps' batch_loss on disk before any epoch_loss
+// shows the flush; the run is then killed, and every record on disk must be whole.
+TEST_F(OnnxtrainTest, TensorBoardBatchScalarsAreOnDiskDuringTheEpoch) {
+  const std::string model =
+      zoo("resnet18", {"--input", "3x64x64", "--width", "16", "--classes", "10"}, "r18tb.onnx");
+  std::vector<std::string> args = {kOnnxtrain, model, "--data", "synthetic:512",
+                                   "--val-data", "none", "--epochs", "1", "--batch-size", "32",
+                                   "--threads", "1", "--tensorboard", path("tb"),
+                                   "--tensorboard-every", "1"};
+  const pid_t pid = spawn(args, dir_ / "tb.out");
+  ASSERT_GT(pid, 0);
+  auto event_file = [&]() -> std::string {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(path("tb/train"), ec)) return e.path().string();
+    return "";
+  };
+  auto count = [](const std::string& bytes, const std::string& tag) {
+    size_t n = 0;
+    for (size_t at = bytes.find(tag); at != std::string::npos; at = bytes.find(tag, at + 1)) ++n;
+    return n;
+  };
+  bool killed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string f = event_file();
+    const std::string bytes = f.empty() ? "" : cli_test::read_file(f);
+    if (count(bytes, "batch_loss") >= 3 && count(bytes, "epoch_loss") == 0) {
+      killed = ::kill(pid, SIGKILL) == 0;
+      break;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(killed && WIFSIGNALED(status))
+      << "batch scalars were not on disk before the epoch ended";
+  const std::string bytes = cli_test::read_file(event_file());
+  size_t at = 0, records = 0;
+  while (at < bytes.size()) {
+    ASSERT_LE(at + 12, bytes.size());
+    uint64_t len = 0;
+    std::memcpy(&len, bytes.data() + at, 8);
+    ASSERT_LE(at + 12 + len + 4, bytes.size()) << "record " << records << " cut short";
+    uint32_t data_crc = 0;
+    std::memcpy(&data_crc, bytes.data() + at + 12 + len, 4);
+    EXPECT_EQ(data_crc, tools::masked_crc32c(std::string_view(bytes).substr(at + 12, len)));
+    at += 12 + len + 4;
+    ++records;
+  }
+  EXPECT_GE(records, 1 + 3u * 3);  // the version, then loss, accuracy, lr per step
+}
+
 TEST_F(OnnxtrainTest, ResumeErrors) {
   const std::string model = small_mlp();
   const std::vector<std::string> base = {
