@@ -176,6 +176,21 @@ int64_t max_rss_bytes() {
   return ::getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<int64_t>(ru.ru_maxrss) * 1024 : 0;
 }
 
+// The process's resident memory now, bytes (/proc/self/statm counts pages); 0 unknown.
+int64_t rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long pages = 0, resident = 0;
+  const bool ok = std::fscanf(f, "%lld %lld", &pages, &resident) == 2;
+  std::fclose(f);
+  return ok ? static_cast<int64_t>(resident) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// "+12.3 MiB" / "-4 MiB": a change of resident memory.
+std::string delta_text(int64_t bytes) {
+  return (bytes < 0 ? "-" : "+") + bytes_text(bytes < 0 ? -bytes : bytes);
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config) {
@@ -203,9 +218,13 @@ TrainResult run_training(const TrainConfig& config) {
   runtime::parse_lr_schedule(o.schedule.lr_schedule, o.schedule.lr);
   check_files(c);
 
+  // Resident memory at each stage before step 1, so the peak can be told apart (issue #18).
+  const int64_t rss_start = rss_bytes();
   train::Trainer trainer(o);
   if (!c.save_graph.empty()) graph::export_onnx_file(trainer.training_graph(), c.save_graph);
+  const int64_t rss_model = rss_bytes();
   const train::TrainingData data = trainer.load_data();
+  const int64_t rss_data = rss_bytes();
   const train::RunLength& len = trainer.plan_length(data.sets.train.size());
   const int64_t spe = len.steps_per_epoch;
   TrainResult res;
@@ -281,6 +300,7 @@ TrainResult run_training(const TrainConfig& config) {
     trainer.prepare(*first);
     prepare_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   }
+  const int64_t rss_prepared = rss_bytes();
 
   std::string inputs;
   const char* rate_unit = "samples/s";  // images: a float input of rank >= 3 past the batch
@@ -480,11 +500,21 @@ TrainResult run_training(const TrainConfig& config) {
     }
   }
   trainer.check_weights_agree();
-  if (plan.memory.total() > 0)
-    std::fprintf(c.log, "%smemory      peak %s resident (the process; planned %s x %d replica%s "
-                 "+ the model, data and libraries)\n", c.live ? "\r\033[K" : "",
-                 bytes_text(max_rss_bytes()).c_str(), bytes_text(plan.memory.total()).c_str(),
-                 o.parallel.replicas, o.parallel.replicas == 1 ? "" : "s");
+  // Where the peak went: resident memory sampled at each stage before step 1 (libraries and
+  // whatever the process held, the model and its graphs, the data, the plans with their first-
+  // touched arenas and oneDNN primitives), then what the steps added on top.
+  const int64_t peak = max_rss_bytes();
+  if (plan.memory.total() > 0 && peak > 0 && rss_start > 0)
+    std::fprintf(c.log,
+                 "%smemory      peak %s resident: %s at start (libraries), %s model and training "
+                 "graphs, %s data, %s plans before step 1 (planned %s x %d replica%s: arenas, "
+                 "workspaces, state, buckets), %s during the steps (oneDNN and allocator caches, "
+                 "batches in flight)\n",
+                 c.live ? "\r\033[K" : "", bytes_text(peak).c_str(), bytes_text(rss_start).c_str(),
+                 delta_text(rss_model - rss_start).c_str(), delta_text(rss_data - rss_model).c_str(),
+                 delta_text(rss_prepared - rss_data).c_str(), bytes_text(plan.memory.total()).c_str(),
+                 o.parallel.replicas, o.parallel.replicas == 1 ? "" : "s",
+                 delta_text(peak - rss_prepared).c_str());
   if (!c.output.empty()) {
     try {
       trainer.export_model(c.output);

@@ -1142,6 +1142,45 @@ TEST_F(OnnxtrainTest, TensorBoardBatchScalarsAreOnDiskDuringTheEpoch) {
   EXPECT_GE(records, 1 + 3u * 3);  // the version, then loss, accuracy, lr per step
 }
 
+// The peak-memory line says where the peak went (issue #18): resident memory at start, then
+// what the model and graphs, the data, the plans before step 1 and the steps added. The plans
+// are allocated and first-touched before step 1 (their increment is at least half the planned
+// bytes), and the steps add little on top (under a quarter of the peak); the parts add up.
+TEST_F(OnnxtrainTest, MemoryLineSplitsThePeakByStage) {
+  const std::string model =
+      zoo("resnet18", {"--input", "3x64x64", "--width", "32", "--classes", "10"}, "r18m.onnx");
+  RunResult r = train({model, "--data", "synthetic:256", "--val-data", "none", "--epochs", "1",
+                       "--batch-size", "64", "--threads", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string size = R"(([0-9.e+]+) (KiB|MiB|GiB))";
+  const std::regex line("memory      peak " + size + " resident: " + size +
+                        " at start \\(libraries\\), ([+-])" + size +
+                        " model and training graphs, ([+-])" + size + " data, ([+-])" + size +
+                        " plans before step 1 \\(planned " + size +
+                        " x 1 replica: [^)]*\\), ([+-])" + size + " during the steps .*");
+  std::smatch m;
+  std::string found;
+  for (const std::string& l : lines_of(r.out))
+    if (std::regex_match(l, m, line)) {
+      found = l;
+      break;
+    }
+  ASSERT_FALSE(found.empty()) << r.out;
+  auto bytes = [&](int at) {
+    const double v = std::stod(m[at].str());
+    const std::string unit = m[at + 1].str();
+    return v * (unit == "GiB" ? 1024.0 * 1024 * 1024 : unit == "MiB" ? 1024.0 * 1024 : 1024.0);
+  };
+  auto signed_bytes = [&](int sign_at) { return (m[sign_at].str() == "-" ? -1 : 1) * bytes(sign_at + 1); };
+  const double peak = bytes(1), start = bytes(3), model_b = signed_bytes(5), data = signed_bytes(8),
+               plans = signed_bytes(11), planned = bytes(14), steps = signed_bytes(16);
+  EXPECT_GT(start, 0) << found;
+  EXPECT_GE(plans, 0.5 * planned) << "the plans are not allocated before step 1: " << found;
+  EXPECT_LT(steps, 0.25 * peak) << "the steps allocate a large share: " << found;
+  // Three significant digits per part: the parts add up to the peak within their rounding.
+  EXPECT_NEAR(start + model_b + data + plans + steps, peak, 0.02 * peak) << found;
+}
+
 TEST_F(OnnxtrainTest, ResumeErrors) {
   const std::string model = small_mlp();
   const std::vector<std::string> base = {
