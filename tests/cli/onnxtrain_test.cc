@@ -1033,6 +1033,27 @@ TEST_F(OnnxtrainTest, ReducePrecisionBf16HalvesTheGradientBytes) {
       << bad.err;
 }
 
+// The payloads of a TFRecord file (uint64 length, masked CRC-32C of it, the bytes, masked
+// CRC-32C of them), checking both CRCs; false when the file ends inside a record.
+bool tfrecords(const std::string& bytes, std::vector<std::string>& payloads) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    if (at + 12 > bytes.size()) return false;
+    uint64_t len = 0;
+    uint32_t len_crc = 0, data_crc = 0;
+    std::memcpy(&len, bytes.data() + at, 8);
+    std::memcpy(&len_crc, bytes.data() + at + 8, 4);
+    EXPECT_EQ(len_crc, tools::masked_crc32c(std::string_view(bytes).substr(at, 8)));
+    if (at + 12 + len + 4 > bytes.size()) return false;
+    const std::string_view data = std::string_view(bytes).substr(at + 12, len);
+    std::memcpy(&data_crc, bytes.data() + at + 12 + len, 4);
+    EXPECT_EQ(data_crc, tools::masked_crc32c(data)) << "record " << payloads.size();
+    payloads.emplace_back(data);
+    at += 12 + len + 4;
+  }
+  return true;
+}
+
 // --tensorboard (issue #21): TFRecord framing checked here (lengths and masked CRC-32C of every
 // record, the file_version event first, the tags present); that TensorBoard itself reads the
 // files back with the right steps and values is tests/models/interop.py (label models). A
@@ -1050,27 +1071,13 @@ TEST_F(OnnxtrainTest, TensorBoardEventFilesAreValidRecords) {
     ASSERT_EQ(files.size(), 1u) << sub;
     EXPECT_NE(files[0].filename().string().find("events.out.tfevents."), std::string::npos);
     const std::string bytes = cli_test::read_file(files[0].string());
-    size_t at = 0;
-    int records = 0;
+    std::vector<std::string> payloads;
+    ASSERT_TRUE(tfrecords(bytes, payloads)) << sub;
+    const auto records = static_cast<int>(payloads.size());
+    ASSERT_GE(records, 1);
+    EXPECT_NE(payloads[0].find("brain.Event:2"), std::string::npos);
     std::string all;
-    while (at < bytes.size()) {
-      ASSERT_LE(at + 12, bytes.size()) << sub << ": truncated header";
-      uint64_t len = 0;
-      uint32_t len_crc = 0, data_crc = 0;
-      std::memcpy(&len, bytes.data() + at, 8);
-      std::memcpy(&len_crc, bytes.data() + at + 8, 4);
-      EXPECT_EQ(len_crc, tools::masked_crc32c(std::string_view(bytes).substr(at, 8)));
-      ASSERT_LE(at + 12 + len + 4, bytes.size()) << sub << ": truncated record";
-      const std::string_view data = std::string_view(bytes).substr(at + 12, len);
-      std::memcpy(&data_crc, bytes.data() + at + 12 + len, 4);
-      EXPECT_EQ(data_crc, tools::masked_crc32c(data)) << sub << " record " << records;
-      if (records == 0) {
-        EXPECT_NE(data.find("brain.Event:2"), std::string::npos);
-      }
-      all += data;
-      at += 12 + len + 4;
-      ++records;
-    }
+    for (const std::string& p : payloads) all += p;
     const bool train = sub == std::string("train");
     // train: the version, 2 epochs x 4 epoch scalars, 8 steps / 2 x 3 batch scalars (loss,
     // accuracy, learning rate); validation: the version, 2 epochs x 2.
@@ -1126,20 +1133,9 @@ TEST_F(OnnxtrainTest, TensorBoardBatchScalarsAreOnDiskDuringTheEpoch) {
   waitpid(pid, &status, 0);
   ASSERT_TRUE(killed && WIFSIGNALED(status))
       << "batch scalars were not on disk before the epoch ended";
-  const std::string bytes = cli_test::read_file(event_file());
-  size_t at = 0, records = 0;
-  while (at < bytes.size()) {
-    ASSERT_LE(at + 12, bytes.size());
-    uint64_t len = 0;
-    std::memcpy(&len, bytes.data() + at, 8);
-    ASSERT_LE(at + 12 + len + 4, bytes.size()) << "record " << records << " cut short";
-    uint32_t data_crc = 0;
-    std::memcpy(&data_crc, bytes.data() + at + 12 + len, 4);
-    EXPECT_EQ(data_crc, tools::masked_crc32c(std::string_view(bytes).substr(at + 12, len)));
-    at += 12 + len + 4;
-    ++records;
-  }
-  EXPECT_GE(records, 1 + 3u * 3);  // the version, then loss, accuracy, lr per step
+  std::vector<std::string> payloads;
+  ASSERT_TRUE(tfrecords(cli_test::read_file(event_file()), payloads)) << "a record cut short";
+  EXPECT_GE(payloads.size(), 1 + 3u * 3);  // the version, then loss, accuracy, lr per step
 }
 
 // The peak-memory line says where the peak went (issue #18): resident memory at start, then
