@@ -233,8 +233,8 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
   EXPECT_TRUE(has_line_matching(r.out, "memory +[0-9.]+ [KMG]iB planned per replica: arena "
                                        "[0-9.]+ [KMG]iB .*state [0-9.]+ KiB .*prepared in [0-9.]+s"))
       << r.out;
-  EXPECT_TRUE(has_line_matching(r.out, "memory +peak [0-9.]+ [KMG]iB resident .*planned .* x 1 "
-                                       "replica .*"))
+  EXPECT_TRUE(has_line_matching(r.out, "memory +peak [0-9.]+ [KMG]iB resident: .*planned .* x 1 "
+                                       "replica.*"))
       << r.out;
   // stdout is a file here: one plain line per epoch, no carriage returns. The mlp's rows are
   // no images: its rate is in samples/s (img/s is for float inputs of rank >= 3 past the batch).
