@@ -16,5 +16,8 @@ time build/tools/onnxtrain out/resnet18_fmnist.onnx --replicas 2 --data fashion-
   --save-graph out/train_graph.onnx --metrics-json out/metrics.jsonl \
   --output out/resnet18_fmnist_trained.onnx "$@"
 echo "training graph (2 replicas, AllReduce buckets): build/tools/onnxdump out/train_graph.onnx --stats"
-build/tools/onnxdump out/train_graph.onnx --stats | head -n 12
+# Through a file, not a pipe into head: head closing early would kill onnxdump with SIGPIPE,
+# and pipefail would turn a finished run into exit 141.
+build/tools/onnxdump out/train_graph.onnx --stats >out/train_graph_stats.txt
+head -n 12 out/train_graph_stats.txt
 echo "trained model: out/resnet18_fmnist_trained.onnx (run it with build/tools/onnxrun)"
