@@ -63,7 +63,13 @@ int main(int argc, char** argv) {
       rt::LoaderOptions o;
       o.batch_size = 32;
       o.images.workers = std::atoi(argv[3]);
-      o.images.augment = rt::parse_augment(argv[4]);
+      const std::optional<rt::Augment> augment = rt::parse_augment(argv[4]);
+      if (!augment) {
+        std::fprintf(stderr, "decode_images: error: augment '%s': expected none, basic or imagenet\n",
+                     argv[4]);
+        return 2;
+      }
+      o.images.augment = *augment;
       const auto t0 = std::chrono::steady_clock::now();
       rt::DataLoader loader(d, rt::InputAdapter::for_dataset(d, lo.model_input), o);
       for (int64_t s = 0; s < loader.steps_per_epoch(); ++s) loader.next();

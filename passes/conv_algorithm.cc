@@ -61,10 +61,10 @@ ConvAlgorithmStats select_conv_algorithm(graph::Model& model, ConvAlgorithm algo
   return stats;
 }
 
-ConvAlgorithm parse_conv_algorithm(const std::string& name) {
+std::optional<ConvAlgorithm> parse_conv_algorithm(const std::string& name) {
   if (name == "direct") return ConvAlgorithm::kDirect;
   if (name == "winograd") return ConvAlgorithm::kWinograd;
-  fail("--conv-algorithm '", name, "': expected direct or winograd");
+  return std::nullopt;
 }
 
 }  // namespace onnxtrain::passes

@@ -302,7 +302,8 @@ InferenceStats optimize_inference(graph::Model& model);
 // over maps of at least 7x7: 1.2-2.7x faster on AVX-512, at a larger rounding error: relative
 // RMS error of one 3x3 conv 9e-7 vs 1.7e-7 direct, measured against float64).
 enum class ConvAlgorithm { kDirect, kWinograd };
-ConvAlgorithm parse_conv_algorithm(const std::string& name);  // "direct" | "winograd"
+// "direct" | "winograd"; nullopt for any other name.
+std::optional<ConvAlgorithm> parse_conv_algorithm(const std::string& name);
 struct ConvAlgorithmStats {
   int forward = 0, backward = 0;                    // Conv + FusedConv nodes, ConvGrad nodes
   int winograd_forward = 0, winograd_backward = 0;  // of those, marked winograd

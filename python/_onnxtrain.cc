@@ -136,10 +136,11 @@ py::dict run(const std::string& path, const py::dict& inputs, int threads,
     passes::lower_sequences(*model);
     runtime::require_supported_ops(*model, path);
     passes::optimize_inference(*model);
-    const passes::ConvAlgorithm algo = passes::parse_conv_algorithm(conv_algorithm);
-    if (algo != passes::ConvAlgorithm::kDirect) {
+    const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(conv_algorithm);
+    OT_CHECK(algo, "conv_algorithm '", conv_algorithm, "': expected direct or winograd");
+    if (*algo != passes::ConvAlgorithm::kDirect) {
       passes::infer_shapes(*model);  // the rule reads the weights' shapes and x's dtype
-      passes::select_conv_algorithm(*model, algo);
+      passes::select_conv_algorithm(*model, *algo);
     }
     runtime::SessionOptions opts;
     opts.threads = threads;

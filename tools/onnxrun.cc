@@ -124,9 +124,9 @@ Args parse_args(int argc, char** argv) {
       a.optimize = false;
     } else if (arg == "--conv-algorithm") {
       const std::string v = take_value();
-      if (v != "direct" && v != "winograd")
-        usage_fail(arg, ": expected direct or winograd, got '", v, "'");
-      a.conv_algorithm = passes::parse_conv_algorithm(v);
+      const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(v);
+      if (!algo) usage_fail(arg, ": expected direct or winograd, got '", v, "'");
+      a.conv_algorithm = *algo;
     } else if (arg == "--profile") {
       a.profile = take_value();
       if (a.profile.empty()) usage_fail(arg, ": empty file name");

@@ -320,9 +320,9 @@ Args parse_train_args(int argc, const char* const* argv) {
       c.train.model.precision = *t;
     } else if (arg == "--conv-algorithm") {
       const std::string v = value();
-      if (v != "direct" && v != "winograd")
-        usage_fail(arg, ": expected direct or winograd, got '", v, "'");
-      c.train.model.conv_algorithm = passes::parse_conv_algorithm(v);
+      const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(v);
+      if (!algo) usage_fail(arg, ": expected direct or winograd, got '", v, "'");
+      c.train.model.conv_algorithm = *algo;
     } else if (arg == "--allow-emulation") {
       no_value();
       c.train.model.allow_emulation = true;
@@ -357,17 +357,18 @@ Args parse_train_args(int argc, const char* const* argv) {
       c.train.checkpoint.every = parse_int(arg, value(), 1);
     } else if (arg == "--augment") {
       const std::string v = value();
-      if (v != "none" && v != "basic" && v != "imagenet")
-        usage_fail(arg, ": expected none, basic or imagenet, got '", v, "'");
-      c.train.data.augment = runtime::parse_augment(v);
+      const std::optional<runtime::Augment> augment = runtime::parse_augment(v);
+      if (!augment) usage_fail(arg, ": expected none, basic or imagenet, got '", v, "'");
+      c.train.data.augment = *augment;
     } else if (arg == "--data-workers") {
       c.train.data.data_workers = static_cast<int>(parse_int(arg, value(), 1));
       if (c.train.data.data_workers > 256)
         usage_fail(arg, ": at most 256, got ", c.train.data.data_workers);
     } else if (arg == "--on-bad-image") {
       const std::string v = value();
-      if (v != "stop" && v != "skip") usage_fail(arg, ": expected stop or skip, got '", v, "'");
-      c.train.data.on_bad_image = runtime::parse_on_bad_image(v);
+      const std::optional<runtime::OnBadImage> on_bad = runtime::parse_on_bad_image(v);
+      if (!on_bad) usage_fail(arg, ": expected stop or skip, got '", v, "'");
+      c.train.data.on_bad_image = *on_bad;
     } else if (arg == "--on-nonfinite") {
       const std::string v = value();
       if (v != "stop" && v != "skip") usage_fail(arg, ": expected stop or skip, got '", v, "'");

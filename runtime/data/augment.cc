@@ -43,11 +43,11 @@ void blend(float* p, int64_t n, float factor, float other) {
 
 }  // namespace
 
-Augment parse_augment(const std::string& text) {
+std::optional<Augment> parse_augment(const std::string& text) {
   if (text == "none") return Augment::kNone;
   if (text == "basic") return Augment::kBasic;
   if (text == "imagenet") return Augment::kImageNet;
-  fail("--augment '", text, "': expected none, basic or imagenet");
+  return std::nullopt;
 }
 
 const char* augment_name(Augment a) {
@@ -59,10 +59,10 @@ const char* augment_name(Augment a) {
   return "?";
 }
 
-OnBadImage parse_on_bad_image(const std::string& text) {
+std::optional<OnBadImage> parse_on_bad_image(const std::string& text) {
   if (text == "stop") return OnBadImage::kStop;
   if (text == "skip") return OnBadImage::kSkip;
-  fail("--on-bad-image '", text, "': expected stop or skip");
+  return std::nullopt;
 }
 
 CropBox random_resized_crop_box(int64_t height, int64_t width, DataRng& rng) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,12 +18,13 @@ namespace onnxtrain::runtime {
 // --augment: none (validation geometry) | basic (random-resized-crop + flip) | imagenet (basic +
 // color jitter 0.4/0.4/0.4).
 enum class Augment { kNone, kBasic, kImageNet };
-Augment parse_augment(const std::string& text);
+// nullopt for any other name (the command line says what it expects).
+std::optional<Augment> parse_augment(const std::string& text);
 const char* augment_name(Augment a);
 
 // --on-bad-image: stop (the decoder's one-line error naming the file) | skip (a substitute).
 enum class OnBadImage { kStop, kSkip };
-OnBadImage parse_on_bad_image(const std::string& text);
+std::optional<OnBadImage> parse_on_bad_image(const std::string& text);  // nullopt: unknown
 
 // How a loader turns listed image files into batches (LoaderOptions::images).
 struct ImageStreamOptions {
