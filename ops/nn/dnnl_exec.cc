@@ -33,17 +33,17 @@ bool DnnlWindowPrimitive::try_init(const UserDescs& user, bool blocked, const Pd
     y_reorder_.reset();
     ScratchPlan plan;
     if (x_md_ != user.x) {
-      x_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user.x, eng, x_md_));
+      x_reorder_ = Reorder(user.x, x_md_);
       x_off_ = plan.add(x_md_.get_size());
     }
     if (w_md_ != user.w) {
       // Weights change every training step, so they are reordered per run (cheap next to the
       // convolution itself) rather than cached.
-      w_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, user.w, eng, w_md_));
+      w_reorder_ = Reorder(user.w, w_md_);
       w_off_ = plan.add(w_md_.get_size());
     }
     if (y_md_ != user.y) {
-      y_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, y_md_, eng, user.y));
+      y_reorder_ = Reorder(y_md_, user.y);
       y_off_ = plan.add(y_md_.get_size());
     }
     pad_off_ = plan.add(pad_md_.get_size());
@@ -89,14 +89,13 @@ dnnl::memory::desc any_layout(const dnnl::memory::desc& d) {
 }
 
 void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {
-  const dnnl::engine& eng = cpu_engine();
   ScratchPlan plan;
   args_.clear();
   for (Arg& a : args) {
     Bound b{a, pd.query_md(dnnl::query::exec_arg_md, a.id), std::nullopt, 0};
     if (b.prim != a.user) {
-      b.reorder = a.output ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, b.prim, eng, a.user))
-                           : dnnl::reorder(dnnl::reorder::primitive_desc(eng, a.user, eng, b.prim));
+      b.reorder = a.output ? Reorder(b.prim, a.user)
+                           : Reorder(a.user, b.prim);
       b.offset = plan.add(b.prim.get_size());
     }
     args_.push_back(std::move(b));

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 
+#include "ops/nn/dnnl_reorder.h"
 #include "ops/nn/nn_util.h"
 
 namespace onnxtrain::ops::nn {
@@ -43,7 +44,7 @@ class DnnlWindowPrimitive {
   std::optional<dnnl::primitive> prim_;
   std::optional<dnnl::stream> stream_;
   dnnl::memory::desc x_md_, w_md_, y_md_, pad_md_;
-  std::optional<dnnl::reorder> x_reorder_, w_reorder_, y_reorder_;
+  std::optional<Reorder> x_reorder_, w_reorder_, y_reorder_;
   size_t x_off_ = 0, w_off_ = 0, y_off_ = 0, pad_off_ = 0, scratch_bytes_ = 0;
   std::string impl_;
   bool blocked_ = false;
@@ -71,7 +72,7 @@ class DnnlRunner {
   struct Bound {
     Arg arg;
     dnnl::memory::desc prim;
-    std::optional<dnnl::reorder> reorder;
+    std::optional<Reorder> reorder;
     size_t offset = 0;
   };
   std::optional<dnnl::primitive> prim_;

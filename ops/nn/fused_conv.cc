@@ -249,11 +249,11 @@ class FusedConvKernel final : public Kernel {
     z_reorder_.reset();
     w_packed_.reset();
     if (x_md_ != x_user_md_) {
-      x_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, x_user_md_, eng, x_md_));
+      x_reorder_ = Reorder(x_user_md_, x_md_);
       x_off_ = plan.add(x_md_.get_size());
     }
     if (w_md_ != w_user_md_)
-      w_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, w_user_md_, eng, w_md_));
+      w_reorder_ = Reorder(w_user_md_, w_md_);
     stream_ = dnnl::stream(eng);
     if (ctx.input_is_constant(1) && w.data) {
       // Inference weights never change: pack them once for the whole plan.
@@ -268,11 +268,11 @@ class FusedConvKernel final : public Kernel {
       w_off_ = plan.add(w_md_.get_size());
     }
     if (y_md_ != y_user_md_) {
-      y_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, y_md_, eng, y_user_md_));
+      y_reorder_ = Reorder(y_md_, y_user_md_);
       y_off_ = plan.add(y_md_.get_size());
     }
     if (has_z_ && z_user_md_ != y_md_)
-      z_reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(eng, z_user_md_, eng, y_md_));
+      z_reorder_ = Reorder(z_user_md_, y_md_);
     pad_off_ = plan.add(pad_md_.get_size());
     scratch_bytes_ = plan.total();
     prim_ = dnnl::primitive(*pd);
@@ -297,7 +297,7 @@ class FusedConvKernel final : public Kernel {
   std::vector<int64_t> x_dims_, w_dims_, y_dims_;
   memory::desc x_user_md_, w_user_md_, y_user_md_, z_user_md_, b_md_;
   memory::desc x_md_, w_md_, y_md_, pad_md_;
-  std::optional<dnnl::reorder> x_reorder_, w_reorder_, y_reorder_, z_reorder_;
+  std::optional<Reorder> x_reorder_, w_reorder_, y_reorder_, z_reorder_;
   std::optional<memory> w_packed_;
   std::optional<dnnl::primitive> prim_;
   std::optional<dnnl::stream> stream_;
