@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 
+#include "ops/nn/conv_algorithm.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
@@ -164,6 +165,86 @@ void conv_reference(const ConvSetup& p, const T* x, const T* w, const T* b, T* y
   });
 }
 
+// ---------------------------------------------------------------- GEMM path
+
+// Taps of every output position, computed once per run (the backward loops visit each output
+// position once per channel or batch element).
+std::vector<std::vector<Tap>> all_taps(const WindowGeom& g, bool transposed) {
+  std::vector<std::vector<Tap>> taps(static_cast<size_t>(g.out_size));
+  for (int64_t o = 0; o < g.out_size; ++o) collect_taps(g, o, transposed, taps[o]);
+  return taps;
+}
+
+
+// ConvGrad as GEMMs over the whole batch where ops/nn/conv_algorithm.h's rule prefers it:
+//   dYt[M,O] <- dY (N,O,P),  dW[O,K] = dYt^T col[M,K],  dcol[M,K] = dYt W,  dX <- col2im(dcol)
+// with M = N x output pixels and K = C x kernel taps, through oneDNN's sgemm (its OpenMP
+// threads). Float32, one group, any spatial rank, strides, pads and dilations. A node marked for
+// Winograd (passes/conv_algorithm) keeps it.
+bool prefer_gemm(const ConvSetup& s, DataType type, const graph::Node& node) {
+  const WindowGeom& g = s.geom;
+  return conv_grad_gemm_preferred(s.n, s.c, s.m, s.group, g.in_size, g.out_size, g.kernel_size,
+                                  type) &&
+         requested_conv_algorithm(node) != dnnl::algorithm::convolution_winograd;
+}
+
+struct GemmShape {
+  int64_t rows = 0, cols = 0, out = 0;  // M = N*P, K = C*KS, O
+  size_t col_floats() const { return static_cast<size_t>(rows * cols); }
+  size_t t_floats() const { return static_cast<size_t>(rows * out); }
+};
+
+GemmShape gemm_shape(const ConvSetup& s) {
+  return {s.n * s.geom.out_size, s.c * s.geom.kernel_size, s.m};
+}
+
+// col[(n,o), (c,k)] = x[n, c, tap(o,k)] (0 in the padding).
+void im2col(const ConvSetup& s, const float* x, float* col, const KernelContext& ctx) {
+  const WindowGeom& g = s.geom;
+  const int64_t rows = s.n * g.out_size, cols = s.c * g.kernel_size;
+  ctx.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<Tap> taps;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / g.out_size, o = r % g.out_size;
+      collect_taps(g, o, false, taps);
+      float* row = col + r * cols;
+      std::fill(row, row + cols, 0.0f);
+      const float* xn = x + n * s.c * g.in_size;
+      for (int64_t c = 0; c < s.c; ++c) {
+        const float* xc = xn + c * g.in_size;
+        float* rc = row + c * g.kernel_size;
+        for (const Tap& t : taps) rc[t.k] = xc[t.i];
+      }
+    }
+  });
+}
+
+// dx[n, c, i] = sum over (o,k) with tap(o,k) = i of dcol[(n,o), (c,k)]; one (n, c) plane per
+// task, so no two tasks write the same element.
+void col2im(const ConvSetup& s, const float* dcol, float* dx, const KernelContext& ctx) {
+  const WindowGeom& g = s.geom;
+  const int64_t cols = s.c * g.kernel_size;
+  const std::vector<std::vector<Tap>> taps = all_taps(g, false);
+  ctx.parallel_for(s.n * s.c, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t nc = begin; nc < end; ++nc) {
+      const int64_t n = nc / s.c, c = nc % s.c;
+      float* plane = dx + nc * g.in_size;
+      std::fill(plane, plane + g.in_size, 0.0f);
+      for (int64_t o = 0; o < g.out_size; ++o) {
+        const float* rc = dcol + (n * g.out_size + o) * cols + c * g.kernel_size;
+        for (const Tap& t : taps[o]) plane[t.i] += rc[t.k];
+      }
+    }
+  });
+}
+
+// Row-major sgemm C[m,n] = op(A) op(B) through oneDNN (threads: the caller's ThreadBudget).
+void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float* c, int64_t ldc, const std::string& where) {
+  OT_CHECK(dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) == dnnl_success,
+           where, ": oneDNN sgemm failed (", m, "x", n, "x", k, ")");
+}
+
 // x: (N,C,D...), w: (M,C/g,K...), b: (M) -> y: (N,M,O...)
 class ConvKernel final : public Kernel {
  public:
@@ -312,14 +393,6 @@ class ConvIntegerKernel final : public Kernel {
 
 // ---------------------------------------------------------------- ConvGrad
 
-// Taps of every output position, computed once per run (the backward loops visit each output
-// position once per channel or batch element).
-std::vector<std::vector<Tap>> all_taps(const WindowGeom& g, bool transposed) {
-  std::vector<std::vector<Tap>> taps(static_cast<size_t>(g.out_size));
-  for (int64_t o = 0; o < g.out_size; ++o) collect_taps(g, o, transposed, taps[o]);
-  return taps;
-}
-
 // Reference backward of conv_reference, accumulated in double:
 //   dx[n, grp*C/g + c, i] = sum_{m in grp, o, k : tap(o,k) = i} dy[n,m,o] * w[m,c,k]
 //   dw[m,c,k] = sum_{n,o} dy[n,m,o] * x[n, grp*C/g + c, tap(o,k)],  db[m] = sum_{n,o} dy[n,m,o]
@@ -397,8 +470,9 @@ void infer_conv_grad(InferenceContext& ctx) {
 }
 
 // dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M)
-// Each output is computed only when requested; f32 and bf16 1-D..3-D through oneDNN's backward-data /
-// backward-weights primitives, everything else through the reference.
+// Each output is computed only when requested; f32 over small maps through the GEMM path above,
+// f32 and bf16 1-D..3-D through oneDNN's backward-data / backward-weights primitives, everything
+// else through the reference.
 class ConvGradKernel final : public Kernel {
  public:
   explicit ConvGradKernel(const graph::Node& node) : where_(node.describe()) {}
@@ -422,6 +496,12 @@ class ConvGradKernel final : public Kernel {
     data_.reset();
     weights_.reset();
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
+    gemm_ = !empty && prefer_gemm(setup_, x->dtype, ctx.node());
+    if (gemm_) {
+      const GemmShape gs = gemm_shape(setup_);
+      ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
+      return;
+    }
     if (!dnnl_float_type(x->dtype) || setup_.geom.in.size() > 3 || empty) return;
     elem_bytes_ = static_cast<size_t>(graph::dtype_bits(x->dtype) / 8);
     init_dnnl(ctx, *dnnl_float_type(x->dtype));
@@ -442,6 +522,10 @@ class ConvGradKernel final : public Kernel {
     TensorView* dw = ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, w->dims) : nullptr;
     const std::vector<int64_t> b_dims{setup_.m};
     TensorView* db = ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, b_dims) : nullptr;
+    if (gemm_) {
+      run_gemm(ctx, *dy, *x, *w, dx, dw, db);
+      return;
+    }
     if (dnnl_ready()) {
       run_dnnl(ctx, *dy, *x, *w, dx, dw, db);
       return;
@@ -573,9 +657,49 @@ class ConvGradKernel final : public Kernel {
     }
   }
 
+  void run_gemm(KernelContext& ctx, const TensorView& dy, const TensorView& x, const TensorView& w,
+                TensorView* dx, TensorView* dw, TensorView* db) {
+    const GemmShape gs = gemm_shape(setup_);
+    auto* col = static_cast<float*>(ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float)));
+    float* dyt = col + gs.col_floats();
+    const int64_t pixels = setup_.geom.out_size, out = gs.out;
+    const float* dyv = dy.as<float>();
+    // dYt[(n,p), o] = dy[n, o, p]
+    ctx.parallel_for(setup_.n * pixels, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t n = r / pixels, p = r % pixels;
+        const float* src = dyv + n * out * pixels + p;
+        float* dst = dyt + r * out;
+        for (int64_t o = 0; o < out; ++o) dst[o] = src[o * pixels];
+      }
+    });
+    if (db) {
+      float* dbv = db->as<float>();
+      ctx.parallel_for(out, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) {
+          float acc = 0.0f;
+          for (int64_t r = 0; r < gs.rows; ++r) acc += dyt[r * out + o];
+          dbv[o] = acc;
+        }
+      });
+    }
+    ThreadBudget budget(ctx.num_threads());
+    if (dw) {
+      im2col(setup_, x.as<float>(), col, ctx);
+      sgemm('T', 'N', out, gs.cols, gs.rows, dyt, out, col, gs.cols, dw->as<float>(), gs.cols,
+            where_);
+    }
+    if (dx) {
+      sgemm('N', 'N', gs.rows, gs.cols, out, dyt, out, w.as<float>(), gs.cols, col, gs.cols,
+            where_);
+      col2im(setup_, col, dx->as<float>(), ctx);
+    }
+  }
+
   std::string where_;
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
+  bool gemm_ = false;
   bool want_dx_ = false, want_dwb_ = false;
   size_t elem_bytes_ = sizeof(float);
   DnnlRunner data_, weights_;

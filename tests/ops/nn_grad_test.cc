@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "graph/ir.h"
+#include "ops/nn/conv_algorithm.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
 #include "tests/ops/one_node_grad.h"
@@ -592,6 +593,55 @@ TEST(NnGradRules, WinogradConvMatchesDirectAndFloat64Reference) {
     c.attrs = wattrs;
     check_case(c);
   }
+}
+
+// Float32 ConvGrad over small maps takes the GEMM path (ops/nn/conv_algorithm.h's rule:
+// im2col, sgemm, col2im). Each case satisfies that rule, and its dX, dW (and dB) must match the
+// float64 reference loops, with strides, pads, dilations, 1x1, 1-D and 3-D windows, and bias.
+TEST(NnGradRules, SmallMapConvGradGemmMatchesFloat64Reference) {
+  struct GemmCase {
+    std::vector<int64_t> x, w, strides, pads, dilations;
+    bool bias;
+  };
+  const GemmCase cases[] = {
+      {{2, 64, 2, 2}, {64, 64, 3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, false},  // layer4-like
+      {{2, 32, 5, 5}, {64, 32, 3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, true},   // strided
+      {{4, 128, 2, 2}, {256, 128, 1, 1}, {1, 1}, {0, 0, 0, 0}, {1, 1}, true},  // 1x1
+      {{1, 16, 4, 5}, {48, 16, 3, 3}, {1, 1}, {2, 1, 2, 0}, {2, 2}, false},  // dilated, uneven pads
+      {{3, 32, 3}, {64, 32, 3}, {1}, {1, 1}, {1}, true},                      // 1-D
+      {{1, 8, 2, 2, 2}, {32, 8, 2, 2, 2}, {1, 1, 1}, {0, 0, 0, 0, 0, 0}, {1, 1, 1}, false},  // 3-D
+  };
+  uint64_t seed = 700;
+  for (const GemmCase& v : cases) {
+    SCOPED_TRACE(cat("x ", join(v.x), " w ", join(v.w)));
+    // The rule holds for the case (so the kernel takes the GEMM path).
+    const size_t spatial = v.x.size() - 2;
+    int64_t in_pixels = 1, out_pixels = 1, taps = 1;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t k = v.w[i + 2], d = v.dilations[i];
+      const int64_t span = (k - 1) * d + 1;
+      in_pixels *= v.x[i + 2];
+      out_pixels *= (v.x[i + 2] + v.pads[i] + v.pads[i + spatial] - span) / v.strides[i] + 1;
+      taps *= k;
+    }
+    ASSERT_TRUE(ops::conv_grad_gemm_preferred(v.x[0], v.x[1], v.w[0], 1, in_pixels, out_pixels,
+                                              taps, DataType::kFloat));
+    EXPECT_FALSE(ops::conv_grad_gemm_preferred(v.x[0], v.x[1], v.w[0], 1, in_pixels, out_pixels,
+                                               taps, DataType::kDouble));
+    NnCase c;
+    c.op = "Conv";
+    c.finite_diff = false;  // float32 (GEMM) against float64 (reference loops)
+    c.label = "gemm";
+    c.inputs = {rnd(v.x, seed++), rnd(v.w, seed++)};
+    if (v.bias) c.inputs.push_back(rnd({v.w[0]}, seed++));
+    c.attrs = {Attribute::make_ints("strides", v.strides), Attribute::make_ints("pads", v.pads),
+               Attribute::make_ints("dilations", v.dilations)};
+    check_case(c);
+  }
+  // Larger maps stay on oneDNN's primitives.
+  EXPECT_FALSE(ops::conv_grad_gemm_preferred(16, 256, 256, 1, 64, 16, 9, DataType::kFloat));
+  EXPECT_FALSE(ops::conv_grad_gemm_preferred(8, 512, 512, 1, 49, 49, 9, DataType::kFloat));
+  EXPECT_FALSE(ops::conv_grad_gemm_preferred(2, 64, 64, 2, 4, 4, 9, DataType::kFloat));  // groups
 }
 
 // Static shape inference of every grad op with a symbolic batch dim: outputs are shaped like
