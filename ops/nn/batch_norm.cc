@@ -64,6 +64,56 @@ double lane_sum(int64_t n, F f) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+// One channel's sums over its N planes of `inner` elements, in double over 8 lanes, in one pass
+// reading x (and dy) once: with K the channel's first element,
+//   s1 = sum(x - K), s2 = sum((x - K)^2)   [and sy = sum(dy), sxy = sum(dy (x - K))]
+//   mean = K + s1/M, var = s2/M - (s1/M)^2, sum(dy (x - mean)) = sxy - (mean - K) sy.
+// Shifting by a sample keeps the terms of the order of the spread, so the variance does not
+// cancel the way sum(x^2) - M mean^2 does when |mean| is much larger than the spread.
+struct ChannelSums {
+  double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum_dy_xc = sum(dy (x - mean))
+};
+
+template <typename T, bool kWithDy>
+ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
+                         int64_t c) {
+  ChannelSums r;
+  const int64_t count = n * inner;
+  if (count == 0) return r;
+  const double shift = static_cast<double>(x[c * inner]);
+  double a[8] = {}, b[8] = {}, g[8] = {}, h[8] = {};
+  auto lane_add = [&](int k, const T* xp, const T* dyp, int64_t i) {
+    const double v = static_cast<double>(xp[i]) - shift;
+    a[k] += v;
+    b[k] += v * v;
+    if constexpr (kWithDy) {
+      const double d = static_cast<double>(dyp[i]);
+      g[k] += d;
+      h[k] += d * v;
+    }
+  };
+  for (int64_t p = 0; p < n; ++p) {
+    const T* xp = x + (p * channels + c) * inner;
+    const T* dyp = kWithDy ? dy + (p * channels + c) * inner : nullptr;
+    int64_t i = 0;
+    for (; i + 8 <= inner; i += 8)
+      for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, i + k);
+    for (int k = 0; i < inner; ++i, ++k) lane_add(k, xp, dyp, i);
+  }
+  auto merge = [](const double* s) {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  };
+  const double m = static_cast<double>(count);
+  const double d1 = merge(a) / m;
+  r.mean = shift + d1;
+  r.var = std::max(0.0, merge(b) / m - d1 * d1);
+  if constexpr (kWithDy) {
+    r.sum_dy = merge(g);
+    r.sum_dy_xc = merge(h) - d1 * r.sum_dy;
+  }
+  return r;
+}
+
 double read(const TensorView& v, int64_t i) {
   return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
 }
@@ -126,32 +176,18 @@ class BatchNormKernel final : public Kernel {
   }
 
  private:
-  // Mean and biased variance over (N, D...) per channel, two passes in double.
+  // Mean and biased variance over (N, D...) per channel: one shifted pass (channel_sums).
   template <typename T>
   static void batch_stats(const T* x, int64_t n, int64_t channels, int64_t inner,
                           std::vector<double>& mean, std::vector<double>& var,
                           const KernelContext& ctx) {
     mean.assign(channels, 0.0);
     var.assign(channels, 0.0);
-    const double count = static_cast<double>(n * inner);
     ctx.parallel_for(channels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        double sum = 0;
-        for (int64_t b = 0; b < n; ++b) {
-          const T* p = x + (b * channels + c) * inner;
-          sum += lane_sum(inner, [p](int64_t i) { return static_cast<double>(p[i]); });
-        }
-        const double m = count > 0 ? sum / count : 0.0;
-        double sq = 0;
-        for (int64_t b = 0; b < n; ++b) {
-          const T* p = x + (b * channels + c) * inner;
-          sq += lane_sum(inner, [p, m](int64_t i) {
-            const double d = static_cast<double>(p[i]) - m;
-            return d * d;
-          });
-        }
-        mean[c] = m;
-        var[c] = count > 0 ? sq / count : 0.0;
+        const ChannelSums sums = channel_sums<T, false>(x, nullptr, n, channels, inner, c);
+        mean[c] = sums.mean;
+        var[c] = sums.var;
       }
     });
   }
@@ -222,46 +258,34 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
   const double count = static_cast<double>(n * inner);
   ctx.parallel_for(channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      auto plane = [&](const T* base, int64_t b) { return base + (b * channels + c) * inner; };
-      double mean = 0, var = 0;
+      double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
       if (training) {
-        double sum = 0;
-        for (int64_t b = 0; b < n; ++b) {
-          const T* p = plane(x, b);
-          sum += lane_sum(inner, [p](int64_t i) { return static_cast<double>(p[i]); });
-        }
-        mean = count > 0 ? sum / count : 0.0;
-        double sq = 0;
-        for (int64_t b = 0; b < n; ++b) {
-          const T* p = plane(x, b);
-          sq += lane_sum(inner, [p, mean](int64_t i) {
-            const double d = static_cast<double>(p[i]) - mean;
-            return d * d;
-          });
-        }
-        var = count > 0 ? sq / count : 0.0;
+        const ChannelSums sums = channel_sums<T, true>(x, dy, n, channels, inner, c);
+        mean = sums.mean;
+        var = sums.var;
+        sum_dy = sums.sum_dy;
+        sum_dy_xc = sums.sum_dy_xc;
       } else {
         mean = mean_in[c];
         var = var_in[c];
+        for (int64_t b = 0; b < n; ++b) {
+          const T* xp = x + (b * channels + c) * inner;
+          const T* dyp = dy + (b * channels + c) * inner;
+          sum_dy += lane_sum(inner, [dyp](int64_t i) { return static_cast<double>(dyp[i]); });
+          sum_dy_xc += lane_sum(inner, [xp, dyp, mean](int64_t i) {
+            return static_cast<double>(dyp[i]) * (static_cast<double>(xp[i]) - mean);
+          });
+        }
       }
       const double inv = 1.0 / std::sqrt(var + epsilon);
-      double sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
-      for (int64_t b = 0; b < n; ++b) {
-        const T* xp = plane(x, b);
-        const T* dyp = plane(dy, b);
-        sum_dy += lane_sum(inner, [dyp](int64_t i) { return static_cast<double>(dyp[i]); });
-        sum_dy_xc += lane_sum(inner, [xp, dyp, mean](int64_t i) {
-          return static_cast<double>(dyp[i]) * (static_cast<double>(xp[i]) - mean);
-        });
-      }
       const double sum_dy_xhat = sum_dy_xc * inv;
       dbias[c] = sum_dy;
       dscale[c] = sum_dy_xhat;
       if (!dx) continue;
       const double k = scale[c] * inv;
       for (int64_t b = 0; b < n; ++b) {
-        const T* xp = plane(x, b);
-        const T* dyp = plane(dy, b);
+        const T* xp = x + (b * channels + c) * inner;
+        const T* dyp = dy + (b * channels + c) * inner;
         T* dxp = dx + (b * channels + c) * inner;
         if (training) {
           // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M.

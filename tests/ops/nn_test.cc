@@ -560,6 +560,67 @@ TEST(BatchNorm, InferenceAndTrainingMode) {
   }
 }
 
+// Batch statistics of data far from zero: x = 1e7 + k (k in -3..3, exact in float32). The
+// kernels' one-pass sums in double are shifted by a sample of the channel; unshifted,
+// sum(x^2) - M mean^2 rounds ~3e15-sized sums and is off by ~0.3% of the variance (~4). The
+// statistics outputs (running mean and variance; dscale, dbias) are checked against float64
+// two-pass references. y and dx are not: their float32 affine step cannot resolve a spread of
+// 4 at 1e7 (float32's spacing there is 1), in any implementation.
+TEST(BatchNorm, LargeOffsetStatisticsForwardAndGrad) {
+  const int64_t n = 2, c = 3, inner = 16, count = n * inner;
+  std::uniform_int_distribution<int> k(-3, 3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> xf(n * c * inner), dyf(n * c * inner), sf(c), bf(c), mf(c, 0.0f), vf(c, 1.0f);
+  for (size_t i = 0; i < xf.size(); ++i) {
+    xf[i] = 1e7f + static_cast<float>(k(rng()));
+    dyf[i] = u(rng());
+  }
+  for (int64_t ch = 0; ch < c; ++ch) {
+    sf[ch] = 0.5f + static_cast<float>(ch);
+    bf[ch] = u(rng());
+  }
+  const std::vector<int64_t> dims{n, c, 4, 4};
+  const double eps = 1e-5;
+  std::vector<double> mean(c), var(c);
+  for (int64_t i = 0; i < n * c * inner; ++i) mean[(i / inner) % c] += double(xf[i]) / count;
+  for (int64_t i = 0; i < n * c * inner; ++i) {
+    const int64_t ch = (i / inner) % c;
+    var[ch] += (xf[i] - mean[ch]) * (xf[i] - mean[ch]) / count;
+  }
+  for (int64_t ch = 0; ch < c; ++ch) ASSERT_GT(var[ch], 1.0) << "the data has a spread";
+  std::vector<double> dscale(c), dbias(c), run_var(c);
+  for (int64_t i = 0; i < n * c * inner; ++i) {
+    const int64_t ch = (i / inner) % c;
+    const double xhat = (xf[i] - mean[ch]) / std::sqrt(var[ch] + eps);
+    dbias[ch] += dyf[i];
+    dscale[ch] += dyf[i] * xhat;
+  }
+  for (int64_t ch = 0; ch < c; ++ch) run_var[ch] = 0.9 * 1.0 + 0.1 * var[ch];
+
+  NodeCase nc{"BatchNormalization",
+              {optest::f32(dims, xf), optest::f32({c}, sf), optest::f32({c}, bf), optest::f32({c}, mf), optest::f32({c}, vf)},
+              {Attribute::make_float("epsilon", static_cast<float>(eps)),
+               Attribute::make_float("momentum", 0.9f), Attribute::make_int("training_mode", 1)}};
+  nc.opset = 15;
+  nc.outputs = 3;
+  const std::vector<Tensor> fwd = run(nc);
+  std::vector<double> run_mean(c);
+  for (int64_t ch = 0; ch < c; ++ch) run_mean[ch] = 0.1 * mean[ch];
+  expect_near(fwd[1], {c}, run_mean, 1e-6, "bn running mean at offset 1e7");
+  expect_near(fwd[2], {c}, run_var, 1e-6, "bn running variance at offset 1e7");
+
+  optest::NodeCall g;
+  g.op = "BatchNormalizationGrad";
+  g.domain = ops::kOnnxtrainDomain;
+  g.inputs = {{optest::f32(dims, dyf)}, {optest::f32(dims, xf)}, {optest::f32({c}, sf)}};
+  g.attrs = {Attribute::make_float("epsilon", static_cast<float>(eps)),
+             Attribute::make_int("training_mode", 1)};
+  g.outputs = 3;
+  const std::vector<Tensor> grads = optest::run_node(g).outputs;
+  expect_near(grads[1], {c}, dscale, 1e-5, "bn dscale at offset 1e7");
+  expect_near(grads[2], {c}, dbias, 1e-5, "bn dbias at offset 1e7");
+}
+
 // ---------------------------------------------------------------- Gemm / MatMul
 
 TEST(Gemm, RandomAttributesAndBiasShapes) {
