@@ -315,6 +315,21 @@ struct ConvAlgorithmStats {
 // kDirect changes nothing. Counts the convolutions either way.
 ConvAlgorithmStats select_conv_algorithm(graph::Model& model, ConvAlgorithm algorithm);
 
+// ---- fuse_batchnorm_relu.cc
+struct BatchNormReluStats {
+  int batchnorms = 0;   // ai.onnx BatchNormalization nodes
+  int fused = 0;        // of those, computing their Relu (fused_relu = 1)
+  int fused_grads = 0;  // BatchNormalizationGrad nodes that absorbed the ReluGrad
+};
+// After autodiff, for CPU kernels (ops/nn/batch_norm_relu.h; the CUDA kernels leave marked nodes
+// to the CPU ones, so build_training_graph does not fuse for CUDA devices): each ai.onnx
+// BatchNormalization whose output is read only by one Relu writes the Relu's output itself
+// (fused_relu = 1; the value keeps the Relu output's name), and each ReluGrad(dZ, Z) of such a
+// Z whose result is only that BatchNormalization's BatchNormalizationGrad dY is folded into it
+// (dZ in slot 0, Z in slot ops::kBatchNormGradReluOutput, fused_relu = 1). Every value the
+// graph computes is bit-identical to the unfused graph's.
+BatchNormReluStats fuse_batchnorm_relu(graph::Model& model);
+
 // ---- pipeline.cc
 struct TrainingOptions {
   TrainableOptions trainable;
@@ -336,6 +351,9 @@ struct TrainingOptions {
   graph::DataType precision = graph::DataType::kFloat;
   // select_conv_algorithm after autodiff (and on the evaluation graph).
   ConvAlgorithm conv_algorithm = ConvAlgorithm::kDirect;
+  // fuse_batchnorm_relu after autodiff, unless a device in `devices` is a CUDA device or
+  // sync_batchnorm is set (replicate rewrites unfused BatchNormalization nodes only).
+  bool fuse_batchnorm_relu = true;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
 // resolved one).
@@ -355,10 +373,11 @@ struct TrainingGraphInfo {
   BucketInfo buckets;  // empty for one replica
   AutocastInfo autocast;  // zeros without mixed precision
   ConvAlgorithmStats conv_algorithm;
+  BatchNormReluStats batchnorm_relu;  // zeros when not fused
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
-// select_conv_algorithm -> attach_optimizer -> dce (-> replicate ->
+// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer -> dce (-> replicate ->
 // bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 

@@ -121,6 +121,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                  "stride 1 float32, maps >= 7x7; the rest direct)\n",
                  c.winograd_forward, c.forward, c.winograd_backward, c.backward);
   }
+  if (p.info.batchnorm_relu.fused > 0)
+    std::fprintf(f, "fused       Relu into %d of %d BatchNormalization nodes and %d of their "
+                 "gradients\n", p.info.batchnorm_relu.fused, p.info.batchnorm_relu.batchnorms,
+                 p.info.batchnorm_relu.fused_grads);
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (p.memory.total() > 0)

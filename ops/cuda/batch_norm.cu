@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/dnn_util.cuh"
+#include "ops/nn/batch_norm_relu.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -285,10 +286,14 @@ class BatchNormGradKernel final : public Kernel {
 
 }  // namespace
 
+// passes::fuse_batchnorm_relu's marks (ops/nn/batch_norm_relu.h) are not implemented here: such
+// nodes run the CPU kernels on host copies (the pass does not fuse for CUDA devices).
 ONNXTRAIN_REGISTER_KERNEL(batch_norm_cuda, "", "BatchNormalization", kCuda) {
+  if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
   return std::make_unique<BatchNormKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(batch_norm_grad_cuda, "ai.onnxtrain", "BatchNormalizationGrad", kCuda) {
+  if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
   return std::make_unique<BatchNormGradKernel>(n);
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/nn/batch_norm_relu.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
 
@@ -74,20 +75,22 @@ struct ChannelSums {
   double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum_dy_xc = sum(dy (x - mean))
 };
 
+// With `relu_out` (a fused BatchNormalization+Relu's output Z), dy is the Relu's gradient and
+// the sums use dy where Z > 0, else 0 (ReluGrad's rule).
 template <typename T, bool kWithDy>
 ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
-                         int64_t c) {
+                         int64_t c, const T* relu_out = nullptr) {
   ChannelSums r;
   const int64_t count = n * inner;
   if (count == 0) return r;
   const double shift = static_cast<double>(x[c * inner]);
   double a[8] = {}, b[8] = {}, g[8] = {}, h[8] = {};
-  auto lane_add = [&](int k, const T* xp, const T* dyp, int64_t i) {
+  auto lane_add = [&](int k, const T* xp, const T* dyp, const T* zp, int64_t i) {
     const double v = static_cast<double>(xp[i]) - shift;
     a[k] += v;
     b[k] += v * v;
     if constexpr (kWithDy) {
-      const double d = static_cast<double>(dyp[i]);
+      const double d = zp && !(zp[i] > T{0}) ? 0.0 : static_cast<double>(dyp[i]);
       g[k] += d;
       h[k] += d * v;
     }
@@ -95,10 +98,11 @@ ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, i
   for (int64_t p = 0; p < n; ++p) {
     const T* xp = x + (p * channels + c) * inner;
     const T* dyp = kWithDy ? dy + (p * channels + c) * inner : nullptr;
+    const T* zp = relu_out ? relu_out + (p * channels + c) * inner : nullptr;
     int64_t i = 0;
     for (; i + 8 <= inner; i += 8)
-      for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, i + k);
-    for (int k = 0; i < inner; ++i, ++k) lane_add(k, xp, dyp, i);
+      for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, zp, i + k);
+    for (int k = 0; i < inner; ++i, ++k) lane_add(k, xp, dyp, zp, i);
   }
   auto merge = [](const double* s) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
@@ -132,7 +136,8 @@ class BatchNormKernel final : public Kernel {
   explicit BatchNormKernel(const graph::Node& node)
       : where_(node.describe()),
         epsilon_(node.attr_float("epsilon", 1e-5f)),
-        momentum_(node.attr_float("momentum", 0.9f)) {}
+        momentum_(node.attr_float("momentum", 0.9f)),
+        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0) {}
 
   void run(KernelContext& ctx) override {
     const TensorView* x = ctx.input(0);
@@ -210,7 +215,14 @@ class BatchNormKernel final : public Kernel {
         const T ac = a[p % channels], bc = b[p % channels];
         const T* xp = x + p * inner;
         T* yp = y + p * inner;
-        for (int64_t i = 0; i < inner; ++i) yp[i] = xp[i] * ac + bc;
+        if (fused_relu_) {
+          for (int64_t i = 0; i < inner; ++i) {
+            const T v = xp[i] * ac + bc;
+            yp[i] = v < T{0} ? T{0} : v;  // Relu's rule (NaN passes)
+          }
+        } else {
+          for (int64_t i = 0; i < inner; ++i) yp[i] = xp[i] * ac + bc;
+        }
       }
     });
   }
@@ -238,6 +250,7 @@ class BatchNormKernel final : public Kernel {
 
   std::string where_;
   float epsilon_, momentum_;
+  bool fused_relu_;  // passes::fuse_batchnorm_relu: writes max(0, y)
 };
 
 // ---------------------------------------------------------------- BatchNormalizationGrad
@@ -252,7 +265,7 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
                      bool training, double epsilon, const std::vector<double>& scale,
                      const std::vector<double>& mean_in, const std::vector<double>& var_in, T* dx,
                      std::vector<double>& dscale, std::vector<double>& dbias,
-                     const KernelContext& ctx) {
+                     const KernelContext& ctx, const T* relu_out) {
   dscale.assign(channels, 0.0);
   dbias.assign(channels, 0.0);
   const double count = static_cast<double>(n * inner);
@@ -260,7 +273,7 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
     for (int64_t c = begin; c < end; ++c) {
       double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
       if (training) {
-        const ChannelSums sums = channel_sums<T, true>(x, dy, n, channels, inner, c);
+        const ChannelSums sums = channel_sums<T, true>(x, dy, n, channels, inner, c, relu_out);
         mean = sums.mean;
         var = sums.var;
         sum_dy = sums.sum_dy;
@@ -271,9 +284,13 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
         for (int64_t b = 0; b < n; ++b) {
           const T* xp = x + (b * channels + c) * inner;
           const T* dyp = dy + (b * channels + c) * inner;
-          sum_dy += lane_sum(inner, [dyp](int64_t i) { return static_cast<double>(dyp[i]); });
-          sum_dy_xc += lane_sum(inner, [xp, dyp, mean](int64_t i) {
-            return static_cast<double>(dyp[i]) * (static_cast<double>(xp[i]) - mean);
+          const T* zp = relu_out ? relu_out + (b * channels + c) * inner : nullptr;
+          auto d = [dyp, zp](int64_t i) {
+            return zp && !(zp[i] > T{0}) ? 0.0 : static_cast<double>(dyp[i]);
+          };
+          sum_dy += lane_sum(inner, d);
+          sum_dy_xc += lane_sum(inner, [xp, d, mean](int64_t i) {
+            return d(i) * (static_cast<double>(xp[i]) - mean);
           });
         }
       }
@@ -286,18 +303,23 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
       for (int64_t b = 0; b < n; ++b) {
         const T* xp = x + (b * channels + c) * inner;
         const T* dyp = dy + (b * channels + c) * inner;
+        const T* zp = relu_out ? relu_out + (b * channels + c) * inner : nullptr;
         T* dxp = dx + (b * channels + c) * inner;
-        if (training) {
-          // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M.
-          const double a = k / count;
-          const T tk = static_cast<T>(k), tm = static_cast<T>(mean), ti = static_cast<T>(inv);
-          const T t0 = static_cast<T>(a * sum_dy), t1 = static_cast<T>(a * sum_dy_xhat);
-          for (int64_t i = 0; i < inner; ++i)
-            dxp[i] = tk * dyp[i] - t0 - (xp[i] - tm) * ti * t1;
-        } else {
-          const T tk = static_cast<T>(k);
-          for (int64_t i = 0; i < inner; ++i) dxp[i] = tk * dyp[i];
-        }
+        // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M (training).
+        const double a = training ? k / count : 0.0;
+        const T tk = static_cast<T>(k), tm = static_cast<T>(mean), ti = static_cast<T>(inv);
+        const T t0 = static_cast<T>(a * sum_dy), t1 = static_cast<T>(a * sum_dy_xhat);
+        auto apply = [&](auto dy_at) {
+          if (training)
+            for (int64_t i = 0; i < inner; ++i)
+              dxp[i] = tk * dy_at(i) - t0 - (xp[i] - tm) * ti * t1;
+          else
+            for (int64_t i = 0; i < inner; ++i) dxp[i] = tk * dy_at(i);
+        };
+        if (zp)
+          apply([dyp, zp](int64_t i) { return zp[i] > T{0} ? dyp[i] : T{0}; });
+        else
+          apply([dyp](int64_t i) { return dyp[i]; });
       }
     }
   });
@@ -322,7 +344,8 @@ class BatchNormGradKernel final : public Kernel {
       : where_(node.describe()),
         epsilon_(node.attr_float("epsilon", 1e-5f)),
         training_(node.attr_int("training_mode", 1) != 0),
-        spatial_(node.attr_int("spatial", 1) != 0) {}
+        spatial_(node.attr_int("spatial", 1) != 0),
+        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0) {}
 
   void run(KernelContext& ctx) override {
     const TensorView* dy = ctx.input(0);
@@ -330,6 +353,10 @@ class BatchNormGradKernel final : public Kernel {
     OT_CHECK(dy && x && x->rank() >= 2, where_, ": inputs dY and X (rank >= 2) are required");
     OT_CHECK(dy->dims == x->dims && dy->dtype == x->dtype, where_, ": dY (",
              join_dims(dy->dims), ") must match X (", join_dims(x->dims), ") in shape and dtype");
+    const TensorView* z = fused_relu_ ? ctx.input(kBatchNormGradReluOutput) : nullptr;
+    OT_CHECK(!fused_relu_ || (z && z->dims == x->dims && z->dtype == x->dtype), where_,
+             ": fused_relu needs the fused output Z (input ", kBatchNormGradReluOutput,
+             ") shaped and typed like X");
     const int64_t n = x->dims[0];
     int64_t channels = x->dims[1];
     int64_t inner = x->numel() / std::max<int64_t>(n * channels, 1);
@@ -360,7 +387,8 @@ class BatchNormGradKernel final : public Kernel {
     dispatch_float(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       batch_norm_grad<T>(dy->as<T>(), x->as<T>(), n, channels, inner, training_, epsilon_, scale,
-                         mean, var, dx ? dx->as<T>() : nullptr, dscale, dbias, ctx);
+                         mean, var, dx ? dx->as<T>() : nullptr, dscale, dbias, ctx,
+                         z ? z->as<T>() : nullptr);
     });
     const std::vector<double>* sums[] = {&dscale, &dbias};
     for (int i = 1; i <= 2; ++i) {
@@ -375,7 +403,7 @@ class BatchNormGradKernel final : public Kernel {
  private:
   std::string where_;
   double epsilon_;
-  bool training_, spatial_;
+  bool training_, spatial_, fused_relu_;
 };
 
 // dX, dScale, dB through one BatchNormalizationGrad node; the mode is resolved here (it depends

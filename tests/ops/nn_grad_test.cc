@@ -644,6 +644,66 @@ TEST(NnGradRules, SmallMapConvGradGemmMatchesFloat64Reference) {
   EXPECT_FALSE(ops::conv_grad_gemm_preferred(2, 64, 64, 2, 4, 4, 9, DataType::kFloat));  // groups
 }
 
+// BatchNormalizationGrad with fused_relu (passes::fuse_batchnorm_relu): dZ and the fused output
+// Z give the same bits as ReluGrad(dZ, Z) followed by the unfused node, in training and in
+// inference mode; and the fused forward writes Relu(BatchNormalization(x)) bit for bit.
+TEST(NnGradRules, FusedBatchNormReluMatchesReluThenBatchNorm) {
+  const std::vector<int64_t> dims{3, 4, 5, 6};
+  uint64_t seed = 900;
+  const Tensor x = to_f32(rnd(dims, seed++)), dz = to_f32(rnd(dims, seed++));
+  const Tensor scale = to_f32(rnd({4}, seed++)), bias = to_f32(rnd({4}, seed++));
+  Tensor mean = to_f32(rnd({4}, seed++)), var = to_f32(rnd({4}, seed++));
+  for (int64_t c = 0; c < 4; ++c)
+    var.mutable_data_as<float>()[c] = std::abs(var.data_as<float>()[c]) + 0.5f;
+  const Attribute fused = Attribute::make_int("fused_relu", 1);
+  auto node = [](const std::string& op, std::vector<optest::NodeInput> in,
+                 std::vector<Attribute> attrs, int outputs, const std::string& domain) {
+    optest::NodeCall c;
+    c.op = op;
+    c.inputs = std::move(in);
+    c.attrs = std::move(attrs);
+    c.outputs = outputs;
+    c.domain = domain;
+    c.opset = 15;
+    return optest::run_node(c).outputs;
+  };
+  for (int training : {1, 0}) {
+    SCOPED_TRACE(cat("training_mode ", training));
+    // Forward: BN then Relu, vs BN with fused_relu.
+    std::vector<Attribute> fa{Attribute::make_int("training_mode", training)};
+    const int fo = training ? 3 : 1;
+    const Tensor y = node("BatchNormalization", {{x}, {scale}, {bias}, {mean}, {var}}, fa, fo, "")[0];
+    const Tensor z = node("Relu", {{y}}, {}, 1, "")[0];
+    std::vector<Attribute> ffa = fa;
+    ffa.push_back(fused);
+    const Tensor zf = node("BatchNormalization", {{x}, {scale}, {bias}, {mean}, {var}}, ffa, fo, "")[0];
+    EXPECT_TRUE(zf.equals(z)) << "fused forward differs from BatchNormalization then Relu";
+    // Backward.
+    const Tensor dy = node("ReluGrad", {{dz}, {z}}, {}, 1, ops::kOnnxtrainDomain)[0];
+    std::vector<Attribute> ga{Attribute::make_int("training_mode", training)};
+    std::vector<optest::NodeInput> gin{{dy}, {x}, {scale}};
+    std::vector<optest::NodeInput> fin{{dz}, {x}, {scale}};
+    if (training) {
+      fin.push_back({std::nullopt});
+      fin.push_back({std::nullopt});
+    } else {
+      gin.push_back({mean});
+      gin.push_back({var});
+      fin.push_back({mean});
+      fin.push_back({var});
+    }
+    fin.push_back({z});
+    const std::vector<Tensor> want = node("BatchNormalizationGrad", gin, ga, 3, ops::kOnnxtrainDomain);
+    std::vector<Attribute> fga = ga;
+    fga.push_back(fused);
+    const std::vector<Tensor> got = node("BatchNormalizationGrad", fin, fga, 3, ops::kOnnxtrainDomain);
+    for (int o = 0; o < 3; ++o) EXPECT_TRUE(got[o].equals(want[o])) << "output " << o;
+    // Without Z the fused node refuses to run.
+    fin.pop_back();
+    EXPECT_THROW(node("BatchNormalizationGrad", fin, fga, 3, ops::kOnnxtrainDomain), Error);
+  }
+}
+
 // Static shape inference of every grad op with a symbolic batch dim: outputs are shaped like
 // X, W and the bias (or scale).
 TEST(NnGradRules, ShapeInferenceWithSymbolicBatch) {

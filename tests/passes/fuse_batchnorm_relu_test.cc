@@ -1,0 +1,144 @@
+// passes::fuse_batchnorm_relu: which BatchNormalization -> Relu and ReluGrad ->
+// BatchNormalizationGrad pairs become one node (the marks of ops/nn/batch_norm_relu.h), that a
+// fused training graph trains bit for bit like the unfused one, and that graphs for CUDA
+// devices are left alone.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "models/zoo.h"
+#include "ops/nn/batch_norm_relu.h"
+#include "ops/op_api.h"
+#include "passes/passes.h"
+#include "runtime/training_session.h"
+
+namespace onnxtrain::passes {
+namespace {
+
+using graph::DataType;
+using graph::Tensor;
+
+std::unique_ptr<graph::Model> resnet() {
+  return models::build_zoo_model("resnet18",
+                                 {.input_shape = {3, 20, 20}, .classes = 5, .width = 8, .seed = 3});
+}
+
+int count_ops(const graph::Model& m, const std::string& op) {
+  int n = 0;
+  for (const auto& node : m.graph->nodes()) n += node->op_type == op;
+  return n;
+}
+
+// BatchNormalization -> Relu pairs of an unfused training graph (the BN output read only by
+// the Relu), and how many of those Relus have a ReluGrad.
+int pairs_in(const graph::Model& m) {
+  int n = 0;
+  for (const auto& node : m.graph->nodes()) {
+    if (node->op_type != "BatchNormalization") continue;
+    const graph::Value* y = node->output(0);
+    n += y->uses().size() == 1 && y->uses()[0].node->op_type == "Relu";
+  }
+  return n;
+}
+
+TEST(FuseBatchNormRelu, ResNetPairsBecomeOneNodeEach) {
+  auto plain = resnet(), fused = resnet();
+  TrainingOptions off;
+  off.fuse_batchnorm_relu = false;
+  const TrainingGraphInfo none = build_training_graph(*plain, off);
+  EXPECT_EQ(none.batchnorm_relu.fused, 0);
+  const int pairs = pairs_in(*plain);
+  // resnet18: 20 BatchNormalization nodes; a Relu follows the stem's and each block's first
+  // (9), the others feed the residual Add.
+  EXPECT_EQ(count_ops(*plain, "BatchNormalization"), 20);
+  EXPECT_EQ(pairs, 9);
+
+  const TrainingGraphInfo info = build_training_graph(*fused, TrainingOptions{});
+  EXPECT_EQ(info.batchnorm_relu.batchnorms, 20);
+  EXPECT_EQ(info.batchnorm_relu.fused, pairs);
+  EXPECT_EQ(info.batchnorm_relu.fused_grads, pairs);
+  EXPECT_EQ(count_ops(*fused, "Relu"), count_ops(*plain, "Relu") - pairs);
+  EXPECT_EQ(count_ops(*fused, "ReluGrad"), count_ops(*plain, "ReluGrad") - pairs);
+  int marked = 0, marked_grads = 0;
+  for (const auto& n : fused->graph->nodes()) {
+    if (n->attr_int(ops::kFusedReluAttr, 0) == 0) continue;
+    if (n->op_type == "BatchNormalization") {
+      ++marked;
+      for (const graph::Use& u : n->output(0)->uses())
+        EXPECT_NE(u.node->op_type, "Relu") << n->describe();
+    } else {
+      ASSERT_EQ(n->op_type, "BatchNormalizationGrad");
+      ++marked_grads;
+      // Z is the fused node's output, and X is that node's input.
+      const graph::Value* z = n->input(ops::kBatchNormGradReluOutput);
+      ASSERT_NE(z, nullptr) << n->describe();
+      ASSERT_NE(z->producer(), nullptr);
+      EXPECT_EQ(z->producer()->op_type, "BatchNormalization");
+      EXPECT_EQ(z->producer()->attr_int(ops::kFusedReluAttr, 0), 1);
+      EXPECT_EQ(n->input(1), z->producer()->input(0));
+    }
+  }
+  EXPECT_EQ(marked, pairs);
+  EXPECT_EQ(marked_grads, pairs);
+}
+
+std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int64_t> label(0, 4);
+  std::vector<float> x(6 * 3 * 20 * 20);
+  for (float& v : x) v = normal(rng);
+  std::vector<int64_t> y(6);
+  for (int64_t& v : y) v = label(rng);
+  return {{"input", Tensor::from_vector(DataType::kFloat, {6, 3, 20, 20}, x)},
+          {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
+}
+
+// Same values as Relu and ReluGrad around the unfused nodes, so the same bits: three Adam
+// steps (2 threads) give equal losses and bit-equal state (weights, moments, BN statistics).
+TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {
+  auto plain = resnet(), fused = resnet();
+  TrainingOptions off, on;
+  off.fuse_batchnorm_relu = false;
+  off.optimizer.kind = on.optimizer.kind = OptimizerKind::kAdam;
+  build_training_graph(*plain, off);
+  ASSERT_GT(build_training_graph(*fused, on).batchnorm_relu.fused_grads, 0);
+  runtime::SessionOptions so;
+  so.threads = 2;
+  runtime::TrainingSession a(std::move(plain), so), b(std::move(fused), so);
+  std::mt19937_64 rng(11);
+  for (int s = 0; s < 3; ++s) {
+    const std::map<std::string, Tensor> feeds = batch(rng);
+    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6), rb = b.step(feeds, 1e-2f, 1.0f / 6);
+    EXPECT_EQ(ra.loss, rb.loss) << "step " << s;
+    ASSERT_EQ(a.state_names(), b.state_names());
+    for (const std::string& name : a.state_names())
+      ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
+  }
+}
+
+// The CUDA kernels do not implement the marks, and replicate's sync_batchnorm rewrites unfused
+// nodes only: no fusion for a CUDA device or with sync_batchnorm.
+TEST(FuseBatchNormRelu, NotForCudaDevicesOrSyncBatchNorm) {
+  for (int k = 0; k < 2; ++k) {
+    auto m = resnet();
+    TrainingOptions o;
+    if (k == 0) {
+      o.devices = {"cuda:0"};
+    } else {
+      o.sync_batchnorm = true;
+      o.replicas = 2;
+    }
+    const TrainingGraphInfo info = build_training_graph(*m, o);
+    EXPECT_EQ(info.batchnorm_relu.fused, 0);
+    for (const auto& n : m->graph->nodes()) EXPECT_EQ(n->attr_int(ops::kFusedReluAttr, 0), 0);
+    EXPECT_EQ(count_ops(*m, "Relu"), 17 * (k == 0 ? 1 : 2));
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain::passes
