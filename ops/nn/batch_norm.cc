@@ -4,7 +4,10 @@
 // dtypes (opset 15's T/T1/T2) on inputs of any rank. BatchNormalizationGrad (both modes) sits
 // below the forward.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "ops/nn/batch_norm_relu.h"
 #include "ops/nn/nn_util.h"
@@ -77,7 +80,25 @@ struct ChannelSums {
 
 // With `relu_out` (a fused BatchNormalization+Relu's output Z), dy is the Relu's gradient and
 // the sums use dy where Z > 0, else 0 (ReluGrad's rule).
-template <typename T, bool kWithDy>
+// ReluGrad's rule z > 0 ? dy : +0 as a bit mask: GCC keeps the float select as a branch (no
+// vectorization, and a branch on a Relu mask mispredicts half the time: the fused gradient ran
+// 3x slower than BatchNormalizationGrad after ReluGrad).
+template <typename T>
+inline T relu_grad_select(T dy, T z) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const U mask = U{0} - static_cast<U>(z > T{0});
+  return std::bit_cast<T>(static_cast<U>(std::bit_cast<U>(dy) & mask));
+}
+
+// Relu's rule v < 0 ? +0 : v (NaN and -0 pass), as a bit mask for the same reason.
+template <typename T>
+inline T relu_select(T v) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  const U keep = static_cast<U>(static_cast<U>(v < T{0}) - U{1});  // all ones unless v < 0
+  return std::bit_cast<T>(static_cast<U>(std::bit_cast<U>(v) & keep));
+}
+
+template <typename T, bool kWithDy, bool kRelu = false>
 ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
                          int64_t c, const T* relu_out = nullptr) {
   ChannelSums r;
@@ -90,7 +111,9 @@ ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, i
     a[k] += v;
     b[k] += v * v;
     if constexpr (kWithDy) {
-      const double d = zp && !(zp[i] > T{0}) ? 0.0 : static_cast<double>(dyp[i]);
+      T dv = dyp[i];
+      if constexpr (kRelu) dv = relu_grad_select(dv, zp[i]);
+      const double d = static_cast<double>(dv);
       g[k] += d;
       h[k] += d * v;
     }
@@ -98,7 +121,7 @@ ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, i
   for (int64_t p = 0; p < n; ++p) {
     const T* xp = x + (p * channels + c) * inner;
     const T* dyp = kWithDy ? dy + (p * channels + c) * inner : nullptr;
-    const T* zp = relu_out ? relu_out + (p * channels + c) * inner : nullptr;
+    const T* zp = kRelu ? relu_out + (p * channels + c) * inner : nullptr;
     int64_t i = 0;
     for (; i + 8 <= inner; i += 8)
       for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, zp, i + k);
@@ -216,10 +239,7 @@ class BatchNormKernel final : public Kernel {
         const T* xp = x + p * inner;
         T* yp = y + p * inner;
         if (fused_relu_) {
-          for (int64_t i = 0; i < inner; ++i) {
-            const T v = xp[i] * ac + bc;
-            yp[i] = v < T{0} ? T{0} : v;  // Relu's rule (NaN passes)
-          }
+          for (int64_t i = 0; i < inner; ++i) yp[i] = relu_select(xp[i] * ac + bc);
         } else {
           for (int64_t i = 0; i < inner; ++i) yp[i] = xp[i] * ac + bc;
         }
@@ -273,7 +293,9 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
     for (int64_t c = begin; c < end; ++c) {
       double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
       if (training) {
-        const ChannelSums sums = channel_sums<T, true>(x, dy, n, channels, inner, c, relu_out);
+        const ChannelSums sums =
+            relu_out ? channel_sums<T, true, true>(x, dy, n, channels, inner, c, relu_out)
+                     : channel_sums<T, true>(x, dy, n, channels, inner, c);
         mean = sums.mean;
         var = sums.var;
         sum_dy = sums.sum_dy;
@@ -286,7 +308,8 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
           const T* dyp = dy + (b * channels + c) * inner;
           const T* zp = relu_out ? relu_out + (b * channels + c) * inner : nullptr;
           auto d = [dyp, zp](int64_t i) {
-            return zp && !(zp[i] > T{0}) ? 0.0 : static_cast<double>(dyp[i]);
+            const T dv = dyp[i];
+            return static_cast<double>(zp && !(zp[i] > T{0}) ? T{0} : dv);
           };
           sum_dy += lane_sum(inner, d);
           sum_dy_xc += lane_sum(inner, [xp, d, mean](int64_t i) {
@@ -317,7 +340,7 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
             for (int64_t i = 0; i < inner; ++i) dxp[i] = tk * dy_at(i);
         };
         if (zp)
-          apply([dyp, zp](int64_t i) { return zp[i] > T{0} ? dyp[i] : T{0}; });
+          apply([dyp, zp](int64_t i) { return relu_grad_select(dyp[i], zp[i]); });
         else
           apply([dyp](int64_t i) { return dyp[i]; });
       }
