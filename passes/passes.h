@@ -322,7 +322,7 @@ struct BatchNormReluStats {
   int fused_grads = 0;  // BatchNormalizationGrad nodes that absorbed the ReluGrad
 };
 // After autodiff, for CPU kernels (ops/nn/batch_norm_relu.h; the CUDA kernels leave marked nodes
-// to the CPU ones, so build_training_graph does not fuse for CUDA devices): each ai.onnx
+// to the CPU ones, so the Trainer turns it off for CUDA devices): each ai.onnx
 // BatchNormalization whose output is read only by one Relu writes the Relu's output itself
 // (fused_relu = 1; the value keeps the Relu output's name), and each ReluGrad(dZ, Z) of such a
 // Z whose result is only that BatchNormalization's BatchNormalizationGrad dY is folded into it
@@ -351,8 +351,9 @@ struct TrainingOptions {
   graph::DataType precision = graph::DataType::kFloat;
   // select_conv_algorithm after autodiff (and on the evaluation graph).
   ConvAlgorithm conv_algorithm = ConvAlgorithm::kDirect;
-  // fuse_batchnorm_relu after autodiff, unless a device in `devices` is a CUDA device or
-  // sync_batchnorm is set (replicate rewrites unfused BatchNormalization nodes only).
+  // fuse_batchnorm_relu after autodiff unless sync_batchnorm is set (replicate rewrites unfused
+  // BatchNormalization nodes only). Callers placing the graph on CUDA devices turn it off (the
+  // Trainer does): those kernels do not implement the marks.
   bool fuse_batchnorm_relu = true;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the

@@ -1,8 +1,5 @@
 // The one place that fixes the order of the training passes (passes.h), with the verifier
 // between stages so a broken rewrite is caught at the pass that made it.
-#include <algorithm>
-#include <string>
-
 #include "graph/error.h"
 #include "graph/verifier.h"
 #include "passes/passes.h"
@@ -32,10 +29,8 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("autodiff");
   info.conv_algorithm = select_conv_algorithm(model, opts.conv_algorithm);
   stage("select_conv_algorithm");
-  const bool cuda = std::any_of(opts.devices.begin(), opts.devices.end(),
-                                [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
   // replicate's sync_batchnorm rewrites plain BatchNormalization(Grad) nodes only.
-  if (opts.fuse_batchnorm_relu && !cuda && !opts.sync_batchnorm) {
+  if (opts.fuse_batchnorm_relu && !opts.sync_batchnorm) {
     info.batchnorm_relu = fuse_batchnorm_relu(model);
     stage("fuse_batchnorm_relu");
   }

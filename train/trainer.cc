@@ -372,7 +372,11 @@ void Trainer::build() {
   if (opts_.model.loss == passes::LossKind::kAuto && labels) topts.integer_labels = labels->integer;
   topts.replicas = p.replicas;
   // Placement for people reading the graph (partitions follow the recorded replica index).
-  for (const auto& d : devices_) topts.devices.push_back(d->name());
+  for (const auto& d : devices_) {
+    topts.devices.push_back(d->name());
+    // The CUDA BatchNormalization kernels do not implement fuse_batchnorm_relu's marks.
+    if (d->kind() == ops::DeviceKind::kCuda) topts.fuse_batchnorm_relu = false;
+  }
   topts.bucket_mb = p.bucket_mb;
   topts.reduce_dtype = p.reduce_precision;
   topts.sync_batchnorm = p.sync_batchnorm;  // with 1 replica there is nothing to sync

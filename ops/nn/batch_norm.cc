@@ -58,6 +58,10 @@ void infer_batch_norm(InferenceContext& ctx) {
 // Sums f(0) + ... + f(n-1) in double over 8 independent lanes, merged at the end: one running
 // double sum is a chain of dependent adds (one per add latency), the lanes let the compiler
 // vectorize and pipeline them. Rounding stays that of a double sum.
+double merge_lanes(const double* s) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 template <typename F>
 double lane_sum(int64_t n, F f) {
   double s[8] = {};
@@ -65,7 +69,7 @@ double lane_sum(int64_t n, F f) {
   for (; i + 8 <= n; i += 8)
     for (int k = 0; k < 8; ++k) s[k] += f(i + k);
   for (int k = 0; i < n; ++i, ++k) s[k] += f(i);
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  return merge_lanes(s);
 }
 
 // One channel's sums over its N planes of `inner` elements, in double over 8 lanes, in one pass
@@ -78,8 +82,6 @@ struct ChannelSums {
   double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum_dy_xc = sum(dy (x - mean))
 };
 
-// With `relu_out` (a fused BatchNormalization+Relu's output Z), dy is the Relu's gradient and
-// the sums use dy where Z > 0, else 0 (ReluGrad's rule).
 // ReluGrad's rule z > 0 ? dy : +0 as a bit mask: GCC keeps the float select as a branch (no
 // vectorization, and a branch on a Relu mask mispredicts half the time: the fused gradient ran
 // 3x slower than BatchNormalizationGrad after ReluGrad).
@@ -98,6 +100,8 @@ inline T relu_select(T v) {
   return std::bit_cast<T>(static_cast<U>(std::bit_cast<U>(v) & keep));
 }
 
+// With kRelu, `relu_out` is a fused BatchNormalization+Relu's output Z, dy is the Relu's
+// gradient, and the sums use relu_grad_select(dy, Z).
 template <typename T, bool kWithDy, bool kRelu = false>
 ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
                          int64_t c, const T* relu_out = nullptr) {
@@ -127,16 +131,13 @@ ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, i
       for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, zp, i + k);
     for (int k = 0; i < inner; ++i, ++k) lane_add(k, xp, dyp, zp, i);
   }
-  auto merge = [](const double* s) {
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  };
   const double m = static_cast<double>(count);
-  const double d1 = merge(a) / m;
+  const double d1 = merge_lanes(a) / m;
   r.mean = shift + d1;
-  r.var = std::max(0.0, merge(b) / m - d1 * d1);
+  r.var = std::max(0.0, merge_lanes(b) / m - d1 * d1);
   if constexpr (kWithDy) {
-    r.sum_dy = merge(g);
-    r.sum_dy_xc = merge(h) - d1 * r.sum_dy;
+    r.sum_dy = merge_lanes(g);
+    r.sum_dy_xc = merge_lanes(h) - d1 * r.sum_dy;
   }
   return r;
 }
@@ -308,8 +309,7 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
           const T* dyp = dy + (b * channels + c) * inner;
           const T* zp = relu_out ? relu_out + (b * channels + c) * inner : nullptr;
           auto d = [dyp, zp](int64_t i) {
-            const T dv = dyp[i];
-            return static_cast<double>(zp && !(zp[i] > T{0}) ? T{0} : dv);
+            return static_cast<double>(zp ? relu_grad_select(dyp[i], zp[i]) : dyp[i]);
           };
           sum_dy += lane_sum(inner, d);
           sum_dy_xc += lane_sum(inner, [xp, d, mean](int64_t i) {

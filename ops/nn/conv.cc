@@ -165,16 +165,15 @@ void conv_reference(const ConvSetup& p, const T* x, const T* w, const T* b, T* y
   });
 }
 
-// ---------------------------------------------------------------- GEMM path
-
-// Taps of every output position, computed once per run (the backward loops visit each output
-// position once per channel or batch element).
+// Taps of every output position, computed once (the backward loops visit each output position
+// once per channel or batch element).
 std::vector<std::vector<Tap>> all_taps(const WindowGeom& g, bool transposed) {
   std::vector<std::vector<Tap>> taps(static_cast<size_t>(g.out_size));
   for (int64_t o = 0; o < g.out_size; ++o) collect_taps(g, o, transposed, taps[o]);
   return taps;
 }
 
+// ---------------------------------------------------------------- GEMM path
 
 // ConvGrad as GEMMs over the whole batch where ops/nn/conv_algorithm.h's rule prefers it:
 //   dYt[M,O] <- dY (N,O,P),  dW[O,K] = dYt^T col[M,K],  dcol[M,K] = dYt W,  dX <- col2im(dcol)
@@ -198,22 +197,21 @@ GemmShape gemm_shape(const ConvSetup& s) {
   return {s.n * s.geom.out_size, s.c * s.geom.kernel_size, s.m};
 }
 
-// col[(n,o), (c,k)] = x[n, c, tap(o,k)] (0 in the padding).
-void im2col(const ConvSetup& s, const float* x, float* col, const KernelContext& ctx) {
+// col[(n,o), (c,k)] = x[n, c, tap(o,k)] (0 in the padding); taps = all_taps(s.geom, false).
+void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const float* x,
+            float* col, const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t rows = s.n * g.out_size, cols = s.c * g.kernel_size;
   ctx.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<Tap> taps;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.out_size, o = r % g.out_size;
-      collect_taps(g, o, false, taps);
       float* row = col + r * cols;
       std::fill(row, row + cols, 0.0f);
       const float* xn = x + n * s.c * g.in_size;
       for (int64_t c = 0; c < s.c; ++c) {
         const float* xc = xn + c * g.in_size;
         float* rc = row + c * g.kernel_size;
-        for (const Tap& t : taps) rc[t.k] = xc[t.i];
+        for (const Tap& t : taps[o]) rc[t.k] = xc[t.i];
       }
     }
   });
@@ -221,10 +219,10 @@ void im2col(const ConvSetup& s, const float* x, float* col, const KernelContext&
 
 // dx[n, c, i] = sum over (o,k) with tap(o,k) = i of dcol[(n,o), (c,k)]; one (n, c) plane per
 // task, so no two tasks write the same element.
-void col2im(const ConvSetup& s, const float* dcol, float* dx, const KernelContext& ctx) {
+void col2im(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const float* dcol,
+            float* dx, const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t cols = s.c * g.kernel_size;
-  const std::vector<std::vector<Tap>> taps = all_taps(g, false);
   ctx.parallel_for(s.n * s.c, 4, [&](int64_t begin, int64_t end) {
     for (int64_t nc = begin; nc < end; ++nc) {
       const int64_t n = nc / s.c, c = nc % s.c;
@@ -498,6 +496,7 @@ class ConvGradKernel final : public Kernel {
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
     gemm_ = !empty && prefer_gemm(setup_, x->dtype, ctx.node());
     if (gemm_) {
+      taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
       ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
       return;
@@ -685,14 +684,14 @@ class ConvGradKernel final : public Kernel {
     }
     ThreadBudget budget(ctx.num_threads());
     if (dw) {
-      im2col(setup_, x.as<float>(), col, ctx);
+      im2col(setup_, taps_, x.as<float>(), col, ctx);
       sgemm('T', 'N', out, gs.cols, gs.rows, dyt, out, col, gs.cols, dw->as<float>(), gs.cols,
             where_);
     }
     if (dx) {
       sgemm('N', 'N', gs.rows, gs.cols, out, dyt, out, w.as<float>(), gs.cols, col, gs.cols,
             where_);
-      col2im(setup_, col, dx->as<float>(), ctx);
+      col2im(setup_, taps_, col, dx->as<float>(), ctx);
     }
   }
 
@@ -700,6 +699,7 @@ class ConvGradKernel final : public Kernel {
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
   bool gemm_ = false;
+  std::vector<std::vector<Tap>> taps_;  // the GEMM path's, per output position
   bool want_dx_ = false, want_dwb_ = false;
   size_t elem_bytes_ = sizeof(float);
   DnnlRunner data_, weights_;

@@ -1,7 +1,7 @@
 // passes::fuse_batchnorm_relu: which BatchNormalization -> Relu and ReluGrad ->
 // BatchNormalizationGrad pairs become one node (the marks of ops/nn/batch_norm_relu.h), that a
-// fused training graph trains bit for bit like the unfused one, and that graphs for CUDA
-// devices are left alone.
+// fused training graph trains bit for bit like the unfused one, that sync_batchnorm graphs are
+// left alone, and that the CUDA kernels hand marked nodes to the CPU ones.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -121,23 +121,34 @@ TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {
   }
 }
 
-// The CUDA kernels do not implement the marks, and replicate's sync_batchnorm rewrites unfused
-// nodes only: no fusion for a CUDA device or with sync_batchnorm.
-TEST(FuseBatchNormRelu, NotForCudaDevicesOrSyncBatchNorm) {
-  for (int k = 0; k < 2; ++k) {
-    auto m = resnet();
-    TrainingOptions o;
-    if (k == 0) {
-      o.devices = {"cuda:0"};
-    } else {
-      o.sync_batchnorm = true;
-      o.replicas = 2;
-    }
-    const TrainingGraphInfo info = build_training_graph(*m, o);
-    EXPECT_EQ(info.batchnorm_relu.fused, 0);
-    for (const auto& n : m->graph->nodes()) EXPECT_EQ(n->attr_int(ops::kFusedReluAttr, 0), 0);
-    EXPECT_EQ(count_ops(*m, "Relu"), 17 * (k == 0 ? 1 : 2));
+// replicate's sync_batchnorm rewrites unfused nodes only: no fusion with sync_batchnorm.
+TEST(FuseBatchNormRelu, NotWithSyncBatchNorm) {
+  auto m = resnet();
+  TrainingOptions o;
+  o.sync_batchnorm = true;
+  o.replicas = 2;
+  const TrainingGraphInfo info = build_training_graph(*m, o);
+  EXPECT_EQ(info.batchnorm_relu.fused, 0);
+  for (const auto& n : m->graph->nodes()) EXPECT_EQ(n->attr_int(ops::kFusedReluAttr, 0), 0);
+  EXPECT_EQ(count_ops(*m, "Relu"), 2 * 17);
+}
+
+// The CUDA kernels do not implement the marks (the Trainer does not fuse for CUDA devices): a
+// marked node that reaches them anyway is refused with DeviceFallback, so it runs the CPU
+// kernel on host copies. Checked on the factories, which need no GPU.
+TEST(FuseBatchNormRelu, CudaKernelsFallBackOnMarkedNodes) {
+  auto m = resnet();
+  build_training_graph(*m, TrainingOptions{});
+  int checked = 0;
+  for (const auto& n : m->graph->nodes()) {
+    if (n->attr_int(ops::kFusedReluAttr, 0) == 0) continue;
+    const ops::OpSchema* s = ops::OpRegistry::global().find(n->domain, n->op_type, 17);
+    ASSERT_NE(s, nullptr) << n->describe();
+    if (!s->cuda_kernel) GTEST_SKIP() << "built without the CUDA backend";
+    EXPECT_THROW(s->cuda_kernel(*n), ops::DeviceFallback) << n->describe();
+    ++checked;
   }
+  EXPECT_EQ(checked, 2 * 9);
 }
 
 }  // namespace
