@@ -26,7 +26,16 @@ namespace onnxtrain::ops {
 // 4: OpSchema::inplace, KernelContext::random_seed.
 // 5: device kernels: KernelContext::host_constant, OpRegistry::add_kernel.
 // 6: KernelContext::collectives, KernelContext::defer_completion (collective ops are op kernels).
-inline constexpr int kOpApiVersion = 6;
+// 7: OpSchema::packed_inputs.
+inline constexpr int kOpApiVersion = 7;
+
+// The layout OpSchema::packed_inputs asks for, shared by the runtime that places the buffers and
+// the kernels that use them as one block: present input k starts packed_input_bytes(bytes of
+// each present input before it) after the first one.
+inline constexpr size_t kPackedInputAlign = 64;
+inline constexpr size_t packed_input_bytes(size_t bytes) {
+  return (bytes + kPackedInputAlign - 1) / kPackedInputAlign * kPackedInputAlign;
+}
 
 using graph::DataType;
 
@@ -261,6 +270,12 @@ struct OpSchema {
   // every input before it writes element i of that output), or -1. The runtime uses it to
   // update training state in place (an optimizer writes the new weight over the old one).
   std::function<int(const graph::Node& node, int output)> inplace;
+  // True when `node` works on its present inputs as one block (AllReduce: a gradient bucket
+  // reduced in place). The runtime then places them back to back in the packed layout above,
+  // each output k over input k, when it can: every input is an intermediate read by no later
+  // node and every output a same-sized intermediate. Otherwise the buffers are placed as usual,
+  // and the kernel, which compares the pointers, packs a copy itself.
+  std::function<bool(const graph::Node& node)> packed_inputs;
 };
 
 // The process-wide registry. Keyed by (domain, op_type, opset range); device kernels attach to

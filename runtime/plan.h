@@ -101,6 +101,18 @@ class Plan {
   void fold_or_schedule(const graph::Node& n);
   // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
   // buffers are released.
+  // The steps whose inputs plan_memory places back to back (OpSchema::packed_inputs): each
+  // member's input and output share `offset` bytes into the block.
+  struct PackedBlock {
+    struct Member {
+      int in = -1, out = -1;
+      int64_t offset = 0;
+    };
+    std::vector<Member> members;
+    size_t bytes = 0;
+    int def = 0, last = 0;
+  };
+  std::vector<PackedBlock> packed_blocks() const;
   void plan_memory();
   void prepare_kernels();
   // The host kernels' shared scratch, at least `bytes` (KernelContext::scratch).

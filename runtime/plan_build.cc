@@ -316,8 +316,68 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   steps_.push_back(std::move(step));
 }
 
+std::vector<Plan::PackedBlock> Plan::packed_blocks() const {
+  std::vector<PackedBlock> blocks;
+  // Host plans only: the CUDA AllReduce packs its own device copy (a device-local copy at
+  // device bandwidth), so blocks there would only keep gradients alive longer.
+  if (device_mode_) return blocks;
+  std::vector<char> taken(slots_.size(), 0);
+  // An arena slot this step may place: an intermediate with known dims, not already placed.
+  auto placeable = [&](int s) {
+    const Slot& slot = slots_[static_cast<size_t>(s)];
+    return s >= 0 && !taken[static_cast<size_t>(s)] && slot.is_static && !slot.is_constant &&
+           !slot.is_input && !slot.is_output && !slot.alias_direct && slot.def_step >= 0;
+  };
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const Step& step = steps_[k];
+    if (!step.schema->packed_inputs || step.dynamic || step.on_host ||
+        !step.schema->packed_inputs(*step.node))
+      continue;
+    PackedBlock b;
+    b.def = static_cast<int>(k);
+    b.last = static_cast<int>(k);
+    bool ok = step.out.size() >= step.in.size();
+    for (size_t i = 0; ok && i < step.in.size(); ++i) {
+      const int si = step.in[i];
+      if (si < 0) continue;
+      const int so = step.out[i];
+      // The input is read by no later node (it would see the result), and is not also another
+      // input of this node; the output is this step's, of the same size.
+      ok = placeable(si) && placeable(so) && si != so &&
+           slots_[static_cast<size_t>(si)].last_use == static_cast<int>(k) &&
+           slots_[static_cast<size_t>(so)].def_step == static_cast<int>(k) &&
+           slots_[static_cast<size_t>(so)].bytes == slots_[static_cast<size_t>(si)].bytes;
+      for (const PackedBlock::Member& m : b.members) ok = ok && m.in != si;
+      if (!ok) break;
+      const Slot& in = slots_[static_cast<size_t>(si)];
+      const Slot& out = slots_[static_cast<size_t>(so)];
+      b.members.push_back({si, so, static_cast<int64_t>(b.bytes)});
+      b.bytes += ops::packed_input_bytes(in.bytes);
+      b.def = std::min(b.def, in.def_step);
+      b.last = std::max(b.last, std::max(out.last_use, out.def_step));
+    }
+    if (!ok || b.members.empty()) continue;
+    for (const PackedBlock::Member& m : b.members) {
+      taken[static_cast<size_t>(m.in)] = 1;
+      taken[static_cast<size_t>(m.out)] = 1;
+    }
+    blocks.push_back(std::move(b));
+  }
+  return blocks;
+}
+
 void Plan::plan_memory() {
-  // The static intermediates get arena offsets from their live ranges (memory_plan.h).
+  // The static intermediates get arena offsets from their live ranges (memory_plan.h). The
+  // inputs and outputs of a step whose op packs its inputs (OpSchema::packed_inputs) are one
+  // buffer, live from the first input's producer to the last output's reader.
+  static_assert(kArenaAlign % ops::kPackedInputAlign == 0);
+  const std::vector<PackedBlock> blocks = packed_blocks();
+  std::vector<char> in_block(slots_.size(), 0);
+  for (const PackedBlock& b : blocks)
+    for (const PackedBlock::Member& m : b.members) {
+      in_block[static_cast<size_t>(m.in)] = 1;
+      in_block[static_cast<size_t>(m.out)] = 1;
+    }
   std::vector<int> order;
   std::vector<BufferLife> lives;
   for (size_t s = 0; s < slots_.size(); ++s) {
@@ -325,13 +385,16 @@ void Plan::plan_memory() {
     if (slot.is_static && !slot.is_constant && !slot.is_input && slot.def_step >= 0 &&
         !slot.alias_direct) {
       if (slot.last_use < slot.def_step) slot.last_use = slot.def_step;  // unused output
+      if (in_block[s]) continue;
       order.push_back(static_cast<int>(s));
       lives.push_back({slot.bytes, slot.def_step, slot.last_use});
     }
   }
+  for (const PackedBlock& b : blocks) lives.push_back({b.bytes, b.def, b.last});
   const MemoryLayout layout = runtime::plan_memory(lives);
   stats_.unshared_bytes += layout.unshared_bytes;
   stats_.arena_bytes = layout.arena_bytes;
+  stats_.packed_blocks = static_cast<int>(blocks.size());
   const auto arena = static_cast<size_t>(layout.arena_bytes);
   if (arena > 0 && device_mode_) {
     device_arena_ = device_->make_buffer(arena);
@@ -339,14 +402,21 @@ void Plan::plan_memory() {
     arena_ = host_buffer(session_.host_arena_);
     arena_->at_least(arena, session_.opts_.threads);
   }
-  for (size_t k = 0; k < order.size(); ++k) {
-    Slot& slot = slots_[order[k]];
-    slot.arena_offset = layout.offsets[k];
+  auto place = [&](int s, int64_t offset) {
+    Slot& slot = slots_[static_cast<size_t>(s)];
+    slot.arena_offset = offset;
     Binding& b = slot.bind;
     b.view.dtype = slot.type.dtype;
     b.view.dims = *concrete(slot.type);
     b.view.data = (device_mode_ ? device_arena_.get() : host_arena()) + slot.arena_offset;
-  }
+  };
+  for (size_t k = 0; k < order.size(); ++k) place(order[k], layout.offsets[k]);
+  for (size_t k = 0; k < blocks.size(); ++k)
+    for (const PackedBlock::Member& m : blocks[k].members) {
+      const int64_t offset = layout.offsets[order.size() + k] + m.offset;
+      place(m.in, offset);
+      place(m.out, offset);
+    }
   // Dynamic buffers are released after their last reader.
   release_after_.assign(steps_.size(), {});
   for (size_t s = 0; s < slots_.size(); ++s) {

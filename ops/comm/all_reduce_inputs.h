@@ -12,6 +12,11 @@ namespace onnxtrain::ops {
 struct AllReduceInputs {
   std::vector<int> slots;  // present inputs, in order (output i mirrors input i)
   int64_t total = 0;       // elements over all of them
+  // Where each present input sits in the block the CPU kernel reduces when the wire is the
+  // inputs' own dtype (OpSchema::packed_inputs' layout: each one starts 64-byte aligned), and
+  // the block's size. Every rank derives it from the dims, so the reduced counts match.
+  std::vector<size_t> packed_offsets;
+  size_t packed_bytes = 0;
   DataType dtype = DataType::kUndefined;
   // What the reduction travels and is summed in: `dtype`, or bfloat16 for float32 inputs of a
   // node with wire_dtype = bfloat16 (--reduce-precision bf16: half the bytes; each input is
@@ -36,6 +41,8 @@ inline AllReduceInputs all_reduce_inputs(const KernelContext& ctx, const std::st
     r.dtype = in->dtype;
     r.slots.push_back(i);
     r.total += in->numel();
+    r.packed_offsets.push_back(r.packed_bytes);
+    r.packed_bytes = r.packed_offsets.back() + packed_input_bytes(in->nbytes());
   }
   const DataType wire = all_reduce_wire_attr(ctx.node());
   OT_CHECK(wire == DataType::kUndefined ||

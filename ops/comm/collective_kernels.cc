@@ -31,96 +31,120 @@ void put(TensorView& v, int64_t i, double x) {
     v.as<float>()[i] = static_cast<float>(x);
 }
 
-// Bytes per element of the reduction buffer: the wire dtype's.
-size_t wire_size(const AllReduceInputs& in) {
-  return in.wire == DataType::kDouble ? 8 : in.wire == DataType::kBFloat16 ? 2 : 4;
-}
-
 // One replica's share of ai.onnxtrain.AllReduce: its G inputs (the other replicas' slots are
-// omitted) are packed into one buffer, reduced across the replicas in place, and unpacked.
-//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean";
-//   wire_dtype bfloat16: float32 packed into a bf16 buffer and widened back when unpacked.
+// omitted) are reduced across the replicas as one block.
+//   inputs/outputs: replica-major [g0/r0 .. gG-1/r0, g0/r1, ...]; reduction "sum" | "mean".
+//   Float32/float64 wire: the block is AllReduceInputs' packed layout (each input 64-byte
+//   aligned). Where the runtime placed the inputs there with each output over its input
+//   (OpSchema::packed_inputs) the reduction runs on the gradients themselves; otherwise they are
+//   copied into a packed buffer of the same layout and back. The gaps are reduced too (no one
+//   reads them), so every rank reduces the same count whichever way it went.
+//   wire_dtype bfloat16: float32 packed densely into a bf16 buffer and widened back.
 class AllReduceKernel final : public Kernel {
  public:
   explicit AllReduceKernel(const Node& n) : mean_(n.attr_string("reduction", "sum") == "mean") {}
-  // Allocates the packed buffer before the first run (its size is known from the dims).
+  // Allocates the packed buffer before the first run when one will be needed (its size is
+  // known from the dims; a CPU plan's buffers are already placed here).
   void prepare(KernelContext& ctx) override {
     const AllReduceInputs inputs = all_reduce_inputs(ctx, ctx.node().describe());
-    if (!inputs.slots.empty())
-      ctx.persistent_scratch(static_cast<size_t>(inputs.total) * wire_size(inputs) + 64);
+    if (!inputs.slots.empty() && !packed(ctx, inputs)) packed_buffer(ctx, inputs);
   }
   void run(KernelContext& ctx) override {
     Collectives& comm = ctx.require_collectives();
     const std::string where = ctx.node().describe();
     const AllReduceInputs inputs = all_reduce_inputs(ctx, where);
     const std::vector<int>& slots = inputs.slots;
-    const int64_t total = inputs.total;
     const DataType dt = inputs.dtype;
     if (slots.empty()) return;
     OT_CHECK(dt == DataType::kFloat || dt == DataType::kDouble, where,
              ": AllReduce supports float32/float64");
-    const bool bf16 = inputs.wire == DataType::kBFloat16;
-    auto* buf = static_cast<std::byte*>(
-        ctx.persistent_scratch(static_cast<size_t>(total) * wire_size(inputs) + 64));
-    size_t off = 0;
+    const double scale = mean_ ? 1.0 / comm.size() : 1.0;
+    if (inputs.wire == DataType::kBFloat16) return run_bf16(ctx, comm, inputs, scale);
+    bool direct = packed(ctx, inputs);
+    std::vector<std::byte*> outs;
     for (int i : slots) {
-      const TensorView* in = ctx.input(i);
-      if (bf16) {  // float32 -> the bf16 wire, nearest even
-        auto* w = reinterpret_cast<uint16_t*>(buf) + off;
-        const float* x = in->as<float>();
-        ctx.parallel_for(in->numel(), 4096, [&](int64_t b, int64_t e) {
-          for (int64_t j = b; j < e; ++j) w[j] = graph::bf16_from_float(x[j]);
-        });
-        off += static_cast<size_t>(in->numel());
-      } else {
-        if (in->nbytes()) std::memcpy(buf + off, in->data, in->nbytes());
-        off += in->nbytes();
-      }
+      outs.push_back(static_cast<std::byte*>(ctx.output(i, ctx.input(i)->dims).data));
+      direct = direct && outs.back() == ctx.input(i)->data;
+    }
+    auto* buf = direct ? static_cast<std::byte*>(ctx.input(slots[0])->data)
+                       : packed_buffer(ctx, inputs);
+    std::vector<std::pair<std::byte*, size_t>> dst;  // (output, bytes) when copied back
+    for (size_t k = 0; k < slots.size() && !direct; ++k) {
+      const TensorView* in = ctx.input(slots[k]);
+      if (in->nbytes()) std::memcpy(buf + inputs.packed_offsets[k], in->data, in->nbytes());
+      dst.emplace_back(outs[k], in->nbytes());
     }
     // Asynchronous: the reduction runs on the communicator's worker while this replica's
-    // backward continues; the outputs are unpacked when the first reader (an optimizer
-    // update) needs them. Output buffers are fixed for the run, so their addresses are taken now.
-    CollectiveHandle handle = comm.all_reduce_async(buf, total, inputs.wire);
-    std::vector<std::pair<std::byte*, size_t>> dst;
-    for (int i : slots) {
-      const TensorView* in = ctx.input(i);
-      TensorView& out = ctx.output(i, in->dims);
-      dst.emplace_back(static_cast<std::byte*>(out.data), in->nbytes());
-    }
-    const double scale = mean_ ? 1.0 / comm.size() : 1.0;
-    if (bf16) {
-      ctx.defer_completion([handle, buf, scale, dst = std::move(dst)] {
-        handle.wait();
-        const auto* w = reinterpret_cast<const uint16_t*>(buf);
-        const auto s = static_cast<float>(scale);
-        for (const auto& [p, n] : dst) {
-          auto* y = reinterpret_cast<float*>(p);
-          const size_t count = n / sizeof(float);
-          for (size_t j = 0; j < count; ++j) y[j] = graph::bf16_to_float(w[j]) * s;
-          w += count;
-        }
-      });
-      return;
-    }
-    ctx.defer_completion([handle, buf, total, dt, scale, dst = std::move(dst)] {
+    // backward continues; it is finished (scaled, copied out) when the first reader (an
+    // optimizer update) needs the outputs. Output buffers are fixed for the run.
+    const size_t es = dt == DataType::kDouble ? sizeof(double) : sizeof(float);
+    const auto count = static_cast<int64_t>(inputs.packed_bytes / es);
+    CollectiveHandle handle = comm.all_reduce_async(buf, count, dt);
+    std::vector<size_t> offsets = inputs.packed_offsets;
+    ctx.defer_completion([handle, buf, count, dt, scale, offsets = std::move(offsets),
+                          dst = std::move(dst)] {
       handle.wait();
       if (scale != 1.0) {
         if (dt == DataType::kDouble)
-          for (int64_t j = 0; j < total; ++j) reinterpret_cast<double*>(buf)[j] *= scale;
+          for (int64_t j = 0; j < count; ++j) reinterpret_cast<double*>(buf)[j] *= scale;
         else
-          for (int64_t j = 0; j < total; ++j)
+          for (int64_t j = 0; j < count; ++j)
             reinterpret_cast<float*>(buf)[j] *= static_cast<float>(scale);
       }
-      size_t off = 0;
-      for (const auto& [p, n] : dst) {
-        if (n) std::memcpy(p, buf + off, n);
-        off += n;
-      }
+      for (size_t k = 0; k < dst.size(); ++k)
+        if (dst[k].second) std::memcpy(dst[k].first, buf + offsets[k], dst[k].second);
     });
   }
 
  private:
+  // True when input k sits at its packed offset from input 0 (the outputs are checked in run()).
+  static bool packed(const KernelContext& ctx, const AllReduceInputs& inputs) {
+    if (inputs.wire != inputs.dtype) return false;
+    const auto* base = static_cast<const std::byte*>(ctx.input(inputs.slots[0])->data);
+    if (!base) return false;
+    for (size_t k = 0; k < inputs.slots.size(); ++k)
+      if (ctx.input(inputs.slots[k])->data != base + inputs.packed_offsets[k]) return false;
+    return true;
+  }
+  // The node's own packed buffer, zeroed when first made (the gaps between inputs stay zero).
+  std::byte* packed_buffer(KernelContext& ctx, const AllReduceInputs& inputs) {
+    const size_t bytes = inputs.wire == DataType::kBFloat16
+                             ? static_cast<size_t>(inputs.total) * sizeof(uint16_t)
+                             : inputs.packed_bytes;
+    auto* buf = static_cast<std::byte*>(ctx.persistent_scratch(bytes + 64));
+    if (!zeroed_) std::memset(buf, 0, bytes + 64);
+    zeroed_ = true;
+    return buf;
+  }
+  void run_bf16(KernelContext& ctx, Collectives& comm, const AllReduceInputs& inputs,
+                double scale) {
+    auto* w = reinterpret_cast<uint16_t*>(packed_buffer(ctx, inputs));
+    std::vector<std::pair<float*, int64_t>> dst;
+    int64_t off = 0;
+    for (int i : inputs.slots) {  // float32 -> the bf16 wire, nearest even
+      const TensorView* in = ctx.input(i);
+      const float* x = in->as<float>();
+      uint16_t* p = w + off;
+      ctx.parallel_for(in->numel(), 4096, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) p[j] = graph::bf16_from_float(x[j]);
+      });
+      dst.emplace_back(ctx.output(i, in->dims).as<float>(), in->numel());
+      off += in->numel();
+    }
+    CollectiveHandle handle = comm.all_reduce_async(w, inputs.total, DataType::kBFloat16);
+    ctx.defer_completion([handle, w, scale, dst = std::move(dst)] {
+      handle.wait();
+      const auto s = static_cast<float>(scale);
+      const uint16_t* q = w;
+      for (const auto& [y, n] : dst) {
+        for (int64_t j = 0; j < n; ++j) y[j] = graph::bf16_to_float(q[j]) * s;
+        q += n;
+      }
+    });
+  }
+
   bool mean_;
+  bool zeroed_ = false;
 };
 
 // Layout of x: (N, C, D...) -> n, c, inner.

@@ -142,6 +142,11 @@ ONNXTRAIN_REGISTER_OP(onnxtrain_all_reduce) {
   s.infer = infer_all_reduce;
   // Kernels: ops/comm/collective_kernels.cc (CPU), ops/cuda/all_reduce.cu (NCCL).
   s.foldable = false;
+  // The bucket is reduced where the gradients were written (the CPU kernel checks the layout);
+  // a bfloat16 wire needs its own narrower buffer anyway.
+  s.packed_inputs = [](const graph::Node& n) {
+    return all_reduce_wire_attr(n) == graph::DataType::kUndefined;
+  };
   return s;
 }
 

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "graph/error.h"
 #include "ops/op_api.h"
 #include "ops/shape_util.h"
+#include "runtime/comm/in_process.h"
 #include "runtime/session.h"
 
 namespace onnxtrain::runtime {
@@ -142,6 +144,40 @@ ONNXTRAIN_REGISTER_OP(test_scratch) {
   s.op_type = "Scratch";
   s.infer = [](ops::InferenceContext& c) { ops::propagate_type(c); };
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<ScratchKernel>(n); };
+  return s;
+}
+
+// test.PackedDouble(x0, x1, ...) = (2 x0, 2 x1, ...), asking for its inputs as one block
+// (OpSchema::packed_inputs). It records whether each input sat at its packed offset from the
+// first and each output over its input.
+std::vector<bool> g_packed_seen;
+class PackedDoubleKernel : public ops::Kernel {
+ public:
+  void run(ops::KernelContext& ctx) override {
+    const auto* base = static_cast<const std::byte*>(ctx.input(0)->data);
+    size_t offset = 0;
+    bool packed = true;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const ops::TensorView& x = *ctx.input(i);
+      ops::TensorView& y = ctx.output(i, x.dims);
+      packed = packed && x.data == base + offset && y.data == x.data;
+      offset += ops::packed_input_bytes(x.nbytes());
+      std::vector<float> v(x.as<float>(), x.as<float>() + x.numel());
+      for (int64_t j = 0; j < x.numel(); ++j) y.as<float>()[j] = 2 * v[static_cast<size_t>(j)];
+    }
+    g_packed_seen.push_back(packed);
+  }
+};
+
+ONNXTRAIN_REGISTER_OP(test_packed_double) {
+  ops::OpSchema s;
+  s.domain = "test";
+  s.op_type = "PackedDouble";
+  s.infer = [](ops::InferenceContext& c) {
+    for (size_t i = 0; i < c.node.inputs().size(); ++i) ops::propagate_type(c, i, i);
+  };
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<PackedDoubleKernel>(); };
+  s.packed_inputs = [](const graph::Node&) { return true; };
   return s;
 }
 
@@ -439,6 +475,109 @@ TEST(Session, DeferredOutputsCompleteBeforeTheirFirstReader) {
                                               "scale reader", "start unread", "finish unread"}));
   EXPECT_FLOAT_EQ(out[1].data_as<float>()[1], 30.f);  // (2 + 1) x 10
   EXPECT_FLOAT_EQ(out[2].data_as<float>()[0], 2.f);   // completed at the end of the run
+}
+
+// a [3], b [17] (each Scale k=1 of an input) -> PackedDouble -> Scale k=10 each -> outputs; with
+// `late_reader` a Scale after PackedDouble also reads `a`; with `input_operand` PackedDouble reads
+// the graph input xb itself instead of b.
+std::unique_ptr<graph::Model> packed_model(bool late_reader, bool input_operand) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* xa = g.add_input("xa", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(3)}));
+  graph::Value* xb = g.add_input("xb", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(17)}));
+  graph::Value* a = g.add_node("Scale", {xa}, {"a"}, "make_a", "test")->output(0);
+  graph::Value* b = input_operand ? xb : g.add_node("Scale", {xb}, {"b"}, "make_b", "test")->output(0);
+  graph::Node* p = g.add_node("PackedDouble", {a, b}, {"a2", "b2"}, "packed", "test");
+  for (int i = 0; i < 2; ++i) {
+    graph::Node* r = g.add_node("Scale", {p->output(i)}, {cat("y", i)}, cat("read", i), "test");
+    r->set_attr(graph::Attribute::make_float("k", 10.f));
+    g.add_output(r->output(0));
+  }
+  if (late_reader) g.add_output(g.add_node("Scale", {a}, {"late"}, "late_reader", "test")->output(0));
+  return m;
+}
+
+TEST(Session, PackedInputsSitBackToBackWithTheOutputsOverThem) {
+  std::vector<float> b(17);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i);
+  for (const bool late : {false, true})
+    for (const bool input_operand : {false, true}) {
+      SCOPED_TRACE(cat("late reader ", late, ", graph input operand ", input_operand));
+      InferenceSession s(packed_model(late, input_operand));
+      g_packed_seen.clear();
+      auto out = s.run({{"xa", vec({1, 2, 3})}, {"xb", vec(b)}});
+      auto again = s.run({{"xa", vec({1, 2, 3})}, {"xb", vec(b)}});
+      const bool expect_packed = !late && !input_operand;
+      EXPECT_EQ(s.last_plan_stats().packed_blocks, expect_packed ? 1 : 0);
+      EXPECT_EQ(g_packed_seen, std::vector<bool>(2, expect_packed));
+      EXPECT_FLOAT_EQ(out[0].data_as<float>()[2], 60.f);
+      EXPECT_FLOAT_EQ(out[1].data_as<float>()[16], 320.f);
+      EXPECT_FLOAT_EQ(again[1].data_as<float>()[5], 100.f);
+      if (late) {
+        EXPECT_FLOAT_EQ(out[2].data_as<float>()[1], 2.f);  // the late reader saw a, not 2a
+      }
+    }
+}
+
+// Two ranks, one session each, reduce a [3] and b [17] through ai.onnxtrain.AllReduce: in place
+// on the packed gradients, or (a read again after the reduction) through the kernel's own packed
+// copy. Both give the rank-order sum, the same on every rank.
+TEST(Session, AllReduceInPlaceAndCopiedGiveTheSameSums) {
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(cat("late reader ", late));
+    InProcessGroup group(2);
+    std::vector<std::vector<Tensor>> outs(2);
+    std::vector<int> blocks(2, -1);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          auto m = std::make_unique<graph::Model>();
+          m->set_opset("test", 1);
+          m->set_opset(ops::kOnnxtrainDomain, 1);
+          graph::Graph& g = *m->graph;
+          graph::Value* xa = g.add_input("xa", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(3)}));
+          graph::Value* xb = g.add_input("xb", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(17)}));
+          graph::Value* a = g.add_node("Scale", {xa}, {"a"}, "make_a", "test")->output(0);
+          graph::Value* b = g.add_node("Scale", {xb}, {"b"}, "make_b", "test")->output(0);
+          graph::Node* ar = g.add_node("AllReduce", {a, b}, {"a_sum", "b_sum"}, "allreduce",
+                                       ops::kOnnxtrainDomain);
+          ar->set_attr(graph::Attribute::make_int("replicas", 1));
+          for (int i = 0; i < 2; ++i) {
+            graph::Node* n = g.add_node("Scale", {ar->output(i)}, {cat("y", i)}, cat("read", i), "test");
+            g.add_output(n->output(0));
+          }
+          if (late) g.add_output(g.add_node("Scale", {a}, {"late"}, "late_reader", "test")->output(0));
+          SessionOptions o;
+          o.communicator = &group.communicator(r);
+          InferenceSession s(std::move(m), o);
+          std::vector<float> va(3), vb(17);
+          for (int i = 0; i < 3; ++i) va[i] = 0.1f * static_cast<float>(i + 1) + static_cast<float>(r);
+          for (int i = 0; i < 17; ++i) vb[i] = 1.0f / static_cast<float>(i + 1 + 7 * r);
+          outs[r] = s.run({{"xa", vec(va)}, {"xb", vec(vb)}});
+          blocks[r] = s.last_plan_stats().packed_blocks;
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          group.abort(e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << errors[1];
+    EXPECT_EQ(blocks, std::vector<int>(2, late ? 0 : 1));
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(outs[r][0].data_as<float>()[i],
+                  (0.1f * static_cast<float>(i + 1)) + (0.1f * static_cast<float>(i + 1) + 1.f));
+      for (int i = 0; i < 17; ++i)
+        EXPECT_EQ(outs[r][1].data_as<float>()[i],
+                  1.0f / static_cast<float>(i + 1) + 1.0f / static_cast<float>(i + 8));
+      if (late) {
+        EXPECT_FLOAT_EQ(outs[r][2].data_as<float>()[0], 0.1f + static_cast<float>(r));
+      }
+    }
+  }
 }
 
 }  // namespace
