@@ -277,6 +277,9 @@ class Graph {
   // the current list order. Throws Error naming a node on a cycle.
   std::vector<Node*> topological_order() const;
   void sort_topologically();  // reorders the node list to topological_order()
+  // Moves `nodes` (of this graph, each once) behind all others, in the given order. Only the
+  // list order changes, which topological_order() follows where dependencies leave a choice.
+  void move_to_end(std::span<Node* const> nodes);
 
   // Clones `nodes` (of this graph) into this graph. Each cloned output gets the name
   // rename(old_name); inputs produced inside the set map to the clones, other inputs map

@@ -2,6 +2,7 @@
 // nodes and graphs. The rest of the IR (ownership, edges, the mutation API) is in ir.cc.
 #include <algorithm>
 #include <deque>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "graph/error.h"
@@ -103,6 +104,27 @@ void Graph::sort_topologically() {
   for (auto& p : nodes_) owned[p.get()] = std::move(p);
   nodes_.clear();
   for (Node* n : order) nodes_.push_back(std::move(owned[n]));
+}
+
+void Graph::move_to_end(std::span<Node* const> nodes) {
+  std::unordered_map<const Node*, size_t> rank;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    OT_CHECK(rank.emplace(nodes[i], i).second, "graph '", name, "': move_to_end: ",
+             nodes[i]->describe(), " given twice");
+  size_t found = 0;
+  for (const auto& p : nodes_) found += rank.count(p.get());
+  OT_CHECK(found == nodes.size(), "graph '", name, "': move_to_end: a node of another graph");
+  std::vector<std::unique_ptr<Node>> moved(nodes.size());
+  size_t kept = 0;
+  for (auto& p : nodes_) {
+    auto it = rank.find(p.get());
+    if (it == rank.end())
+      nodes_[kept++] = std::move(p);
+    else
+      moved[it->second] = std::move(p);
+  }
+  nodes_.resize(kept);
+  for (auto& p : moved) nodes_.push_back(std::move(p));
 }
 
 std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,

@@ -82,6 +82,10 @@ class Bucketer {
     model_.set_opset(ops::kOnnxtrainDomain, 1);
     for (size_t b = 0; b < buckets.size(); ++b) reduce_bucket(b, buckets[b]);
     if (!stats.empty()) reduce_bn_stats(stats);
+    // The optimizer nodes in bucket order: a replica that finishes backward first updates the
+    // weights of the buckets already reduced while the last ones still travel, instead of
+    // waiting for every bucket before its first update (issue #18).
+    g_.move_to_end(readers_);
     return info_;
   }
 
@@ -240,7 +244,10 @@ class Bucketer {
       n->set_attr(graph::Attribute::make_int("wire_dtype", static_cast<int64_t>(opts_.wire_dtype)));
     for (size_t i = 0; i < inputs.size(); ++i)
       for (const graph::Use& u : optimizer_uses(inputs[i]))
-        if (u.node != n) u.node->set_input(static_cast<size_t>(u.input_index), n->output(i));
+        if (u.node != n) {
+          u.node->set_input(static_cast<size_t>(u.input_index), n->output(i));
+          if (moved_.insert(u.node).second) readers_.push_back(u.node);
+        }
     int64_t bytes = 0;
     std::vector<std::string> params;
     for (const Gradient* gr : bucket) {
@@ -289,6 +296,8 @@ class Bucketer {
   const BucketOptions& opts_;
   int r_;
   std::unordered_set<const Node*> backward_;
+  std::vector<Node*> readers_;  // the buckets' optimizer nodes, in bucket order
+  std::unordered_set<const Node*> moved_;
   BucketInfo info_;
 };
 

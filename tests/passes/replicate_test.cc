@@ -120,6 +120,25 @@ void check_replicated(const std::string& model, int r, OptimizerKind kind, float
     if (n->op_type != "ShardBatch" && n->op_type != "AllReduce") clones.push_back(n.get());
   const std::vector<Node*> order = g1.topological_order();
   ASSERT_EQ(clones.size(), order.size() * r);
+  // bucket_allreduce moves the readers of reduced gradients (the optimizer's first nodes)
+  // behind everything else in bucket order (checked in MlpBucketCountsAndOrder): sort the clones
+  // back into the single graph's order. A clone whose name is not its source's (a repeated or
+  // empty name) stays with the clone before it.
+  {
+    std::map<std::string, size_t> position;
+    for (size_t j = 0; j < order.size(); ++j)
+      if (!order[j]->name.empty()) position.emplace(order[j]->name, j);
+    std::vector<std::pair<size_t, const Node*>> keyed;
+    size_t last = 0;
+    for (const Node* c : clones) {
+      auto it = position.find(c->name.substr(0, c->name.rfind("/r")));
+      if (it != position.end()) last = it->second;
+      keyed.emplace_back(last, c);
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (size_t i = 0; i < keyed.size(); ++i) clones[i] = keyed[i].second;
+  }
   for (size_t j = 0; j < order.size(); ++j) {
     const Node* n = order[j];
     for (int k = 0; k < r; ++k) {
@@ -377,6 +396,29 @@ TEST(BucketAllReduce, MlpBucketCountsAndOrder) {
           {"fc3.weight", "fc3.bias"}, {"fc2.weight", "fc2.bias"}, {"fc1.weight"}, {"fc1.bias"}}));
   EXPECT_EQ(mid.bytes, (std::vector<int64_t>{5160, 66048, 401408, 512}));
   expect_error([] { mlp_buckets(0, 1); }, "bucket_mb must be > 0");
+
+  // The optimizer nodes run in bucket order, after everything else: a replica updates the
+  // first buckets' weights while the last ones are still being reduced.
+  std::unique_ptr<Model> tiny_model;
+  mlp_buckets(1e-9, 1.0, &tiny_model);
+  const std::vector<Node*> order = tiny_model->graph->topological_order();
+  int last_bucket = -1;
+  size_t first_update = order.size();
+  for (size_t i = 0; i < order.size(); ++i) {
+    int bucket = -1;
+    for (const Value* in : order[i]->inputs())
+      if (in && in->producer() && in->producer()->op_type == "AllReduce" &&
+          in->producer()->name.rfind("allreduce.bucket", 0) == 0)
+        bucket = std::stoi(in->producer()->name.substr(16));
+    if (bucket < 0) {
+      EXPECT_EQ(first_update, order.size()) << order[i]->name << " after an update";
+      continue;
+    }
+    first_update = std::min(first_update, i);
+    EXPECT_GE(bucket, last_bucket) << order[i]->name;
+    last_bucket = bucket;
+  }
+  EXPECT_EQ(last_bucket, 5);
 }
 
 TEST(BucketAllReduce, BatchNormRunningStatsAreAveraged) {

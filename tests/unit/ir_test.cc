@@ -100,6 +100,31 @@ TEST(GraphIR, TopologicalOrderSortsAndDetectsCycles) {
   }
 }
 
+TEST(GraphIR, MoveToEndChangesOnlyThePriorityOfReadyNodes) {
+  Graph g("g");
+  Value* x = g.add_input("x", f32({1}));
+  Node* a = g.add_node("Relu", {x}, {"a"}, "a");
+  Node* b = g.add_node("Abs", {x}, {"b"}, "b");
+  Node* c = g.add_node("Neg", {x}, {"c"}, "c");
+  Node* d = g.add_node("Neg", {a->output(0)}, {"d"}, "d");
+  Node* moved[] = {c, a};
+  g.move_to_end(moved);
+  ASSERT_EQ(g.num_nodes(), 4u);
+  EXPECT_EQ(g.nodes()[0].get(), b);
+  EXPECT_EQ(g.nodes()[1].get(), d);
+  EXPECT_EQ(g.nodes()[2].get(), c);
+  EXPECT_EQ(g.nodes()[3].get(), a);
+  // d still waits for a.
+  EXPECT_EQ(g.topological_order(), (std::vector<Node*>{b, c, a, d}));
+  Node* twice[] = {b, b};
+  EXPECT_THROW(g.move_to_end(twice), Error);
+  Graph other("other");
+  Node* foreign[] = {other.add_node("Relu", {other.add_input("y", f32({1}))}, {"z"}, "z")};
+  EXPECT_THROW(g.move_to_end(foreign), Error);
+  EXPECT_EQ(g.num_nodes(), 4u);  // a refused move changes nothing
+  EXPECT_EQ(g.nodes()[0].get(), b);
+}
+
 TEST(GraphIR, FreshNamesAreUniqueAcrossSubgraphs) {
   Diamond d;
   EXPECT_EQ(d.g.fresh_name("z"), "z");
