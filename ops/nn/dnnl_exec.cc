@@ -106,14 +106,18 @@ void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {
   prim_ = dnnl::primitive(pd);
 }
 
-void DnnlRunner::execute(dnnl::stream& s, std::span<void* const> buffers,
-                         std::byte* scratch) const {
+void DnnlRunner::execute(dnnl::stream& s, std::span<void* const> buffers, std::byte* scratch,
+                         uint32_t laid_out) const {
   using dnnl::memory;
   const dnnl::engine& eng = cpu_engine();
   std::unordered_map<int, memory> exec_args;
   std::vector<std::pair<memory, memory>> outputs;  // (primitive's, user's) to reorder after
   for (size_t i = 0; i < args_.size(); ++i) {
     const Bound& b = args_[i];
+    if (b.reorder && !b.arg.output && (laid_out >> i & 1u)) {
+      exec_args.emplace(b.arg.id, memory(b.prim, eng, buffers[i]));
+      continue;
+    }
     memory user(b.arg.user, eng, buffers[i]);
     if (!b.reorder) {
       exec_args.emplace(b.arg.id, user);

@@ -65,8 +65,19 @@ class DnnlRunner {
   void reset() { prim_.reset(); }
   bool ready() const { return prim_.has_value(); }
   size_t scratch_bytes() const { return scratch_bytes_; }
-  // buffers[i] belongs to args[i]; scratch holds scratch_bytes() (64-byte aligned).
-  void execute(dnnl::stream& s, std::span<void* const> buffers, std::byte* scratch) const;
+  // buffers[i] belongs to args[i]; scratch holds scratch_bytes() (64-byte aligned). An input i
+  // whose bit is set in `laid_out` is already in the primitive's layout (staged_md(i)): no
+  // reorder.
+  void execute(dnnl::stream& s, std::span<void* const> buffers, std::byte* scratch,
+               uint32_t laid_out = 0) const;
+  // Input i's layout for the primitive when it differs from the user's (else nullptr), and where
+  // execute() left input i in that layout inside `scratch` (valid until scratch is reused): a
+  // second primitive wanting the same layout of the same buffer takes it from there.
+  const dnnl::memory::desc* staged_md(size_t i) const {
+    return i < args_.size() && args_[i].reorder && !args_[i].arg.output ? &args_[i].prim
+                                                                         : nullptr;
+  }
+  std::byte* staged(size_t i, std::byte* scratch) const { return scratch + args_[i].offset; }
 
  private:
   struct Bound {
