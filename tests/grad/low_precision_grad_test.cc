@@ -52,7 +52,7 @@ TEST(LowPrecisionGrad, ConvBf16) {
   run(conv({4, 16, 8, 8}, {32, 16, 3, 3}, true, {pads1}, "3x3 pad 1 bias (blocked)", 1));
   run(conv({2, 32, 6, 6}, {16, 32, 1, 1}, false, {Attribute::make_ints("strides", {2, 2})},
            "1x1 stride 2", 4));
-  run(conv({2, 8, 20, 20}, {16, 8, 1, 1}, true, {}, "1x1 large map (plain)", 7));
+  run(conv({2, 8, 20, 20}, {16, 8, 1, 1}, true, {}, "1x1 large map (plain forward and dX, blocked dW)", 7));
   run(conv({2, 3, 12, 12}, {8, 3, 7, 7}, false,
            {Attribute::make_ints("strides", {2, 2}), Attribute::make_ints("pads", {3, 3, 3, 3})},
            "RGB stem 7x7 stride 2", 10));
