@@ -99,8 +99,6 @@ class Plan {
   int slot_of(const graph::Value* v);
   void infer_step(const graph::Node& n, std::vector<int>& in, ops::InferenceContext& ictx);
   void fold_or_schedule(const graph::Node& n);
-  // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
-  // buffers are released.
   // The steps whose inputs plan_memory places back to back (OpSchema::packed_inputs): each
   // member's input and output share `offset` bytes into the block.
   struct PackedBlock {
@@ -113,6 +111,8 @@ class Plan {
     int def = 0, last = 0;
   };
   std::vector<PackedBlock> packed_blocks() const;
+  // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
+  // buffers are released.
   void plan_memory();
   void prepare_kernels();
   // The host kernels' shared scratch, at least `bytes` (KernelContext::scratch).
