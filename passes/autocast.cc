@@ -25,6 +25,11 @@ bool runs_low(const Node& n) {
 
 // Every present input and the output are float32 (a float64 model or an integer op keeps its
 // types).
+// A Conv reads X and writes Y in float32 around its low-precision weight and bias: its kernels
+// round X as they read it and accumulate in float32 (ops/precision.h's conv_compute_dtype), so
+// no Cast node is needed on either side and backward keeps no low-precision copy of X.
+bool keeps_float32_activations(const Node& n) { return n.op_type == "Conv"; }
+
 bool all_float32(const Node& n) {
   if (n.outputs().size() != 1 || !n.output(0) || n.output(0)->dtype() != DataType::kFloat)
     return false;
@@ -67,6 +72,12 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
   };
   for (Node* n : g.topological_order()) {
     if (!runs_low(*n) || !all_float32(*n)) continue;
+    if (keeps_float32_activations(*n)) {
+      for (size_t i = 1; i < n->inputs().size(); ++i)
+        if (Value* v = n->input(i)) n->set_input(i, low_copy(v));
+      ++info.low_nodes;
+      continue;
+    }
     for (size_t i = 0; i < n->inputs().size(); ++i)
       if (Value* v = n->input(i)) n->set_input(i, low_copy(v));
     // The node now writes a low-precision value; a Cast back gives its readers float32 under

@@ -4,6 +4,7 @@
 #include "graph/error.h"
 #include "ops/nn/conv_algorithm.h"
 #include "ops/op_api.h"
+#include "ops/precision.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -37,7 +38,9 @@ bool eligible(const Node& n, size_t x_index, size_t w_index, const graph::Value*
   const std::vector<int64_t> ones(kernel.size(), 1);
   return ops::winograd_eligible(kernel, n.attr_ints("strides", ones),
                                 n.attr_ints("dilations", ones), n.attr_int("group", 1),
-                                x->dtype(), out_spatial);
+                                ops::conv_compute_dtype(x->dtype(), w->dtype())
+                                    .value_or(graph::DataType::kUndefined),
+                                out_spatial);
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <span>
+#include <vector>
 
+#include "graph/bfloat16.h"
 #include "ops/nn/conv_algorithm.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
@@ -46,6 +49,18 @@ int64_t read_group(const graph::Node& n, const std::string& where) {
   return group;
 }
 
+// X and W as ops/precision.h's conv_compute_dtype allows them, a bias in W's dtype (an unknown
+// dtype passes); returns the compute dtype.
+DataType check_conv_dtypes(const std::string& where, DataType x, DataType w, DataType b) {
+  const std::optional<DataType> compute = conv_compute_dtype(x, w);
+  OT_CHECK(compute, where, ": x is ", graph::dtype_short_name(x), ", weight is ",
+           graph::dtype_short_name(w),
+           "; they must match (or x be f32 with bf16/f16 weights: mixed precision)");
+  OT_CHECK(b == DataType::kUndefined || *compute == DataType::kUndefined || b == *compute, where,
+           ": bias is ", graph::dtype_short_name(b), ", weight is ", graph::dtype_short_name(w));
+  return *compute;
+}
+
 // Output type: (N, M, spatial...) with every dim that the known input dims determine.
 // ConvInteger: int8/uint8 inputs, input 2 is x_zero_point (no bias), int32 output.
 void infer_conv(InferenceContext& ctx, bool integer) {
@@ -58,6 +73,7 @@ void infer_conv(InferenceContext& ctx, bool integer) {
   const ValueType& w = tensor_input(ctx, 1);
   const ValueType* b = integer ? nullptr : ctx.input_type(2);
   const DataType y_type = integer ? DataType::kInt32 : x.dtype;
+  if (!integer) check_conv_dtypes(where, x.dtype, w.dtype, b ? b->dtype : DataType::kUndefined);
   const int64_t group = read_group(ctx.node, where);
   if (!x.shape && !w.shape) {
     set_output(ctx, 0, y_type, std::nullopt);
@@ -101,6 +117,7 @@ void infer_conv(InferenceContext& ctx, bool integer) {
 
 struct ConvSetup {
   int64_t n = 0, c = 0, m = 0, group = 1;
+  DataType compute = DataType::kUndefined;  // W's dtype (conv_compute_dtype); floats only
   WindowGeom geom;
   std::vector<int64_t> y_dims;
 };
@@ -120,9 +137,9 @@ ConvSetup conv_setup(const graph::Node& node, const TensorView& x, const TensorV
   if (b) {
     OT_CHECK(b->rank() == 1 && b->dims[0] == s.m, where, ": bias must have shape (", s.m,
              "), got (", join_dims(b->dims), ")");
-    OT_CHECK(b->dtype == x.dtype, where, ": bias is ", graph::dtype_short_name(b->dtype), ", x is ",
-             graph::dtype_short_name(x.dtype));
   }
+  if (graph::is_float_dtype(x.dtype) || graph::is_float_dtype(w.dtype))  // not ConvInteger
+    s.compute = check_conv_dtypes(where, x.dtype, w.dtype, b ? b->dtype : DataType::kUndefined);
   const size_t spatial = static_cast<size_t>(x.rank() - 2);
   std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
   WindowAttrs a = read_window_attrs(node, spatial, kernel, where);
@@ -243,6 +260,57 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
            where, ": oneDNN sgemm failed (", m, "x", n, "x", k, ")");
 }
 
+// Mixed precision's reference path (ops/precision.h's conv_compute_dtype, where oneDNN has no
+// primitive): an operand as float32 values the way the oneDNN primitives read it -- float32
+// rounded to the compute dtype (nearest even, as oneDNN's reorders), bf16 / f16 widened
+// exactly -- so conv_reference<float> computes what they compute.
+float rounded_to(DataType t, float f) {
+  if (t == DataType::kBFloat16) return graph::bf16_to_float(graph::bf16_from_float(f));
+  if (t == DataType::kFloat16) return static_cast<float>(ew::Half(f));
+  return f;
+}
+
+std::vector<float> read_as(const TensorView& v, DataType compute) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (v.dtype) {
+      case DataType::kFloat:
+        out[i] = rounded_to(compute, v.as<float>()[i]);
+        break;
+      case DataType::kBFloat16:
+        out[i] = static_cast<float>(v.as<ew::BFloat16>()[i]);
+        break;
+      case DataType::kFloat16:
+        out[i] = static_cast<float>(v.as<ew::Half>()[i]);
+        break;
+      default:
+        fail("conv: mixed precision reads f32, bf16 or f16, not ",
+             graph::dtype_short_name(v.dtype));
+    }
+  }
+  return out;
+}
+
+// float32 results into `out` (f32 as they are; bf16 / f16 rounded to nearest even).
+void write_as(std::span<const float> v, TensorView& out) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (out.dtype) {
+      case DataType::kFloat:
+        out.as<float>()[i] = v[i];
+        break;
+      case DataType::kBFloat16:
+        out.as<ew::BFloat16>()[i].bits = graph::bf16_from_float(v[i]);
+        break;
+      case DataType::kFloat16:
+        out.as<ew::Half>()[i] = ew::Half(v[i]);
+        break;
+      default:
+        fail("conv: mixed precision writes f32, bf16 or f16, not ",
+             graph::dtype_short_name(out.dtype));
+    }
+  }
+}
+
 // x: (N,C,D...), w: (M,C/g,K...), b: (M) -> y: (N,M,O...)
 class ConvKernel final : public Kernel {
  public:
@@ -252,18 +320,17 @@ class ConvKernel final : public Kernel {
     const TensorView* x = ctx.input(0);
     const TensorView* w = ctx.input(1);
     OT_CHECK(x && w, where_, ": inputs X and W are required");
-    OT_CHECK(w->dtype == x->dtype, where_, ": weight is ", graph::dtype_short_name(w->dtype),
-             ", x is ", graph::dtype_short_name(x->dtype));
     const TensorView* b = ctx.input(2);
-    setup_ = conv_setup(ctx.node(), *x, *w, b, where_);
+    setup_ = conv_setup(ctx.node(), *x, *w, b, where_);  // checks the dtypes
     x_dims_ = x->dims;
     w_dims_ = w->dims;
     has_bias_ = b != nullptr;
     dnnl_.reset();
     const size_t spatial = setup_.geom.in.size();
     bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    if (!dnnl_float_type(x->dtype) || spatial > 3 || empty) return;
-    init_dnnl(ctx, *dnnl_float_type(x->dtype));
+    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(setup_.compute) || spatial > 3 || empty)
+      return;
+    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype));
     if (dnnl_.ready() && dnnl_.scratch_bytes()) ctx.scratch(dnnl_.scratch_bytes());  // sizes it
   }
 
@@ -279,6 +346,13 @@ class ConvKernel final : public Kernel {
       dnnl_.execute(ctx, x->data, w->data, b ? b->data : nullptr, y.data);
       return;
     }
+    if (x->dtype != setup_.compute) {  // mixed precision (float32 x and y) without oneDNN
+      const std::vector<float> xs = read_as(*x, setup_.compute), ws = read_as(*w, setup_.compute),
+                               bs = b ? read_as(*b, setup_.compute) : std::vector<float>{};
+      conv_reference<float>(setup_, xs.data(), ws.data(), b ? bs.data() : nullptr, y.as<float>(),
+                            ctx);
+      return;
+    }
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       conv_reference<T>(setup_, x->as<T>(), w->as<T>(), b ? b->as<T>() : nullptr, y.as<T>(), ctx);
@@ -286,11 +360,12 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
+  // type: the compute dtype (W's), act: X's and Y's.
+  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act) {
     const WindowGeom& g = setup_.geom;
     UserDescs u;
-    u.x = plain_desc(x_dims_, type);
-    u.y = plain_desc(setup_.y_dims, type);
+    u.x = plain_desc(x_dims_, act);
+    u.y = plain_desc(setup_.y_dims, act);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
@@ -456,6 +531,13 @@ void conv_grad_reference(const ConvSetup& p, const T* dy, const T* x, const T* w
 
 void infer_conv_grad(InferenceContext& ctx) {
   check_float_input(ctx, 0);
+  const ValueType& dy = tensor_input(ctx, 0);
+  const ValueType& x = tensor_input(ctx, 1);
+  OT_CHECK(dy.dtype == DataType::kUndefined || x.dtype == DataType::kUndefined ||
+               dy.dtype == x.dtype,
+           ctx.where(), ": dY is ", graph::dtype_short_name(dy.dtype), ", X is ",
+           graph::dtype_short_name(x.dtype), "; they must match");
+  check_conv_dtypes(ctx.where(), x.dtype, tensor_input(ctx, 2).dtype, DataType::kUndefined);
   const size_t outs = ctx.output_types.size();
   if (outs > 0) propagate_type(ctx, 0, 1);
   if (outs > 1) propagate_type(ctx, 1, 2);
@@ -480,10 +562,9 @@ class ConvGradKernel final : public Kernel {
     const TensorView* x = ctx.input(1);
     const TensorView* w = ctx.input(2);
     OT_CHECK(dy && x && w, where_, ": inputs dY, X and W are required");
-    OT_CHECK(w->dtype == x->dtype && dy->dtype == x->dtype, where_, ": dY is ",
-             graph::dtype_short_name(dy->dtype), ", X is ", graph::dtype_short_name(x->dtype),
-             ", W is ", graph::dtype_short_name(w->dtype), "; they must match");
-    setup_ = conv_setup(ctx.node(), *x, *w, nullptr, where_);
+    OT_CHECK(dy->dtype == x->dtype, where_, ": dY is ", graph::dtype_short_name(dy->dtype),
+             ", X is ", graph::dtype_short_name(x->dtype), "; they must match");
+    setup_ = conv_setup(ctx.node(), *x, *w, nullptr, where_);  // checks X and W
     OT_CHECK(dy->dims == setup_.y_dims, where_, ": dY has shape (", join_dims(dy->dims),
              "), the convolution gives (", join_dims(setup_.y_dims), ")");
     x_dims_ = x->dims;
@@ -494,16 +575,18 @@ class ConvGradKernel final : public Kernel {
     data_.reset();
     weights_.reset();
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    gemm_ = !empty && prefer_gemm(setup_, x->dtype, ctx.node());
+    gemm_ = !empty && x->dtype == setup_.compute && prefer_gemm(setup_, x->dtype, ctx.node());
     if (gemm_) {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
       ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
       return;
     }
-    if (!dnnl_float_type(x->dtype) || setup_.geom.in.size() > 3 || empty) return;
-    elem_bytes_ = static_cast<size_t>(graph::dtype_bits(x->dtype) / 8);
-    init_dnnl(ctx, *dnnl_float_type(x->dtype));
+    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(setup_.compute) ||
+        setup_.geom.in.size() > 3 || empty)
+      return;
+    elem_bytes_ = static_cast<size_t>(graph::dtype_bits(w->dtype) / 8);
+    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype));
     if (!dnnl_ready()) return;
     const bool dw = ctx.num_outputs() > 1 && ctx.has_output(1);
     const bool db = ctx.num_outputs() > 2 && ctx.has_output(2);
@@ -529,6 +612,18 @@ class ConvGradKernel final : public Kernel {
       run_dnnl(ctx, *dy, *x, *w, dx, dw, db);
       return;
     }
+    if (x->dtype != setup_.compute) {  // mixed precision (float32 dY, X, dX) without oneDNN
+      const DataType t = setup_.compute;
+      const std::vector<float> dys = read_as(*dy, t), xs = read_as(*x, t), ws = read_as(*w, t);
+      std::vector<float> dws(dw ? static_cast<size_t>(w->numel()) : 0),
+          dbs(db ? static_cast<size_t>(setup_.m) : 0);
+      conv_grad_reference<float>(setup_, dys.data(), xs.data(), ws.data(),
+                                 dx ? dx->as<float>() : nullptr, dw ? dws.data() : nullptr,
+                                 db ? dbs.data() : nullptr, ctx);
+      if (dw) write_as(dws, *dw);
+      if (db) write_as(dbs, *db);
+      return;
+    }
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       conv_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), w->as<T>(),
@@ -542,10 +637,13 @@ class ConvGradKernel final : public Kernel {
   // to pay, else or as a fallback on the user layouts; unready when oneDNN has no implementation.
   // Measured on AVX-512, 2 threads, batch 8: blocked backward-weights beats plain 2-5x for
   // spatial kernels, but backward-data of the RGB stem (3 -> 64, 7x7 s2) is 2.5x slower blocked.
-  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
+  // type: the compute dtype (W's), act: dY's, X's and dX's. A float32 dY or X around bf16 W is
+  // rounded to bf16 by its reorder into scratch; dX is written in float32 where oneDNN can.
+  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
-    const memory::desc x_md = plain_desc(x_dims_, type), y_md = plain_desc(setup_.y_dims, type);
+    const memory::desc x_md = plain_desc(x_dims_, act), y_md = plain_desc(setup_.y_dims, act);
+    const memory::desc x_low = retyped(x_md, type), y_low = retyped(y_md, type);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
@@ -564,22 +662,31 @@ class ConvGradKernel final : public Kernel {
     attr.set_scratchpad_mode(scratchpad_mode::user);
     auto hint = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      convolution_forward::desc fd(prop_kind::forward_training, alg, pick(x_md), pick(w_md), b_md,
-                                   pick(y_md), strides, dil, pad_l, pad_r);
+      convolution_forward::desc fd(prop_kind::forward_training, alg, pick(x_low), pick(w_md),
+                                   b_md, pick(y_low), strides, dil, pad_l, pad_r);
       return convolution_forward::primitive_desc(fd, eng);
     };
     auto init_data = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      convolution_backward_data::desc dd(alg, pick(x_md), pick(w_md), pick(y_md), strides, dil,
-                                         pad_l, pad_r);
-      data_.init(convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked, alg)),
-                 {{DNNL_ARG_DIFF_DST, y_md, false},
-                  {DNNL_ARG_WEIGHTS, w_md, false},
-                  {DNNL_ARG_DIFF_SRC, x_md, true}});
+      // dX in X's dtype first (no reorder back), else in the compute dtype.
+      for (const memory::desc& dx_md : {x_md, x_low}) {
+        try {
+          convolution_backward_data::desc dd(alg, pick(dx_md), pick(w_md), pick(y_low), strides,
+                                             dil, pad_l, pad_r);
+          data_.init(
+              convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked, alg)),
+              {{DNNL_ARG_DIFF_DST, y_md, false},
+               {DNNL_ARG_WEIGHTS, w_md, false},
+               {DNNL_ARG_DIFF_SRC, x_md, true}});
+          return;
+        } catch (const dnnl::error&) {
+          if (dx_md == x_low) throw;
+        }
+      }
     };
     auto init_weights = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      convolution_backward_weights::desc wdsc(alg, pick(x_md), pick(w_md), b_md, pick(y_md),
+      convolution_backward_weights::desc wdsc(alg, pick(x_low), pick(w_md), b_md, pick(y_low),
                                               strides, dil, pad_l, pad_r);
       weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng,
                                                                  hint(blocked, alg)),

@@ -14,49 +14,56 @@ bool DnnlWindowPrimitive::init(const UserDescs& user, bool prefer_blocked, const
 
 bool DnnlWindowPrimitive::try_init(const UserDescs& user, bool blocked, const PdFactory& make) {
   using dnnl::memory;
-  try {
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    auto any = [](const memory::desc& d) {
-      return memory::desc(d.dims(), d.data_type(), memory::format_tag::any);
-    };
-    dnnl::primitive_desc pd = blocked ? make(any(user.x), any(user.w), any(user.y), attr)
-                                      : make(user.x, user.w, user.y, attr);
-    user_ = user;
-    x_md_ = pd.src_desc();
-    w_md_ = pd.weights_desc();
-    y_md_ = pd.dst_desc();
-    pad_md_ = pd.scratchpad_desc();
-    const dnnl::engine& eng = cpu_engine();
-    x_reorder_.reset();
-    w_reorder_.reset();
-    y_reorder_.reset();
-    ScratchPlan plan;
-    if (x_md_ != user.x) {
-      x_reorder_ = Reorder(user.x, x_md_);
-      x_off_ = plan.add(x_md_.get_size());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const memory::data_type compute = user.w.data_type();
+  const memory::desc x = retyped(user.x, compute);
+  auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
+  // dst in the user's dtype first (no reorder back); under mixed precision also in the compute
+  // dtype, for implementations that only write that.
+  for (const memory::data_type y_type : {user.y.data_type(), compute}) {
+    try {
+      bind(user, make(pick(x), pick(user.w), pick(retyped(user.y, y_type)), attr), blocked);
+      return true;
+    } catch (const dnnl::error&) {
+      prim_.reset();
     }
-    if (w_md_ != user.w) {
-      // Weights change every training step, so they are reordered per run (cheap next to the
-      // convolution itself) rather than cached.
-      w_reorder_ = Reorder(user.w, w_md_);
-      w_off_ = plan.add(w_md_.get_size());
-    }
-    if (y_md_ != user.y) {
-      y_reorder_ = Reorder(y_md_, user.y);
-      y_off_ = plan.add(y_md_.get_size());
-    }
-    pad_off_ = plan.add(pad_md_.get_size());
-    scratch_bytes_ = plan.total();
-    prim_ = dnnl::primitive(pd);
-    stream_ = dnnl::stream(eng);
-    impl_ = pd.impl_info_str();
-    blocked_ = blocked;
-    return true;
-  } catch (const dnnl::error&) {
-    prim_.reset();
-    return false;
+    if (y_type == compute) break;
   }
+  return false;
+}
+
+void DnnlWindowPrimitive::bind(const UserDescs& user, const dnnl::primitive_desc& pd,
+                               bool blocked) {
+  user_ = user;
+  x_md_ = pd.src_desc();
+  w_md_ = pd.weights_desc();
+  y_md_ = pd.dst_desc();
+  pad_md_ = pd.scratchpad_desc();
+  x_reorder_.reset();
+  w_reorder_.reset();
+  y_reorder_.reset();
+  ScratchPlan plan;
+  if (x_md_ != user.x) {
+    x_reorder_ = Reorder(user.x, x_md_);
+    x_off_ = plan.add(x_md_.get_size());
+  }
+  if (w_md_ != user.w) {
+    // Weights change every training step, so they are reordered per run (cheap next to the
+    // convolution itself) rather than cached.
+    w_reorder_ = Reorder(user.w, w_md_);
+    w_off_ = plan.add(w_md_.get_size());
+  }
+  if (y_md_ != user.y) {
+    y_reorder_ = Reorder(y_md_, user.y);
+    y_off_ = plan.add(y_md_.get_size());
+  }
+  pad_off_ = plan.add(pad_md_.get_size());
+  scratch_bytes_ = plan.total();
+  prim_ = dnnl::primitive(pd);
+  stream_ = dnnl::stream(cpu_engine());
+  impl_ = pd.impl_info_str();
+  blocked_ = blocked;
 }
 
 void DnnlWindowPrimitive::execute(KernelContext& ctx, const void* x, const void* w, const void* b,
@@ -86,6 +93,16 @@ void DnnlWindowPrimitive::execute(KernelContext& ctx, const void* x, const void*
 
 dnnl::memory::desc any_layout(const dnnl::memory::desc& d) {
   return dnnl::memory::desc(d.dims(), d.data_type(), dnnl::memory::format_tag::any);
+}
+
+dnnl::memory::desc retyped(const dnnl::memory::desc& d, dnnl::memory::data_type t) {
+  if (d.data_type() == t) return d;
+  const dnnl_memory_desc_t& c = d.data;
+  OT_CHECK(c.format_kind == dnnl_blocked && c.format_desc.blocking.inner_nblks == 0,
+           "retyped: only plain (strided) descs change dtype");
+  const dnnl::memory::dims strides(c.format_desc.blocking.strides,
+                                  c.format_desc.blocking.strides + c.ndims);
+  return dnnl::memory::desc(d.dims(), t, strides);
 }
 
 void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {

@@ -14,6 +14,9 @@
 namespace onnxtrain::ops::nn {
 
 // The runtime's buffers as plain descs (weights may be strided, e.g. ConvTranspose's io order).
+// x and y may be float32 around bf16/f16 weights (ops/precision.h's conv_compute_dtype): the
+// primitive then reads x in w's dtype (the reorder into scratch rounds it) and writes y in
+// float32 where oneDNN can, else in w's dtype with a reorder back.
 struct UserDescs {
   dnnl::memory::desc x, w, b, y;
   bool has_bias = false;
@@ -39,6 +42,7 @@ class DnnlWindowPrimitive {
 
  private:
   bool try_init(const UserDescs& user, bool blocked, const PdFactory& make);
+  void bind(const UserDescs& user, const dnnl::primitive_desc& pd, bool blocked);
 
   UserDescs user_;
   std::optional<dnnl::primitive> prim_;
@@ -94,5 +98,7 @@ class DnnlRunner {
 
 // Format `any` twin of a desc (lets oneDNN pick blocked layouts).
 dnnl::memory::desc any_layout(const dnnl::memory::desc& d);
+// The same plain (strided) layout in dtype t.
+dnnl::memory::desc retyped(const dnnl::memory::desc& d, dnnl::memory::data_type t);
 
 }  // namespace onnxtrain::ops::nn

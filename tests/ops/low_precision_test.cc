@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/bfloat16.h"
 #include "graph/ir.h"
 #include "ops/elementwise/dtypes.h"
 #include "ops/op_api.h"
@@ -259,6 +260,118 @@ TEST(LowPrecisionGrad, GemmBf16) {
                   "transA transB alpha 0.5 beta 2 C (6)"},
                  {5, 6});
   check_backward({"Gemm", {{{5, 7}}, {{7, 6}}, {{5, 6}}}, {}, "C (5,6)"}, {5, 6});
+}
+
+// ---------------------------------------------------------------- mixed Conv / ConvGrad
+
+// Random float32 values in [-1, 1), most of them not representable in bf16.
+std::vector<float> uniform(int64_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(gen);
+  return v;
+}
+
+// Each value rounded to bf16, nearest even (oneDNN's reorders), kept as float32.
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = graph::bf16_to_float(graph::bf16_from_float(x));
+  return v;
+}
+
+// Per element within 1e-4 of the largest reference element: float32 accumulation order only.
+void expect_tight(const Tensor& got, const Tensor& ref, DataType dt, const std::string& what) {
+  ASSERT_EQ(got.dtype(), dt) << what;
+  ASSERT_EQ(got.dims(), ref.dims()) << what;
+  const std::vector<float> g = floats(got), r = floats(ref);
+  float scale = 0;
+  for (float v : r) scale = std::max(scale, std::abs(v));
+  ASSERT_GT(scale, 0.0f) << what;
+  for (size_t k = 0; k < g.size(); ++k)
+    ASSERT_NEAR(g[k], r[k], 1e-4f * scale) << what << " element " << k;
+}
+
+struct MixedConv {
+  std::vector<int64_t> x, w;
+  std::vector<Attribute> attrs;
+  std::string label;
+};
+
+// Mixed precision's convolution (ops/precision.h's conv_compute_dtype): Conv and ConvGrad with
+// float32 activations (X, dY) around bf16 W compute what float32 computes on those activations
+// rounded to bf16 and W widened, and write float32 Y and dX without rounding them to bf16 (dW
+// and dB are bf16, W's dtype). A kernel that reads X or dY unrounded, or rounds Y or dX to bf16,
+// is off by ~1e-3 of the largest element, ten times the tolerance.
+void check_mixed_conv(const MixedConv& c) {
+  SCOPED_TRACE(c.label);
+  constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16;
+  const std::vector<float> x = uniform(count(c.x), 1), w = representable(kBf16, count(c.w), 2);
+  auto conv = [&](DataType xt, const std::vector<float>& xv, DataType wt) {
+    NodeCall call;
+    call.op = "Conv";
+    call.attrs = c.attrs;
+    call.inputs = {NodeInput{tensor(xt, c.x, xv)}, NodeInput{tensor(wt, c.w, w)}};
+    return optest::run_node(call).outputs.at(0);
+  };
+  const Tensor y = conv(kF32, x, kBf16);
+  expect_tight(y, conv(kF32, bf16_rounded(x), kF32), kF32, "Conv Y");
+
+  const std::vector<float> dy = uniform(y.numel(), 3);
+  auto grad = [&](const std::vector<float>& dyv, const std::vector<float>& xv, DataType wt) {
+    NodeCall call;
+    call.op = "ConvGrad";
+    call.domain = ops::kOnnxtrainDomain;
+    call.outputs = 3;
+    call.attrs = c.attrs;
+    call.inputs = {NodeInput{tensor(kF32, y.dims(), dyv)}, NodeInput{tensor(kF32, c.x, xv)},
+                   NodeInput{tensor(wt, c.w, w)}};
+    return optest::run_node(call).outputs;
+  };
+  const std::vector<Tensor> got = grad(dy, x, kBf16);
+  const std::vector<Tensor> ref = grad(bf16_rounded(dy), bf16_rounded(x), kF32);
+  expect_tight(got[0], ref[0], kF32, "ConvGrad dX");
+  expect_close(got[1], ref[1], kBf16, true, "ConvGrad dW");
+  expect_close(got[2], ref[2], kBf16, true, "ConvGrad dB");
+}
+
+TEST(LowPrecisionConv, Float32ActivationsAroundBf16Weights) {
+  const auto pads1 = Attribute::make_ints("pads", {1, 1, 1, 1});
+  check_mixed_conv({{4, 16, 8, 8}, {32, 16, 3, 3}, {pads1}, "3x3 pad 1 (blocked)"});
+  check_mixed_conv({{2, 8, 20, 20}, {16, 8, 1, 1}, {}, "1x1 large map (plain; dW blocked)"});
+  check_mixed_conv(
+      {{2, 32, 6, 6}, {16, 32, 1, 1}, {Attribute::make_ints("strides", {2, 2})}, "1x1 stride 2"});
+  check_mixed_conv({{2, 16, 6, 6},
+                    {16, 1, 3, 3},
+                    {Attribute::make_int("group", 16), pads1},
+                    "depthwise 3x3"});
+  check_mixed_conv({{1, 2, 3, 3, 3, 3}, {2, 2, 2, 2, 2, 2}, {}, "4-D window (reference loop)"});
+}
+
+// Any other pair of dtypes is refused by shape inference, naming the node and both dtypes.
+TEST(LowPrecisionConv, OtherDtypePairsAreRefused) {
+  auto error = [](DataType xt, DataType wt, std::optional<DataType> bt) {
+    NodeCall call;
+    call.op = "Conv";
+    call.inputs = {NodeInput{tensor(xt, {1, 2, 4, 4}, std::vector<float>(32, 0.5f))},
+                   NodeInput{tensor(wt, {3, 2, 1, 1}, std::vector<float>(6, 0.5f))}};
+    if (bt) call.inputs.push_back(NodeInput{tensor(*bt, {3}, std::vector<float>(3, 0.5f))});
+    try {
+      optest::run_node(call);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16,
+                     kF16 = DataType::kFloat16;
+  std::string e = error(kBf16, kF32, std::nullopt);
+  EXPECT_NE(e.find("n0"), std::string::npos) << e;
+  EXPECT_NE(e.find("x is bf16, weight is f32; they must match"), std::string::npos) << e;
+  e = error(kF16, kBf16, std::nullopt);
+  EXPECT_NE(e.find("x is f16, weight is bf16"), std::string::npos) << e;
+  e = error(kF32, kBf16, kF32);
+  EXPECT_NE(e.find("bias is f32, weight is bf16"), std::string::npos) << e;
+  EXPECT_EQ(error(kF32, kBf16, kBf16), "no error");
 }
 
 }  // namespace

@@ -191,6 +191,28 @@ TEST(TrainingSignature, MixedPrecisionRecordsTheLowPrecisionCopies) {
   }
   EXPECT_EQ(masters[0].size(), 22u);
   EXPECT_EQ(masters[0], masters[1]);
+  // Convolutions keep float32 activations around their bf16 weights (ops/precision.h): no Cast
+  // feeds or reads a Conv's X and Y or a ConvGrad's dY, X and dX.
+  int convs = 0, conv_grads = 0;
+  for (const auto& n : m->graph->nodes()) {
+    const bool fwd = n->op_type == "Conv", bwd = n->op_type == "ConvGrad";
+    if (!fwd && !bwd) continue;
+    ++(fwd ? convs : conv_grads);
+    const graph::Value* w = n->input(fwd ? 1 : 2);
+    EXPECT_EQ(w->dtype(), graph::DataType::kBFloat16) << n->describe();
+    std::vector<const graph::Value*> acts{n->input(0), n->output(0)};
+    if (bwd) acts.push_back(n->input(1));
+    for (const graph::Value* v : acts) {
+      if (!v) continue;
+      EXPECT_EQ(v->dtype(), graph::DataType::kFloat) << n->describe() << " " << v->name();
+      if (v->producer()) {
+        EXPECT_NE(v->producer()->op_type, "Cast") << v->name();
+      }
+      for (const graph::Use& u : v->uses()) EXPECT_NE(u.node->op_type, "Cast") << v->name();
+    }
+  }
+  EXPECT_EQ(convs, 40);  // 20 per replica
+  EXPECT_EQ(conv_grads, 40);
   // Optimizer state and BN statistics stay float32.
   for (const graph::StateBinding& s : t.state)
     if (s.kind != StateKind::kStepCounter) {
