@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,45 @@ TEST_F(OnnxrunCli, DeviceSimMatchesCpu) {
   EXPECT_TRUE(runtime::read_npy(path("cpu/logits.npy")).equals(runtime::read_npy(path("sim/logits.npy"))));
   expect_error({model_path, "--input", "input=" + path("x.npy"), "--device", "gpu7"}, 1,
                "device 'gpu7': expected cpu, cuda or cuda:N");
+}
+
+// Convolution algorithm (issue #18): Winograd by default on an optimized CPU graph (the line
+// says how many and how to turn it off), direct with --conv-algorithm direct or --no-optimize;
+// Winograd's logits differ from direct's, by float32 rounding only.
+TEST_F(OnnxrunCli, WinogradByDefaultDirectOnRequest) {
+  auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10,
+                                                    .width = 16, .seed = 4});
+  const std::string model_path = path("r18.onnx");
+  graph::export_onnx_file(*model, model_path);
+  Tensor x(DataType::kFloat, {2, 3, 32, 32});
+  for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = std::sin(0.29f * i);
+  runtime::write_npy(path("x.npy"), x);
+  auto logits = [&](const std::string& name, std::vector<std::string> extra, bool winograd) {
+    std::vector<std::string> args{model_path, "--input", "input=" + path("x.npy"), "--threads",
+                                  "2", "--output-dir", path(name)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 0) << name << ": " << r.err;
+    // resnet18 at 32x32: stage 1's four 3x3 stride-1 convolutions on 8x8 maps are eligible.
+    const bool line = cli_test::has_line_matching(r.out, "^convolution winograd on 4 of 20 convolutions.*");
+    EXPECT_EQ(line, winograd) << name << ": " << r.out;
+    if (winograd && extra.empty()) {
+      EXPECT_TRUE(cli_test::has_line_matching(r.out, ".*--conv-algorithm direct to turn it off.*"))
+          << r.out;
+    }
+    return runtime::read_npy(path(name + "/logits.npy"));
+  };
+  const Tensor def = logits("default", {}, true);
+  const Tensor wino = logits("winograd", {"--conv-algorithm", "winograd"}, true);
+  const Tensor direct = logits("direct", {"--conv-algorithm", "direct"}, false);
+  logits("as_written", {"--no-optimize"}, false);
+  EXPECT_TRUE(def.equals(wino));
+  EXPECT_FALSE(def.equals(direct)) << "bit-identical to direct: did Winograd run?";
+  float scale = 0;
+  for (int64_t i = 0; i < direct.numel(); ++i)
+    scale = std::max(scale, std::fabs(direct.data_as<float>()[i]));
+  for (int64_t i = 0; i < direct.numel(); ++i)
+    EXPECT_NEAR(def.data_as<float>()[i], direct.data_as<float>()[i], 1e-5f * scale) << i;
 }
 
 TEST_F(OnnxrunCli, SanitizesOutputNamesAndReadsPbInputs) {
