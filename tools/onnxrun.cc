@@ -298,8 +298,10 @@ int run(int argc, char** argv) {
   if (algo != passes::ConvAlgorithm::kDirect) {
     passes::infer_shapes(*model);  // the rule needs the weights' shapes and x's dtype
     const passes::ConvAlgorithmStats c = passes::select_conv_algorithm(*model, algo);
-    std::printf("convolution winograd on %d of %d convolutions%s\n", c.winograd_forward,
-                c.forward, a.conv_algorithm ? "" : " (--conv-algorithm direct to turn it off)");
+    // Asked for, the line is always printed; by default only for a model with convolutions.
+    if (a.conv_algorithm || c.forward > 0)
+      std::printf("convolution winograd on %d of %d convolutions%s\n", c.winograd_forward,
+                  c.forward, a.conv_algorithm ? "" : " (--conv-algorithm direct to turn it off)");
   }
   opts.threads = a.threads;
   opts.profile_path = a.profile;

@@ -98,6 +98,8 @@ TEST_F(OnnxrunCli, RunsTheLinearZooModel) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(cli_test::has_line_matching(r.out, "logits: f32\\[2,3\\] -> .*logits\\.npy"))
       << r.out;
+  // No convolutions: no word about their algorithm.
+  EXPECT_EQ(r.out.find("winograd"), std::string::npos) << r.out;
   Tensor y = runtime::read_npy(path("out/nested/logits.npy"));
   ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 3}));
   for (int i = 0; i < 2; ++i)
