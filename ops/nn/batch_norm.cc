@@ -12,6 +12,7 @@
 #include "ops/nn/batch_norm_relu.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
+#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::nn {
 namespace {
@@ -103,7 +104,7 @@ inline T relu_select(T v) {
 // With kRelu, `relu_out` is a fused BatchNormalization+Relu's output Z, dy is the Relu's
 // gradient, and the sums use relu_grad_select(dy, Z).
 template <typename T, bool kWithDy, bool kRelu = false>
-ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
+OT_SIMD_CLONES ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
                          int64_t c, const T* relu_out = nullptr) {
   ChannelSums r;
   const int64_t count = n * inner;
@@ -237,15 +238,23 @@ class BatchNormKernel final : public Kernel {
     ctx.parallel_for(planes, grain, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
         const T ac = a[p % channels], bc = b[p % channels];
-        const T* xp = x + p * inner;
-        T* yp = y + p * inner;
-        if (fused_relu_) {
-          for (int64_t i = 0; i < inner; ++i) yp[i] = relu_select(xp[i] * ac + bc);
-        } else {
-          for (int64_t i = 0; i < inner; ++i) yp[i] = xp[i] * ac + bc;
-        }
+        if (fused_relu_)
+          affine_plane<T, true>(x + p * inner, y + p * inner, inner, ac, bc);
+        else
+          affine_plane<T, false>(x + p * inner, y + p * inner, inner, ac, bc);
       }
     });
+  }
+
+  // y = x a + b over one plane [then max(0, y)], in the CPU's widest vectors.
+  template <typename T, bool kRelu>
+  OT_SIMD_CLONES static void affine_plane(const T* x, T* y, int64_t count, T a, T b) {
+    for (int64_t i = 0; i < count; ++i) {
+      if constexpr (kRelu)
+        y[i] = relu_select(x[i] * a + b);
+      else
+        y[i] = x[i] * a + b;
+    }
   }
 
   void write_stats(KernelContext& ctx, const std::vector<double>& running_mean,
@@ -275,6 +284,22 @@ class BatchNormKernel final : public Kernel {
 };
 
 // ---------------------------------------------------------------- BatchNormalizationGrad
+
+// One plane of dx, in the CPU's widest vectors: training dx = k dy - a sum_dy - xhat a
+// sum_dy_xhat (t0 = a sum_dy, t1 = a sum_dy_xhat, xhat = (x - mean) inv), inference dx = k dy;
+// with kRelu, dy is masked by the fused output z first.
+template <typename T, bool kTraining, bool kRelu>
+OT_SIMD_CLONES void batch_norm_grad_plane(const T* x, const T* dy, const T* z, T* dx,
+                                          int64_t count, T tk, T t0, T tm, T ti, T t1) {
+  for (int64_t i = 0; i < count; ++i) {
+    T d = dy[i];
+    if constexpr (kRelu) d = relu_grad_select(d, z[i]);
+    if constexpr (kTraining)
+      dx[i] = tk * d - t0 - (x[i] - tm) * ti * t1;
+    else
+      dx[i] = tk * d;
+  }
+}
 
 // Per channel c over M = N*D... elements, inv = 1/sqrt(var + eps), xhat = (x - mean) * inv:
 //   dB = sum(dy), dScale = sum(dy * xhat)
@@ -332,17 +357,14 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
         const double a = training ? k / count : 0.0;
         const T tk = static_cast<T>(k), tm = static_cast<T>(mean), ti = static_cast<T>(inv);
         const T t0 = static_cast<T>(a * sum_dy), t1 = static_cast<T>(a * sum_dy_xhat);
-        auto apply = [&](auto dy_at) {
-          if (training)
-            for (int64_t i = 0; i < inner; ++i)
-              dxp[i] = tk * dy_at(i) - t0 - (xp[i] - tm) * ti * t1;
-          else
-            for (int64_t i = 0; i < inner; ++i) dxp[i] = tk * dy_at(i);
-        };
-        if (zp)
-          apply([dyp, zp](int64_t i) { return relu_grad_select(dyp[i], zp[i]); });
+        if (training && zp)
+          batch_norm_grad_plane<T, true, true>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
+        else if (training)
+          batch_norm_grad_plane<T, true, false>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
+        else if (zp)
+          batch_norm_grad_plane<T, false, true>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
         else
-          apply([dyp](int64_t i) { return dyp[i]; });
+          batch_norm_grad_plane<T, false, false>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
       }
     }
   });

@@ -12,6 +12,7 @@
 #include "ops/optim/guard.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
+#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::optim {
 
@@ -245,36 +246,42 @@ class OptimizerKernel final : public Kernel {
         const T* g = src[1] + r;
         const T* st[kS];
         for (int j = 0; j < kS; ++j) st[j] = src[2 + j] + r;
-        // Every input element is read before the outputs at the same index are written, so
-        // an output may be the buffer of X or of its state (in-place update); that exact
-        // overlap is also safe for SIMD, which `omp simd` asserts (GCC's own overlap check
-        // would fall back to scalar code).
-        T* o0 = o[0];
-        T* o1 = o[1];
-        const T* s0 = st[0];
         if constexpr (kS == 1) {
-#pragma omp simd
-          for (int64_t k = 0; k < n; ++k) {
-            T x_new, s0_new;
-            rule.apply(x[k], g[k], s0[k], x_new, s0_new);
-            o0[k] = x_new;
-            o1[k] = s0_new;
-          }
+          update_row(rule, n, x, g, st[0], o[0], o[1]);
         } else {
           static_assert(kS == 2);
-          T* o2 = o[2];
-          const T* s1 = st[1];
-#pragma omp simd
-          for (int64_t k = 0; k < n; ++k) {
-            T x_new, s0_new, s1_new;
-            rule.apply(x[k], g[k], s0[k], s1[k], x_new, s0_new, s1_new);
-            o0[k] = x_new;
-            o1[k] = s0_new;
-            o2[k] = s1_new;
-          }
+          update_row(rule, n, x, g, st[0], st[1], o[0], o[1], o[2]);
         }
       }
     });
+  }
+
+  // One row of the update, in the CPU's widest vectors (ops/simd_clones.h). Every input element
+  // is read before the outputs at the same index are written, so an output may be the buffer of
+  // X or of its state (in-place update); that exact overlap is also safe for SIMD, which `omp
+  // simd` asserts (GCC's own overlap check would fall back to scalar code).
+  template <typename T>
+  OT_SIMD_CLONES static void update_row(const Rule& rule, int64_t n, const T* x, const T* g,
+                                        const T* s0, T* o0, T* o1) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      T x_new, s0_new;
+      rule.apply(x[k], g[k], s0[k], x_new, s0_new);
+      o0[k] = x_new;
+      o1[k] = s0_new;
+    }
+  }
+  template <typename T>
+  OT_SIMD_CLONES static void update_row(const Rule& rule, int64_t n, const T* x, const T* g,
+                                        const T* s0, const T* s1, T* o0, T* o1, T* o2) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      T x_new, s0_new, s1_new;
+      rule.apply(x[k], g[k], s0[k], s1[k], x_new, s0_new, s1_new);
+      o0[k] = x_new;
+      o1[k] = s0_new;
+      o2[k] = s1_new;
+    }
   }
   const graph::Node& node_;
 };
