@@ -22,10 +22,9 @@ from peers_common import (REPO, BenchError, describe_rc, emit, header, median, p
                           print_table, resolve_tool, rotated, run_child, tail, time_steps,
                           uptime, versions)
 
-PEERS = ["onnxrun", "onnxrun-direct", "onnxruntime", "torch"]
-OURS = ("onnxrun", "onnxrun-direct")
-PEER_LABEL = {"onnxrun": "onnxrun (default: Winograd where eligible)",
-              "onnxrun-direct": "onnxrun --conv-algorithm direct",
+PEERS = ["onnxrun", "onnxrun-winograd", "onnxruntime", "torch"]
+OURS = ("onnxrun", "onnxrun-winograd")
+PEER_LABEL = {"onnxrun": "onnxrun", "onnxrun-winograd": "onnxrun --conv-algorithm winograd",
               "onnxruntime": "ONNX Runtime", "torch": "torch eager NCHW"}
 INPUT = (3, 224, 224)
 
@@ -62,8 +61,8 @@ def one_run(a, peer, batch, work):
         x = work / f"input_b{batch}.npy"
         cmd = [a.onnxrun, a.model, "--input", f"input={x}", "--threads", a.threads,
                "--bench", a.runs_of[batch]]
-        if peer == "onnxrun-direct":
-            cmd += ["--conv-algorithm", "direct"]
+        if peer == "onnxrun-winograd":
+            cmd += ["--conv-algorithm", "winograd"]
     else:
         cmd = [sys.executable, __file__, "--worker", peer, "--model", a.model, "--batch", batch,
                "--threads", a.threads, "--runs", a.runs_of[batch], "--warmup", a.warmup]
@@ -144,21 +143,21 @@ def main(argv):
         rows = []
         for b in batches:
             ours = median(got.get(("onnxrun", b), []))
-            direct = median(got.get(("onnxrun-direct", b), []))
+            wino = median(got.get(("onnxrun-winograd", b), []))
             for p in peers:
                 ms = median(got.get((p, b), []))
                 if ms is None:
                     rows.append([PEER_LABEL[p], b, "failed", "", "", "", ""])
                     continue
                 ratio = f"{ms / ours:.2f}x" if ours else "-"
-                dratio = f"{ms / direct:.2f}x" if direct else "-"
+                wratio = f"{ms / wino:.2f}x" if wino else "-"
                 rows.append([PEER_LABEL[p], b, f"{ms:.1f}", f"{b * 1e3 / ms:.2f}",
-                             f"{rss_of[(p, b)]:.0f}", ratio, dratio])
+                             f"{rss_of[(p, b)]:.0f}", ratio, wratio])
         print()
         print_table(["peer", "batch", "median ms", "img/s", "max RSS MiB", "onnxrun/peer",
-                     "direct/peer"], rows)
+                     "winograd/peer"], rows)
         print("\nonnxrun/peer = onnxrun img/s / peer img/s (> 1: onnxrun is faster); "
-              "direct/peer the same for onnxrun --conv-algorithm direct")
+              "winograd/peer the same for onnxrun --conv-algorithm winograd")
         print(f"uptime after: {uptime()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

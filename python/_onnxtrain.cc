@@ -173,7 +173,7 @@ PYBIND11_MODULE(_onnxtrain, m) {
   m.doc() = "onnxtrain's C++ runtime (use the onnxtrain package's Trainer and run)";
   m.def("_train", &onnxtrain::python::train, py::arg("args"), py::arg("quiet") = false);
   m.def("_run", &onnxtrain::python::run, py::arg("model"), py::arg("inputs"),
-        py::arg("threads") = 0, py::arg("conv_algorithm") = "winograd");
+        py::arg("threads") = 0, py::arg("conv_algorithm") = "direct");
   m.def("_inputs", &onnxtrain::python::inputs, py::arg("model"));
   m.attr("usage") = onnxtrain::tools::kTrainUsage;
 #ifdef ONNXTRAIN_VERSION

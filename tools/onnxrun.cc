@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -51,11 +50,9 @@ constexpr const char* kUsage =
     "                     the model (repeatable; --list-ops then lists its ops too)\n"
     "  --no-optimize      run the graph as written (by default Conv+BatchNormalization+Add+Relu\n"
     "                     chains are fused into oneDNN convolutions; results agree to 1e-4)\n"
-    "                     and with direct convolutions unless --conv-algorithm says otherwise\n"
-    "  --conv-algorithm A winograd (default on the CPU) | direct: winograd runs oneDNN's\n"
-    "                     Winograd kernels for 3x3 stride-1 float32 convolutions over maps of\n"
-    "                     at least 7x7 (faster on AVX-512; rounding error ~1e-6 relative\n"
-    "                     instead of ~2e-7); direct runs every convolution directly\n"
+    "  --conv-algorithm A direct (default) | winograd: oneDNN's Winograd kernels for 3x3\n"
+    "                     stride-1 float32 convolutions over maps of at least 7x7 (CPU;\n"
+    "                     faster on AVX-512, rounding error ~1e-6 relative instead of ~2e-7)\n"
     "  --list-ops         print the registered ops and exit\n"
     "  -h, --help         show this help\n";
 
@@ -82,8 +79,7 @@ struct Args {
   bool list_ops = false;
   bool help = false;
   bool optimize = true;
-  // Unset: winograd when the graph is optimized on the CPU, else direct (resolved in main).
-  std::optional<passes::ConvAlgorithm> conv_algorithm;
+  passes::ConvAlgorithm conv_algorithm = passes::ConvAlgorithm::kDirect;
 };
 
 int parse_count(std::string_view flag, std::string_view text, int min) {
@@ -288,20 +284,11 @@ int run(int argc, char** argv) {
   opts.device = runtime::make_device(a.device.empty() ? runtime::default_device_spec() : a.device);
   // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written.
   if (a.optimize && opts.device->host_memory()) passes::optimize_inference(*model);
-  // Winograd by default where the graph is optimized for a CPU: for inference its extra
-  // rounding (~3e-7 of the largest ResNet-50 logit) is far inside what the fusion above already
-  // moves results by, and it is 1.2x faster there (bench/infer_peers.sh). Training keeps direct:
-  // its gradients are held to the float32 noise floor.
-  const passes::ConvAlgorithm algo = a.conv_algorithm.value_or(
-      a.optimize && opts.device->host_memory() ? passes::ConvAlgorithm::kWinograd
-                                               : passes::ConvAlgorithm::kDirect);
-  if (algo != passes::ConvAlgorithm::kDirect) {
+  if (a.conv_algorithm != passes::ConvAlgorithm::kDirect) {
     passes::infer_shapes(*model);  // the rule needs the weights' shapes and x's dtype
-    const passes::ConvAlgorithmStats c = passes::select_conv_algorithm(*model, algo);
-    // Asked for, the line is always printed; by default only for a model with convolutions.
-    if (a.conv_algorithm || c.forward > 0)
-      std::printf("convolution winograd on %d of %d convolutions%s\n", c.winograd_forward,
-                  c.forward, a.conv_algorithm ? "" : " (--conv-algorithm direct to turn it off)");
+    const passes::ConvAlgorithmStats c = passes::select_conv_algorithm(*model, a.conv_algorithm);
+    std::printf("convolution winograd on %d of %d convolutions\n", c.winograd_forward,
+                 c.forward);
   }
   opts.threads = a.threads;
   opts.profile_path = a.profile;

@@ -136,11 +136,10 @@ class Trainer:
             raise
 
 
-def run(model, inputs, threads=0, conv_algorithm="winograd"):
+def run(model, inputs, threads=0, conv_algorithm="direct"):
     """The model's outputs on NumPy inputs ({input name: array}; one array for a one-input
-    model), as onnxrun computes them: {output name: ndarray}. conv_algorithm is onnxrun's
-    --conv-algorithm: "winograd" (the default, oneDNN's Winograd kernels for 3x3 stride-1
-    convolutions over maps >= 7x7) or "direct"."""
+    model), as onnxrun computes them: {output name: ndarray}. conv_algorithm="winograd" is
+    onnxrun's --conv-algorithm winograd (3x3 stride-1 convolutions over maps >= 7x7)."""
     if conv_algorithm not in ("direct", "winograd"):
         raise ValueError(f"conv_algorithm: expected 'direct' or 'winograd', got {conv_algorithm!r}")
     model = os.fspath(model)

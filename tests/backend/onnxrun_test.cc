@@ -98,8 +98,6 @@ TEST_F(OnnxrunCli, RunsTheLinearZooModel) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(cli_test::has_line_matching(r.out, "logits: f32\\[2,3\\] -> .*logits\\.npy"))
       << r.out;
-  // No convolutions: no word about their algorithm.
-  EXPECT_EQ(r.out.find("winograd"), std::string::npos) << r.out;
   Tensor y = runtime::read_npy(path("out/nested/logits.npy"));
   ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 3}));
   for (int i = 0; i < 2; ++i)
@@ -131,10 +129,9 @@ TEST_F(OnnxrunCli, DeviceSimMatchesCpu) {
                "device 'gpu7': expected cpu, cuda or cuda:N");
 }
 
-// Convolution algorithm (issue #18): Winograd by default on an optimized CPU graph (the line
-// says how many and how to turn it off), direct with --conv-algorithm direct or --no-optimize;
-// Winograd's logits differ from direct's, by float32 rounding only.
-TEST_F(OnnxrunCli, WinogradByDefaultDirectOnRequest) {
+// --conv-algorithm (issue #18): direct by default; winograd marks the eligible convolutions (the
+// line says how many) and moves the logits by float32 rounding only.
+TEST_F(OnnxrunCli, ConvAlgorithmWinogradOnRequest) {
   auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10,
                                                     .width = 16, .seed = 4});
   const std::string model_path = path("r18.onnx");
@@ -149,25 +146,23 @@ TEST_F(OnnxrunCli, WinogradByDefaultDirectOnRequest) {
     RunResult r = run(args);
     EXPECT_EQ(r.rc, 0) << name << ": " << r.err;
     // resnet18 at 32x32: stage 1's four 3x3 stride-1 convolutions on 8x8 maps are eligible.
-    const bool line = cli_test::has_line_matching(r.out, "^convolution winograd on 4 of 20 convolutions.*");
-    EXPECT_EQ(line, winograd) << name << ": " << r.out;
-    if (winograd && extra.empty()) {
-      EXPECT_TRUE(cli_test::has_line_matching(r.out, ".*--conv-algorithm direct to turn it off.*"))
-          << r.out;
-    }
+    EXPECT_EQ(cli_test::has_line_matching(r.out, "^convolution winograd on 4 of 20 convolutions$"),
+              winograd)
+        << name << ": " << r.out;
     return runtime::read_npy(path(name + "/logits.npy"));
   };
-  const Tensor def = logits("default", {}, true);
-  const Tensor wino = logits("winograd", {"--conv-algorithm", "winograd"}, true);
+  const Tensor def = logits("default", {}, false);
   const Tensor direct = logits("direct", {"--conv-algorithm", "direct"}, false);
-  logits("as_written", {"--no-optimize"}, false);
-  EXPECT_TRUE(def.equals(wino));
-  EXPECT_FALSE(def.equals(direct)) << "bit-identical to direct: did Winograd run?";
+  const Tensor wino = logits("winograd", {"--conv-algorithm", "winograd"}, true);
+  EXPECT_TRUE(def.equals(direct));
+  EXPECT_FALSE(wino.equals(direct)) << "bit-identical to direct: did Winograd run?";
   float scale = 0;
   for (int64_t i = 0; i < direct.numel(); ++i)
     scale = std::max(scale, std::fabs(direct.data_as<float>()[i]));
   for (int64_t i = 0; i < direct.numel(); ++i)
-    EXPECT_NEAR(def.data_as<float>()[i], direct.data_as<float>()[i], 1e-5f * scale) << i;
+    EXPECT_NEAR(wino.data_as<float>()[i], direct.data_as<float>()[i], 1e-5f * scale) << i;
+  expect_error({model_path, "--input", "input=" + path("x.npy"), "--conv-algorithm", "fft"}, 2,
+               "--conv-algorithm: expected direct or winograd, got 'fft'");
 }
 
 TEST_F(OnnxrunCli, SanitizesOutputNamesAndReadsPbInputs) {
