@@ -1,6 +1,7 @@
-// Conv (1-D/2-D/3-D through oneDNN in f32 and bf16 -- mixed precision's low-precision copy --;
-// any rank, f64 and what oneDNN lacks through a reference loop): groups (depthwise included),
-// strides, dilations, explicit pads and auto_pad, optional bias.
+// Conv (1-D/2-D/3-D through oneDNN in f32 and bf16, and in bf16 around float32 activations --
+// mixed precision, ops/precision.h's conv_compute_dtype --; any rank, f64 and what oneDNN lacks
+// through a reference loop): groups (depthwise included), strides, dilations, explicit pads and
+// auto_pad, optional bias.
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -551,8 +552,8 @@ void infer_conv_grad(InferenceContext& ctx) {
 
 // dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M)
 // Each output is computed only when requested; f32 over small maps through the GEMM path above,
-// f32 and bf16 1-D..3-D through oneDNN's backward-data / backward-weights primitives, everything
-// else through the reference.
+// f32, bf16 and bf16 around float32 dY / X (mixed precision) 1-D..3-D through oneDNN's
+// backward-data / backward-weights primitives, everything else through the reference.
 class ConvGradKernel final : public Kernel {
  public:
   explicit ConvGradKernel(const graph::Node& node) : where_(node.describe()) {}
