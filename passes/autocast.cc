@@ -23,13 +23,13 @@ bool runs_low(const Node& n) {
   return n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul";
 }
 
-// Every present input and the output are float32 (a float64 model or an integer op keeps its
-// types).
 // A Conv reads X and writes Y in float32 around its low-precision weight and bias: its kernels
 // round X as they read it and accumulate in float32 (ops/precision.h's conv_compute_dtype), so
 // no Cast node is needed on either side and backward keeps no low-precision copy of X.
 bool keeps_float32_activations(const Node& n) { return n.op_type == "Conv"; }
 
+// Every present input and the output are float32 (a float64 model or an integer op keeps its
+// types).
 bool all_float32(const Node& n) {
   if (n.outputs().size() != 1 || !n.output(0) || n.output(0)->dtype() != DataType::kFloat)
     return false;

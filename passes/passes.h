@@ -142,7 +142,7 @@ inline LossInfo attach_loss(graph::Model& model, const std::string& logits, Loss
 // ---- autocast.cc
 struct AutocastInfo {
   int low_nodes = 0;  // Conv / Gemm / MatMul nodes now computing in the low precision
-  int casts = 0;  // Cast nodes added (weights, Gemm/MatMul inputs to low precision and outputs back)
+  int casts = 0;      // Cast nodes added (weights and biases; Gemm/MatMul inputs and outputs)
 };
 // Mixed precision on the forward graph (after prepare_training, before attach_loss, so autodiff
 // differentiates through the casts): every Conv, Gemm and MatMul whose inputs and output are
@@ -151,9 +151,9 @@ struct AutocastInfo {
 // TrainingSignature::copies -- and writes a low-precision value that one Cast turns back into
 // float32 under the original name. A Conv gets copies of its weight and bias only: it reads X
 // and writes Y in float32 and computes in its weight's dtype (ops/precision.h's
-// conv_compute_dtype); so does its ConvGrad (dX float32, dW in the copy's dtype). Everything else stays float32: the master weights, BN and
-// normalization statistics, softmax, reductions, the loss and the optimizer (torch.autocast's
-// classes). Sets TrainingSignature::compute_dtype when any node changed. `params`: the trained
+// conv_compute_dtype); so does its ConvGrad (dX float32, dW in the copy's dtype). Everything
+// else stays float32: the master weights, BN and normalization statistics, softmax, reductions,
+// the loss and the optimizer (torch.autocast's classes). Sets TrainingSignature::compute_dtype when any node changed. `params`: the trained
 // parameters (PreparedModel::params).
 AutocastInfo autocast(graph::Model& model, graph::DataType compute,
                       const std::vector<std::string>& params);

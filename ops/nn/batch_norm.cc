@@ -104,8 +104,8 @@ inline T relu_select(T v) {
 // With kRelu, `relu_out` is a fused BatchNormalization+Relu's output Z, dy is the Relu's
 // gradient, and the sums use relu_grad_select(dy, Z).
 template <typename T, bool kWithDy, bool kRelu = false>
-OT_SIMD_CLONES ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels, int64_t inner,
-                         int64_t c, const T* relu_out = nullptr) {
+OT_SIMD_CLONES ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int64_t channels,
+                                        int64_t inner, int64_t c, const T* relu_out = nullptr) {
   ChannelSums r;
   const int64_t count = n * inner;
   if (count == 0) return r;

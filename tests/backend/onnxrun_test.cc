@@ -69,6 +69,21 @@ class OnnxrunCli : public ::testing::Test {
     return p;
   }
 
+  // A zoo ResNet-18 on (2, 3, side, side) inputs, written to r18.onnx, and x.npy holding
+  // sin(step * i); returns the model's path.
+  std::string write_resnet18(int64_t side, int64_t classes, int64_t width, uint64_t seed,
+                             float step) const {
+    auto model = models::build_zoo_model(
+        "resnet18",
+        {.input_shape = {3, side, side}, .classes = classes, .width = width, .seed = seed});
+    const std::string model_path = path("r18.onnx");
+    graph::export_onnx_file(*model, model_path);
+    Tensor x(DataType::kFloat, {2, 3, side, side});
+    for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = std::sin(step * i);
+    runtime::write_npy(path("x.npy"), x);
+    return model_path;
+  }
+
   fs::path dir_;
 };
 
@@ -112,13 +127,7 @@ TEST_F(OnnxrunCli, RunsTheLinearZooModel) {
 // --device: on the simulated device (tests only; GPU memory paths on the CPU) a ResNet-18 gives
 // the CPU's logits bit for bit when both run the graph as written; a bad device is an error.
 TEST_F(OnnxrunCli, DeviceSimMatchesCpu) {
-  auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 24, 24}, .classes = 5,
-                                                    .width = 4, .seed = 3});
-  const std::string model_path = path("r18.onnx");
-  graph::export_onnx_file(*model, model_path);
-  Tensor x(DataType::kFloat, {2, 3, 24, 24});
-  for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = std::sin(0.37f * i);
-  runtime::write_npy(path("x.npy"), x);
+  const std::string model_path = write_resnet18(24, 5, 4, 3, 0.37f);
   for (const std::string dev : {"cpu", "sim"}) {
     RunResult r = run({model_path, "--input", "input=" + path("x.npy"), "--device", dev,
                        "--no-optimize", "--output-dir", path(dev)});
@@ -132,13 +141,7 @@ TEST_F(OnnxrunCli, DeviceSimMatchesCpu) {
 // --conv-algorithm (issue #18): direct by default; winograd marks the eligible convolutions (the
 // line says how many) and moves the logits by float32 rounding only.
 TEST_F(OnnxrunCli, ConvAlgorithmWinogradOnRequest) {
-  auto model = models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10,
-                                                    .width = 16, .seed = 4});
-  const std::string model_path = path("r18.onnx");
-  graph::export_onnx_file(*model, model_path);
-  Tensor x(DataType::kFloat, {2, 3, 32, 32});
-  for (int64_t i = 0; i < x.numel(); ++i) x.mutable_data_as<float>()[i] = std::sin(0.29f * i);
-  runtime::write_npy(path("x.npy"), x);
+  const std::string model_path = write_resnet18(32, 10, 16, 4, 0.29f);
   auto logits = [&](const std::string& name, std::vector<std::string> extra, bool winograd) {
     std::vector<std::string> args{model_path, "--input", "input=" + path("x.npy"), "--threads",
                                   "2", "--output-dir", path(name)};
