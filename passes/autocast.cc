@@ -14,28 +14,35 @@ using graph::Graph;
 using graph::Node;
 using graph::Value;
 
-// The op classes that run in low precision: convolutions and matrix products, whose cost is
-// arithmetic (torch's autocast "lower_precision_fp" list). Everything else -- normalization
-// statistics, softmax, reductions, losses, pooling, elementwise ops, the optimizer -- keeps
-// float32.
-bool runs_low(const Node& n) {
-  if (!n.domain.empty() && n.domain != "ai.onnx") return false;
-  return n.op_type == "Conv" || n.op_type == "Gemm" || n.op_type == "MatMul";
+// What autocast does with a node, torch.autocast's classes:
+//  - kLow: convolutions and matrix products, whose cost is arithmetic ("lower_precision_fp"):
+//    every float input is read in the low precision, and the output is written in it.
+//  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
+//    the input's dtype: their activation inputs (activation_inputs) keep the low precision when
+//    all of them have it; BatchNormalization's scale, bias and statistics stay float32. A mix
+//    of low and float32 activations runs in float32 (torch's "promote").
+//  - kFloat32: everything else -- softmax, normalization other than BN, reductions, global
+//    pooling, losses, any other elementwise op, custom domains, the optimizer -- reads float32.
+enum class Policy { kLow, kFollow, kFloat32 };
+
+Policy policy(const Node& n) {
+  if (!n.domain.empty() && n.domain != "ai.onnx") return Policy::kFloat32;
+  const std::string& t = n.op_type;
+  if (t == "Conv" || t == "Gemm" || t == "MatMul") return Policy::kLow;
+  if (t == "BatchNormalization" || t == "Relu" || t == "Add" || t == "Sum" || t == "MaxPool" ||
+      t == "AveragePool")
+    return Policy::kFollow;
+  return Policy::kFloat32;
 }
 
-// A Conv reads X and writes Y in float32 around its low-precision weight and bias: its kernels
-// round X as they read it and accumulate in float32 (ops/precision.h's conv_compute_dtype), so
-// no Cast node is needed on either side and backward keeps no low-precision copy of X.
-bool keeps_float32_activations(const Node& n) { return n.op_type == "Conv"; }
-
-// Every present input and the output are float32 (a float64 model or an integer op keeps its
-// types).
-bool all_float32(const Node& n) {
-  if (n.outputs().size() != 1 || !n.output(0) || n.output(0)->dtype() != DataType::kFloat)
-    return false;
-  for (const Value* v : n.inputs())
-    if (v && v->dtype() != DataType::kFloat) return false;
-  return true;
+// The inputs of a kFollow node that carry activations: all of Add's and Sum's, input 0 of the
+// others (BatchNormalization's parameters and statistics stay float32).
+std::vector<size_t> activation_inputs(const Node& n) {
+  std::vector<size_t> idx;
+  const size_t count = n.op_type == "Add" || n.op_type == "Sum" ? n.inputs().size() : 1;
+  for (size_t i = 0; i < count && i < n.inputs().size(); ++i)
+    if (n.input(i)) idx.push_back(i);
+  return idx;
 }
 
 graph::Attribute cast_to(DataType t) {
@@ -56,51 +63,78 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
   const std::string suffix = cat(".", graph::dtype_short_name(compute));
   const std::unordered_set<std::string> is_param(params.begin(), params.end());
   AutocastInfo info;
-  std::unordered_map<Value*, Value*> low;  // float32 value -> its one low-precision copy
+  auto add_cast = [&](Value* v, DataType to, const std::string& name) {
+    Node* c = g.add_node("Cast", {v}, {name}, g.fresh_name(name + "/cast"));
+    c->attributes.push_back(cast_to(to));
+    c->output(0)->type = v->type;
+    c->output(0)->type.dtype = to;
+    ++info.casts;
+    return c->output(0);
+  };
+  std::unordered_map<Value*, Value*> low;   // float32 value -> its one low-precision copy
+  std::unordered_map<Value*, Value*> f32;   // low-precision value -> its one float32 copy
+  std::unordered_map<Value*, std::string> original;  // low-precision output -> its old name
   auto low_copy = [&](Value* v) {
     auto [it, fresh] = low.emplace(v, nullptr);
     if (!fresh) return it->second;
-    Node* c = g.add_node("Cast", {v}, {g.fresh_name(v->name() + suffix)},
-                         g.fresh_name(v->name() + suffix + "/cast"));
-    c->attributes.push_back(cast_to(compute));
-    c->output(0)->type = v->type;
-    c->output(0)->type.dtype = compute;
-    ++info.casts;
+    Value* c = add_cast(v, compute, g.fresh_name(v->name() + suffix));
     if (is_param.count(v->name()))
-      model.training.copies.push_back({.master = v->name(), .copy = c->output(0)->name()});
-    return it->second = c->output(0);
+      model.training.copies.push_back({.master = v->name(), .copy = c->name()});
+    return it->second = c;
+  };
+  // A float32 reader of a low-precision output gets a Cast back under the output's original
+  // name (the loss may attach to it, the graph may output it).
+  auto f32_copy = [&](Value* v) {
+    auto [it, fresh] = f32.emplace(v, nullptr);
+    if (!fresh) return it->second;
+    auto name = original.find(v);
+    Value* c = add_cast(v, DataType::kFloat,
+                        g.fresh_name(name != original.end() ? name->second : v->name() + ".f32"));
+    low.emplace(c, v);  // a low-precision reader takes v itself: Cast(Cast(v)) == v
+    return it->second = c;
+  };
+  auto is_low = [&](const Value* v) { return v && v->dtype() == compute; };
+  // The node now writes its output 0 in the low precision, renamed `<name>.bf16`.
+  auto lower_output = [&](Node* n) {
+    Value* y = n->output(0);
+    original.emplace(y, y->name());
+    g.rename_value(y, g.fresh_name(y->name() + suffix));
+    y->type.dtype = compute;
+    ++(policy(*n) == Policy::kLow ? info.low_nodes : info.follow_nodes);
+  };
+  auto float32_output = [](const Node& n) {
+    return !n.outputs().empty() && n.output(0) && n.output(0)->dtype() == DataType::kFloat;
   };
   for (Node* n : g.topological_order()) {
-    if (!runs_low(*n) || !all_float32(*n)) continue;
-    if (keeps_float32_activations(*n)) {
-      for (size_t i = 1; i < n->inputs().size(); ++i)
-        if (Value* v = n->input(i)) n->set_input(i, low_copy(v));
-      ++info.low_nodes;
-      continue;
+    const Policy p = policy(*n);
+    bool lowered = false;
+    if (p == Policy::kLow && n->outputs().size() == 1 && float32_output(*n)) {
+      bool ok = true;
+      for (const Value* v : n->inputs())
+        ok &= !v || v->dtype() == DataType::kFloat || is_low(v);
+      if (ok) {
+        for (size_t i = 0; i < n->inputs().size(); ++i)
+          if (Value* v = n->input(i); v && !is_low(v)) n->set_input(i, low_copy(v));
+        lower_output(n);
+        lowered = true;
+      }
+    } else if (p == Policy::kFollow && float32_output(*n)) {
+      const std::vector<size_t> act = activation_inputs(*n);
+      bool all_low = !act.empty();
+      for (size_t i : act) all_low &= is_low(n->input(i));
+      if (all_low) {
+        lower_output(n);
+        lowered = true;
+      }
     }
+    if (lowered) continue;
     for (size_t i = 0; i < n->inputs().size(); ++i)
-      if (Value* v = n->input(i)) n->set_input(i, low_copy(v));
-    // The node now writes a low-precision value; a Cast back gives its readers float32 under
-    // the original name (the loss may attach to it, the graph may output it).
-    Value* y = n->output(0);
-    const std::string name = y->name();
-    g.rename_value(y, g.fresh_name(name + suffix));
-    y->type.dtype = compute;
-    std::vector<graph::Use> uses = y->uses();
-    Node* back = g.add_node("Cast", {y}, {name}, g.fresh_name(name + "/cast"));
-    back->attributes.push_back(cast_to(DataType::kFloat));
-    Value* y32 = back->output(0);
-    y32->type = y->type;
-    y32->type.dtype = DataType::kFloat;
-    for (const graph::Use& u : uses) u.node->set_input(static_cast<size_t>(u.input_index), y32);
-    low.emplace(y32, y);  // a low-precision reader takes y itself: Cast(Cast(y)) == y
-    std::vector<Value*> outs = g.outputs();
-    for (Value*& o : outs)
-      if (o == y) o = y32;
-    g.set_outputs(std::move(outs));
-    ++info.casts;
-    ++info.low_nodes;
+      if (Value* v = n->input(i); is_low(v)) n->set_input(i, f32_copy(v));
   }
+  std::vector<Value*> outs = g.outputs();
+  for (Value*& o : outs)
+    if (is_low(o)) o = f32_copy(o);
+  g.set_outputs(std::move(outs));
   if (info.low_nodes == 0) return info;
   g.sort_topologically();
   model.training.compute_dtype = compute;

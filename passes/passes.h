@@ -141,20 +141,25 @@ inline LossInfo attach_loss(graph::Model& model, const std::string& logits, Loss
 
 // ---- autocast.cc
 struct AutocastInfo {
-  int low_nodes = 0;  // Conv / Gemm / MatMul nodes now computing in the low precision
-  int casts = 0;      // Cast nodes added (weights and biases; Gemm/MatMul inputs and outputs)
+  int low_nodes = 0;     // Conv / Gemm / MatMul nodes now computing in the low precision
+  int follow_nodes = 0;  // BN / Relu / Add / Sum / pooling nodes now writing it
+  int casts = 0;         // Cast nodes added (weights, graph inputs, float32 readers' copies)
 };
 // Mixed precision on the forward graph (after prepare_training, before attach_loss, so autodiff
-// differentiates through the casts): every Conv, Gemm and MatMul whose inputs and output are
-// float32 reads low-precision (`compute`: bf16 or f16) copies of its inputs -- one Cast per
-// source value, `<name>.bf16`; a parameter's is its low-precision weight copy, recorded in
-// TrainingSignature::copies -- and writes a low-precision value that one Cast turns back into
-// float32 under the original name. A Conv gets copies of its weight and bias only: it reads X
-// and writes Y in float32 and computes in its weight's dtype (ops/precision.h's
-// conv_compute_dtype); so does its ConvGrad (dX float32, dW in the copy's dtype). Everything
-// else stays float32: the master weights, BN and normalization statistics, softmax, reductions,
-// the loss and the optimizer (torch.autocast's classes). Sets TrainingSignature::compute_dtype when any node changed. `params`: the trained
-// parameters (PreparedModel::params).
+// differentiates through the casts), torch.autocast's op classes:
+//  - every Conv, Gemm and MatMul reads low-precision (`compute`: bf16 or f16) copies of its
+//    float32 inputs -- one Cast per source value, `<name>.bf16`; a parameter's is its
+//    low-precision weight copy, recorded in TrainingSignature::copies -- and writes a
+//    low-precision output, renamed `<name>.bf16`;
+//  - BatchNormalization, Relu, Add, Sum, MaxPool and AveragePool whose activation inputs are all
+//    low-precision write a low-precision output too (their kernels compute in float32 and store
+//    bf16; BN's parameters and statistics stay float32), so a ResNet's activations stay bf16
+//    from the first convolution to the global pooling;
+//  - every other reader of a low-precision value reads a float32 Cast of it, named as the value
+//    was before autocast (the loss attaches to it, the graph may output it).
+// The master weights, the loss, softmax, reductions and the optimizer stay float32. Sets
+// TrainingSignature::compute_dtype when any node changed. `params`: the trained parameters
+// (PreparedModel::params).
 AutocastInfo autocast(graph::Model& model, graph::DataType compute,
                       const std::vector<std::string>& params);
 

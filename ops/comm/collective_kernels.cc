@@ -13,6 +13,7 @@
 #include "graph/error.h"
 #include "ops/collectives.h"
 #include "ops/comm/all_reduce_inputs.h"
+#include "ops/elementwise/dtypes.h"
 #include "ops/op_api.h"
 
 namespace onnxtrain::ops::comm {
@@ -21,14 +22,33 @@ namespace {
 using graph::DataType;
 using graph::Node;
 
+// Element i of a float32, float64, bf16 or f16 (mixed precision's activations) tensor.
 double at(const TensorView& v, int64_t i) {
-  return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
+  switch (v.dtype) {
+    case DataType::kDouble:
+      return v.as<double>()[i];
+    case DataType::kBFloat16:
+      return static_cast<float>(v.as<ops::ew::BFloat16>()[i]);
+    case DataType::kFloat16:
+      return static_cast<float>(v.as<ops::ew::Half>()[i]);
+    default:
+      return v.as<float>()[i];
+  }
 }
 void put(TensorView& v, int64_t i, double x) {
-  if (v.dtype == DataType::kDouble)
-    v.as<double>()[i] = x;
-  else
-    v.as<float>()[i] = static_cast<float>(x);
+  switch (v.dtype) {
+    case DataType::kDouble:
+      v.as<double>()[i] = x;
+      return;
+    case DataType::kBFloat16:
+      v.as<ops::ew::BFloat16>()[i] = static_cast<float>(x);
+      return;
+    case DataType::kFloat16:
+      v.as<ops::ew::Half>()[i] = static_cast<float>(x);
+      return;
+    default:
+      v.as<float>()[i] = static_cast<float>(x);
+  }
 }
 
 // One replica's share of ai.onnxtrain.AllReduce: its G inputs (the other replicas' slots are

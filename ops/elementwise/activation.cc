@@ -387,8 +387,11 @@ OpSchema onnxtrain_op(OpSchema s) {
 
 }  // namespace
 
+// Relu and its gradient also run on mixed precision's bf16 / f16 activations (passes::autocast).
+using ReluGradTypes = decltype(FloatTypes{} + TypeList<BFloat16, Half>{});
+using ReluTypes = decltype(SignedTypes{} + TypeList<BFloat16, Half>{});
 ONNXTRAIN_REGISTER_OP(ew_relu_grad) {
-  return grad_op<ReluGradFn>("ReluGrad");
+  return grad_op<ReluGradFn, ReluGradTypes>("ReluGrad");
 }
 ONNXTRAIN_REGISTER_OP(ew_leaky_relu_grad) {
   return grad_op<LeakyReluGradFn>("LeakyReluGrad");
@@ -425,7 +428,7 @@ ONNXTRAIN_REGISTER_OP(ew_clip_grad) {
 }
 
 ONNXTRAIN_REGISTER_OP(ew_relu) {
-  return with_gradient(unary_op<ReluFn, SignedTypes>("Relu"), fused_grad<true>("ReluGrad"));
+  return with_gradient(unary_op<ReluFn, ReluTypes>("Relu"), fused_grad<true>("ReluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_leaky_relu) {
   return with_gradient(unary_op<LeakyReluFn, FloatTypes>("LeakyRelu"),

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "graph/bfloat16.h"
 #include "graph/dtype.h"
 #include "graph/error.h"
 
@@ -28,17 +29,22 @@ struct Half {
   static float to_float(uint16_t h);
 };
 
-// bfloat16: the upper 16 bits of a float32. Conversion truncates, as the ONNX reference (and
-// its backend tests) do up to opset 18.
+// bfloat16: the upper 16 bits of a float32. Arithmetic rounds to nearest even, as oneDNN,
+// torch and ONNX Runtime do (a truncated sum drifts toward zero: bf16 activations and gradients
+// under mixed precision go through Add and Sum); Cast truncates (`truncated`), as the ONNX
+// reference and its backend tests do.
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
   BFloat16(float f) : bits(from_float(f)) {}  // NOLINT
   operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
-  static uint16_t from_float(float f) {
+  static uint16_t from_float(float f) { return graph::bf16_from_float(f); }
+  static BFloat16 truncated(float f) {
     auto upper = static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16);
-    return std::isnan(f) ? static_cast<uint16_t>(upper | 0x40) : upper;  // NaN stays NaN
+    BFloat16 r;
+    r.bits = std::isnan(f) ? static_cast<uint16_t>(upper | 0x40) : upper;  // NaN stays NaN
+    return r;
   }
 };
 

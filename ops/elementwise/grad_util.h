@@ -30,8 +30,9 @@ inline OpSchema with_gradient(OpSchema s, GradientFn g) {
   return s;
 }
 
-// dy: D, z: D (forward X or Y) -> dx: D. Fn(dy, z) is the scalar rule; float32/float64.
-template <typename Fn>
+// dy: D, z: D (forward X or Y) -> dx: D. Fn(dy, z) is the scalar rule; float32/float64 unless
+// Types says more.
+template <typename Fn, typename Types = FloatTypes>
 class GradKernel final : public Kernel {
  public:
   explicit GradKernel(const graph::Node& n) : fn_(make_fn<Fn>(n)) {}
@@ -40,7 +41,7 @@ class GradKernel final : public Kernel {
     const TensorView& z = required_input(ctx, 1);
     check_same_dtype(ctx, 1, dy.dtype);
     TensorView& dx = ctx.output(0, broadcast_dims(dy.dims, z.dims, ctx.node().describe()));
-    dispatch(FloatTypes{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
+    dispatch(Types{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       broadcast_apply<T>(ctx, dx, fn_, operand<T>(dy), operand<T>(z));
     });
@@ -52,9 +53,10 @@ class GradKernel final : public Kernel {
 
 // Schema of an ai.onnxtrain grad op served by GradKernel<Fn>; not foldable (gradients are
 // never constant in a training step).
-template <typename Fn>
+template <typename Fn, typename Types = FloatTypes>
 OpSchema grad_op(std::string op_type) {
-  OpSchema s = make_schema(std::move(op_type), infer_broadcast_same, factory<GradKernel<Fn>>());
+  OpSchema s =
+      make_schema(std::move(op_type), infer_broadcast_same, factory<GradKernel<Fn, Types>>());
   s.domain = kOnnxtrainDomain;
   s.foldable = false;
   return s;

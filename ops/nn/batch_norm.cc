@@ -85,12 +85,18 @@ struct ChannelSums {
 
 // ReluGrad's rule z > 0 ? dy : +0 as a bit mask: GCC keeps the float select as a branch (no
 // vectorization, and a branch on a Relu mask mispredicts half the time: the fused gradient ran
-// 3x slower than BatchNormalizationGrad after ReluGrad).
+// 3x slower than BatchNormalizationGrad after ReluGrad). bf16 / f16 storage masks the bits.
 template <typename T>
 inline T relu_grad_select(T dy, T z) {
-  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
-  const U mask = U{0} - static_cast<U>(z > T{0});
-  return std::bit_cast<T>(static_cast<U>(std::bit_cast<U>(dy) & mask));
+  if constexpr (sizeof(T) == 2) {
+    T r;
+    r.bits = static_cast<uint16_t>(dy.bits & (0u - static_cast<unsigned>(float(z) > 0.0f)));
+    return r;
+  } else {
+    using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    const U mask = U{0} - static_cast<U>(z > T{0});
+    return std::bit_cast<T>(static_cast<U>(std::bit_cast<U>(dy) & mask));
+  }
 }
 
 // Relu's rule v < 0 ? +0 : v (NaN and -0 pass), as a bit mask for the same reason.
@@ -191,7 +197,7 @@ class BatchNormKernel final : public Kernel {
       for (int64_t c = 0; c < channels; ++c) (*params[i - 1])[c] = read(*p, c);
     }
     TensorView& y = ctx.output(0, x->dims);
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       std::vector<double> batch_mean, batch_var;
       if (training) {
@@ -222,22 +228,24 @@ class BatchNormKernel final : public Kernel {
     });
   }
 
+  // bf16 / f16 x and y (mixed precision's activations) are computed in float.
   template <typename T>
   void apply(const T* x, T* y, int64_t n, int64_t channels, int64_t inner,
              const std::vector<double>& scale, const std::vector<double>& bias,
              const std::vector<double>& mean, const std::vector<double>& var,
              const KernelContext& ctx) const {
-    std::vector<T> a(channels), b(channels);
+    using C = ew::compute_t<T>;
+    std::vector<C> a(channels), b(channels);
     for (int64_t c = 0; c < channels; ++c) {
       const double inv = 1.0 / std::sqrt(var[c] + static_cast<double>(epsilon_));
-      a[c] = static_cast<T>(scale[c] * inv);
-      b[c] = static_cast<T>(bias[c] - mean[c] * scale[c] * inv);
+      a[c] = static_cast<C>(scale[c] * inv);
+      b[c] = static_cast<C>(bias[c] - mean[c] * scale[c] * inv);
     }
     const int64_t planes = n * channels;
     const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1));
     ctx.parallel_for(planes, grain, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
-        const T ac = a[p % channels], bc = b[p % channels];
+        const C ac = a[p % channels], bc = b[p % channels];
         if (fused_relu_)
           affine_plane<T, true>(x + p * inner, y + p * inner, inner, ac, bc);
         else
@@ -247,13 +255,13 @@ class BatchNormKernel final : public Kernel {
   }
 
   // y = x a + b over one plane [then max(0, y)], in the CPU's widest vectors.
-  template <typename T, bool kRelu>
-  OT_SIMD_CLONES static void affine_plane(const T* x, T* y, int64_t count, T a, T b) {
+  template <typename T, bool kRelu, typename C>
+  OT_SIMD_CLONES static void affine_plane(const T* x, T* y, int64_t count, C a, C b) {
     for (int64_t i = 0; i < count; ++i) {
       if constexpr (kRelu)
-        y[i] = relu_select(x[i] * a + b);
+        y[i] = static_cast<T>(relu_select(static_cast<C>(x[i]) * a + b));
       else
-        y[i] = x[i] * a + b;
+        y[i] = static_cast<T>(static_cast<C>(x[i]) * a + b);
     }
   }
 
@@ -287,17 +295,19 @@ class BatchNormKernel final : public Kernel {
 
 // One plane of dx, in the CPU's widest vectors: training dx = k dy - a sum_dy - xhat a
 // sum_dy_xhat (t0 = a sum_dy, t1 = a sum_dy_xhat, xhat = (x - mean) inv), inference dx = k dy;
-// with kRelu, dy is masked by the fused output z first.
-template <typename T, bool kTraining, bool kRelu>
+// with kRelu, dy is masked by the fused output z first. C is T's compute type (float for
+// bf16 / f16 storage).
+template <typename T, bool kTraining, bool kRelu, typename C>
 OT_SIMD_CLONES void batch_norm_grad_plane(const T* x, const T* dy, const T* z, T* dx,
-                                          int64_t count, T tk, T t0, T tm, T ti, T t1) {
+                                          int64_t count, C tk, C t0, C tm, C ti, C t1) {
   for (int64_t i = 0; i < count; ++i) {
-    T d = dy[i];
-    if constexpr (kRelu) d = relu_grad_select(d, z[i]);
+    T dt = dy[i];
+    if constexpr (kRelu) dt = relu_grad_select(dt, z[i]);
+    const C d = static_cast<C>(dt);
     if constexpr (kTraining)
-      dx[i] = tk * d - t0 - (x[i] - tm) * ti * t1;
+      dx[i] = static_cast<T>(tk * d - t0 - (static_cast<C>(x[i]) - tm) * ti * t1);
     else
-      dx[i] = tk * d;
+      dx[i] = static_cast<T>(tk * d);
   }
 }
 
@@ -355,8 +365,9 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
         T* dxp = dx + (b * channels + c) * inner;
         // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M (training).
         const double a = training ? k / count : 0.0;
-        const T tk = static_cast<T>(k), tm = static_cast<T>(mean), ti = static_cast<T>(inv);
-        const T t0 = static_cast<T>(a * sum_dy), t1 = static_cast<T>(a * sum_dy_xhat);
+        using C = ew::compute_t<T>;
+        const C tk = static_cast<C>(k), tm = static_cast<C>(mean), ti = static_cast<C>(inv);
+        const C t0 = static_cast<C>(a * sum_dy), t1 = static_cast<C>(a * sum_dy_xhat);
         if (training && zp)
           batch_norm_grad_plane<T, true, true>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
         else if (training)
@@ -429,7 +440,7 @@ class BatchNormGradKernel final : public Kernel {
     }
     TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x->dims) : nullptr;
     std::vector<double> dscale, dbias;
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       batch_norm_grad<T>(dy->as<T>(), x->as<T>(), n, channels, inner, training_, epsilon_, scale,
                          mean, var, dx ? dx->as<T>() : nullptr, dscale, dbias, ctx,

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 #include "ops/nn/nn_util.h"
@@ -110,7 +112,11 @@ void max_pool_reference(const PoolSetup& p, const T* x, T* y, int64_t* indices, 
       const T* xp = x + plane * g.in_size;
       for (int64_t o = 0; o < g.out_size; ++o) {
         collect_taps(g, o, false, taps);
-        T best = std::numeric_limits<T>::lowest();
+        T best;
+        if constexpr (std::is_class_v<T>)  // bf16 / f16 storage
+          best = static_cast<T>(-std::numeric_limits<float>::infinity());
+        else
+          best = std::numeric_limits<T>::lowest();
         int64_t arg = taps.empty() ? 0 : taps[0].i;
         for (const Tap& t : taps)
           if (xp[t.i] > best) {
@@ -145,6 +151,12 @@ void avg_pool_reference(const PoolSetup& p, const T* x, T* y, bool include_pad,
   });
 }
 
+// The dtypes the oneDNN pooling paths take: f32, and bf16 (mixed precision's activations).
+std::optional<dnnl::memory::data_type> dnnl_pool_type(DataType t) {
+  if (t == DataType::kFloat || t == DataType::kBFloat16) return dnnl_float_type(t);
+  return std::nullopt;
+}
+
 // x: (N,C,D...) -> y: (N,C,O...) [, indices: (N,C,O...) i64 (MaxPool)]
 class PoolKernel final : public Kernel {
  public:
@@ -163,10 +175,10 @@ class PoolKernel final : public Kernel {
     bool indices = is_max_ && ctx.has_output(1);
     bool empty = x->numel() == 0 || product(setup_.y_dims) == 0;
     bool uncounted_pad = !is_max_ && include_pad_ && setup_.overhang;
-    if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || indices || empty ||
+    if (!dnnl_pool_type(x->dtype) || setup_.geom.in.size() > 3 || indices || empty ||
         uncounted_pad)
       return;
-    init_dnnl(ctx);
+    init_dnnl(ctx, *dnnl_pool_type(x->dtype));
   }
 
   void run(KernelContext& ctx) override {
@@ -194,6 +206,12 @@ class PoolKernel final : public Kernel {
         case DataType::kDouble:
           go(double{});
           break;
+        case DataType::kBFloat16:
+          go(ew::BFloat16{});
+          break;
+        case DataType::kFloat16:
+          go(ew::Half{});
+          break;
         case DataType::kInt8:
           go(int8_t{});
           break;
@@ -205,17 +223,17 @@ class PoolKernel final : public Kernel {
       }
       return;
     }
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       avg_pool_reference<T>(setup_, x->as<T>(), y.as<T>(), include_pad_, ctx);
     });
   }
 
  private:
-  void init_dnnl(KernelContext& ctx) {
+  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
     const WindowGeom& g = setup_.geom;
-    src_md_ = plain_desc(x_dims_);
-    dst_md_ = plain_desc(setup_.y_dims);
+    src_md_ = plain_desc(x_dims_, type);
+    dst_md_ = plain_desc(setup_.y_dims, type);
     memory::dims dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
     auto alg = is_max_        ? dnnl::algorithm::pooling_max
@@ -308,8 +326,8 @@ class PoolGradKernel final : public Kernel {
     bwd_.reset();
     const bool empty = x->numel() == 0 || product(setup_.y_dims) == 0;
     const bool uncounted_pad = !is_max_ && include_pad_ && setup_.overhang;
-    if (x->dtype != DataType::kFloat || setup_.geom.in.size() > 3 || empty || uncounted_pad) return;
-    init_dnnl(ctx);
+    if (!dnnl_pool_type(x->dtype) || setup_.geom.in.size() > 3 || empty || uncounted_pad) return;
+    init_dnnl(ctx, *dnnl_pool_type(x->dtype));
   }
 
   void run(KernelContext& ctx) override {
@@ -325,7 +343,7 @@ class PoolGradKernel final : public Kernel {
       run_dnnl(ctx, *dy, *x, dx);
       return;
     }
-    dispatch_float(x->dtype, where_, [&](auto tag) {
+    dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       pool_grad_reference<T>(setup_, dy->as<T>(), x->as<T>(), dx.as<T>(), is_max_, include_pad_,
                              ctx);
@@ -333,11 +351,11 @@ class PoolGradKernel final : public Kernel {
   }
 
  private:
-  void init_dnnl(KernelContext& ctx) {
+  void init_dnnl(KernelContext& ctx, dnnl::memory::data_type type) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
-    x_md_ = plain_desc(x_dims_);
-    y_md_ = plain_desc(setup_.y_dims);
+    x_md_ = plain_desc(x_dims_, type);
+    y_md_ = plain_desc(setup_.y_dims, type);
     memory::dims dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
     const auto alg = is_max_        ? algorithm::pooling_max

@@ -173,6 +173,8 @@ TEST(TrainingSignature, MixedPrecisionRecordsTheLowPrecisionCopies) {
   const TrainingSignature& t = m->training;
   EXPECT_EQ(t.compute_dtype, graph::DataType::kBFloat16);
   EXPECT_EQ(info.autocast.low_nodes, 21);  // 20 convolutions and the classifier's Gemm
+  // 20 BN, 17 Relu (the stem's, and two per basic block), 8 residual Adds, the MaxPool.
+  EXPECT_EQ(info.autocast.follow_nodes, 46);
   // Weights of the 20 convolutions, the Gemm's weight and bias (convs have no bias: BN follows).
   std::set<std::string> masters[2];
   for (const graph::LowPrecisionCopy& c : t.copies) {
@@ -191,28 +193,70 @@ TEST(TrainingSignature, MixedPrecisionRecordsTheLowPrecisionCopies) {
   }
   EXPECT_EQ(masters[0].size(), 22u);
   EXPECT_EQ(masters[0], masters[1]);
-  // Convolutions keep float32 activations around their bf16 weights (ops/precision.h): no Cast
-  // feeds or reads a Conv's X and Y or a ConvGrad's dY, X and dX.
-  int convs = 0, conv_grads = 0;
+  // The activations stay bf16 from the first convolution to the global pooling, forward and
+  // backward: every activation (X, Y, dY, dX) of a Conv(Grad), BatchNormalization(Grad),
+  // Relu(Grad), Add, Sum and MaxPool(Grad) is bf16, and per replica only three Casts touch
+  // them: the image into the first Conv, the last block's output into GlobalAveragePool
+  // (float32), and that pooling's gradient back into the last block's backward.
+  const std::set<std::string> activation_ops = {
+      "Conv", "ConvGrad", "BatchNormalization", "BatchNormalizationGrad", "Relu", "ReluGrad",
+      "Add",  "Sum",      "MaxPool",            "MaxPoolGrad"};
+  int convs = 0, conv_grads = 0, bns = 0, bn_grads = 0;
+  std::set<const graph::Node*> activation_casts;
   for (const auto& n : m->graph->nodes()) {
-    const bool fwd = n->op_type == "Conv", bwd = n->op_type == "ConvGrad";
-    if (!fwd && !bwd) continue;
-    ++(fwd ? convs : conv_grads);
-    const graph::Value* w = n->input(fwd ? 1 : 2);
-    EXPECT_EQ(w->dtype(), graph::DataType::kBFloat16) << n->describe();
-    std::vector<const graph::Value*> acts{n->input(0), n->output(0)};
-    if (bwd) acts.push_back(n->input(1));
+    if (!activation_ops.count(n->op_type)) continue;
+    if (n->output(0) && n->output(0)->dtype() == graph::DataType::kInt64) continue;  // step count
+    convs += n->op_type == "Conv";
+    conv_grads += n->op_type == "ConvGrad";
+    bns += n->op_type == "BatchNormalization";
+    bn_grads += n->op_type == "BatchNormalizationGrad";
+    std::vector<const graph::Value*> acts;
+    if (n->op_type == "Conv" || n->op_type == "ConvGrad") {
+      EXPECT_EQ(n->input(n->op_type == "Conv" ? 1 : 2)->dtype(), graph::DataType::kBFloat16)
+          << n->describe() << ": weight";
+      acts = {n->input(0), n->output(0)};
+      if (n->op_type == "ConvGrad") acts.push_back(n->input(1));
+    } else if (n->op_type == "BatchNormalization" || n->op_type == "BatchNormalizationGrad") {
+      acts = {n->input(0), n->output(0)};
+      if (n->op_type == "BatchNormalizationGrad") acts.push_back(n->input(1));
+      // Scale, bias and statistics stay float32; so do dScale and dB.
+      EXPECT_EQ(n->input(n->op_type == "BatchNormalization" ? 1 : 2)->dtype(),
+                graph::DataType::kFloat)
+          << n->describe() << ": scale";
+      for (size_t i = 1; i < n->outputs().size(); ++i)
+        if (n->output(i)) {
+          EXPECT_EQ(n->output(i)->dtype(), graph::DataType::kFloat) << n->describe();
+        }
+    } else {
+      for (const graph::Value* v : n->inputs()) acts.push_back(v);
+      acts.push_back(n->output(0));
+    }
     for (const graph::Value* v : acts) {
       if (!v) continue;
-      EXPECT_EQ(v->dtype(), graph::DataType::kFloat) << n->describe() << " " << v->name();
-      if (v->producer()) {
-        EXPECT_NE(v->producer()->op_type, "Cast") << v->name();
-      }
-      for (const graph::Use& u : v->uses()) EXPECT_NE(u.node->op_type, "Cast") << v->name();
+      EXPECT_EQ(v->dtype(), graph::DataType::kBFloat16) << n->describe() << " " << v->name();
+      if (v->producer() && v->producer()->op_type == "Cast")
+        activation_casts.insert(v->producer());
+      for (const graph::Use& u : v->uses())
+        if (u.node->op_type == "Cast") activation_casts.insert(u.node);
     }
   }
   EXPECT_EQ(convs, 40);  // 20 per replica
   EXPECT_EQ(conv_grads, 40);
+  EXPECT_EQ(bns, 40);
+  EXPECT_EQ(bn_grads, 40);
+  EXPECT_EQ(activation_casts.size(), 6u);
+  for (const graph::Node* c : activation_casts) {
+    const graph::Value* in = c->input(0);
+    auto read_by = [&](const char* op) {
+      for (const graph::Use& u : c->output(0)->uses())
+        if (u.node->op_type == op) return true;
+      return false;
+    };
+    const bool image = read_by("Conv") && in->dtype() == graph::DataType::kFloat;
+    const bool into_pool = read_by("GlobalAveragePool");
+    const bool pool_grad = in->producer() && in->producer()->op_type == "Expand";
+    EXPECT_TRUE(image || into_pool || pool_grad) << c->describe() << " reads " << in->name();
+  }
   // Optimizer state and BN statistics stay float32.
   for (const graph::StateBinding& s : t.state)
     if (s.kind != StateKind::kStepCounter) {
