@@ -16,6 +16,7 @@
 #include "graph/bfloat16.h"
 #include "graph/ir.h"
 #include "ops/elementwise/dtypes.h"
+#include "ops/nn/batch_norm_relu.h"
 #include "ops/op_api.h"
 #include "runtime/session.h"
 #include "tests/ops/one_node_grad.h"
@@ -372,6 +373,166 @@ TEST(LowPrecisionConv, OtherDtypePairsAreRefused) {
   e = error(kF32, kBf16, kF32);
   EXPECT_NE(e.find("bias is f32, weight is bf16"), std::string::npos) << e;
   EXPECT_EQ(error(kF32, kBf16, kBf16), "no error");
+}
+
+// ---------------------------------------------------------------- bf16 activations
+
+// Mixed precision keeps a ResNet's activations in bf16 between convolutions
+// (passes::autocast): BatchNormalization(Grad), Relu(Grad), Add, Sum and MaxPool / AveragePool
+// (and their gradients) read and write bf16 activations, with float32 parameters and
+// statistics, and compute in float32. Each bf16 output must be the float32 run's on the same
+// values rounded once to nearest even: within half a bf16 ulp (plus 1e-5 of the largest element
+// for float32 evaluation order). A kernel that truncates (as Cast does) is off by up to a whole
+// ulp and fails; so does one that computes in bf16 or drops the fused Relu.
+struct ActInput {
+  std::vector<int64_t> dims{};  // empty: an omitted optional input
+  bool activation = true;       // bf16 in the low-precision run; otherwise float32 in both
+  std::vector<float> values{};
+};
+
+struct ActCase {
+  std::string op{}, domain{};
+  int64_t opset = 17;
+  std::vector<Attribute> attrs{};
+  int outputs = 1;
+  std::vector<ActInput> inputs{};
+  std::vector<bool> activation_outputs{true};
+  std::string label{};
+};
+
+std::vector<Tensor> run_act(const ActCase& c, DataType dt) {
+  NodeCall call;
+  call.op = c.op;
+  call.domain = c.domain;
+  call.opset = c.opset;
+  call.attrs = c.attrs;
+  call.outputs = c.outputs;
+  for (const ActInput& in : c.inputs) {
+    if (in.dims.empty()) {
+      call.inputs.push_back(NodeInput{});
+      continue;
+    }
+    call.inputs.push_back(
+        NodeInput{tensor(in.activation ? dt : DataType::kFloat, in.dims, in.values)});
+  }
+  return optest::run_node(call).outputs;
+}
+
+void check_act(const ActCase& c) {
+  SCOPED_TRACE(c.label);
+  const std::vector<Tensor> ref = run_act(c, DataType::kFloat);
+  const std::vector<Tensor> got = run_act(c, DataType::kBFloat16);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t o = 0; o < got.size(); ++o) {
+    const bool act = o < c.activation_outputs.size() && c.activation_outputs[o];
+    ASSERT_EQ(got[o].dtype(), act ? DataType::kBFloat16 : DataType::kFloat) << "output " << o;
+    ASSERT_EQ(got[o].dims(), ref[o].dims()) << "output " << o;
+    const std::vector<float> g = floats(got[o]), r = floats(ref[o]);
+    float scale = 0;
+    for (float v : r) scale = std::max(scale, std::abs(v));
+    ASSERT_GT(scale, 0.0f) << "output " << o << " is all zeros";
+    for (size_t k = 0; k < g.size(); ++k) {
+      const float half_ulp = r[k] == 0 ? 0.0f : std::ldexp(1.0f, std::ilogb(r[k]) - 8);
+      const float tol = (act ? half_ulp : 1e-5f * std::abs(r[k])) + 1e-5f * scale;
+      ASSERT_NEAR(g[k], r[k], tol) << c.op << " output " << o << " element " << k;
+    }
+  }
+}
+
+std::vector<float> positive(int64_t n, uint64_t seed) {
+  std::vector<float> v = representable(DataType::kBFloat16, n, seed);
+  for (float& x : v) x = std::abs(x) + 0.5f;
+  return v;
+}
+
+TEST(LowPrecisionActivations, ElementwiseRoundToNearestEven) {
+  constexpr DataType kBf16 = DataType::kBFloat16;
+  const std::vector<int64_t> d{2, 3, 4, 5};
+  const int64_t n = count(d);
+  auto act = [&](uint64_t seed) { return ActInput{d, true, representable(kBf16, n, seed)}; };
+  check_act({.op = "Add", .inputs = {act(1), act(2)}, .label = "Add"});
+  check_act({.op = "Add",
+             .inputs = {act(3), {{1, 3, 1, 1}, true, representable(kBf16, 3, 4)}},
+             .label = "Add broadcast"});
+  check_act({.op = "Sum", .inputs = {act(5), act(6)}, .label = "Sum of two gradients"});
+  check_act({.op = "Relu", .inputs = {act(7)}, .label = "Relu"});
+  check_act({.op = "ReluGrad",
+             .domain = std::string(ops::kOnnxtrainDomain),
+             .inputs = {act(8), act(9)},
+             .label = "ReluGrad"});
+}
+
+TEST(LowPrecisionActivations, BatchNormFloat32ParametersAroundBf16Activations) {
+  constexpr DataType kBf16 = DataType::kBFloat16;
+  const std::vector<int64_t> x{4, 6, 5, 5}, c{6};
+  const int64_t n = count(x);
+  auto act = [&](uint64_t seed) { return ActInput{x, true, representable(kBf16, n, seed)}; };
+  auto param = [&](uint64_t seed) { return ActInput{c, false, representable(kBf16, 6, seed)}; };
+  const ActInput var{c, false, positive(6, 13)};
+  const Attribute fused = Attribute::make_int(std::string(ops::kFusedReluAttr), 1);
+  for (bool relu : {false, true}) {
+    std::vector<Attribute> attrs{Attribute::make_int("training_mode", 1)};
+    if (relu) attrs.push_back(fused);
+    check_act({.op = "BatchNormalization",
+               .opset = 15,
+               .attrs = attrs,
+               .outputs = 3,
+               .inputs = {act(10), param(11), param(12), param(14), var},
+               .activation_outputs = {true, false, false},
+               .label = relu ? "training, fused Relu" : "training"});
+  }
+  check_act({.op = "BatchNormalization",
+             .opset = 15,
+             .inputs = {act(15), param(11), param(12), param(14), var},
+             .label = "inference"});
+  // The gradient: dX bf16; dScale and dB float32 (summed in double from the same values).
+  for (bool relu : {false, true}) {
+    std::vector<Attribute> attrs{Attribute::make_int("training_mode", 1)};
+    std::vector<ActInput> in{act(16), act(17), param(18)};
+    if (relu) {
+      attrs.push_back(fused);
+      std::vector<float> z = representable(kBf16, n, 19);
+      for (float& v : z) v = std::max(v, 0.0f);
+      in.push_back({});
+      in.push_back({});
+      in.push_back({x, true, z});
+    }
+    check_act({.op = "BatchNormalizationGrad",
+               .domain = std::string(ops::kOnnxtrainDomain),
+               .attrs = attrs,
+               .outputs = 3,
+               .inputs = in,
+               .activation_outputs = {true, false, false},
+               .label = relu ? "grad, fused Relu" : "grad"});
+  }
+}
+
+TEST(LowPrecisionActivations, PoolingThroughOneDnnAndTheReferenceLoop) {
+  constexpr DataType kBf16 = DataType::kBFloat16;
+  auto act = [&](std::vector<int64_t> d, uint64_t seed) {
+    return ActInput{d, true, representable(kBf16, count(d), seed)};
+  };
+  auto window = [](int64_t k, int64_t stride, int64_t pad, int spatial) {
+    return std::vector<Attribute>{
+        Attribute::make_ints("kernel_shape", std::vector<int64_t>(spatial, k)),
+        Attribute::make_ints("strides", std::vector<int64_t>(spatial, stride)),
+        Attribute::make_ints("pads", std::vector<int64_t>(2 * spatial, pad))};
+  };
+  const std::string grad_domain(ops::kOnnxtrainDomain);
+  // 2-D: oneDNN's bf16 pooling; 4-D: the reference loops (oneDNN pools up to 3-D).
+  check_act({.op = "MaxPool", .attrs = window(3, 2, 1, 2), .inputs = {act({2, 3, 9, 9}, 20)},
+             .label = "MaxPool 3x3 stride 2 (oneDNN)"});
+  check_act({.op = "MaxPool", .attrs = window(2, 1, 0, 4),
+             .inputs = {act({1, 2, 3, 3, 3, 3}, 21)}, .label = "MaxPool 4-D (reference)"});
+  check_act({.op = "AveragePool", .attrs = window(3, 1, 1, 2),
+             .inputs = {act({2, 3, 6, 6}, 22)}, .label = "AveragePool 3x3 (oneDNN)"});
+  // Non-overlapping windows: each dX element is one dY element or zero, exact in bf16.
+  check_act({.op = "MaxPoolGrad", .domain = grad_domain, .attrs = window(2, 2, 0, 2),
+             .inputs = {act({2, 3, 4, 4}, 23), act({2, 3, 8, 8}, 24)},
+             .label = "MaxPoolGrad 2x2 stride 2 (oneDNN)"});
+  check_act({.op = "MaxPoolGrad", .domain = grad_domain, .attrs = window(2, 2, 0, 4),
+             .inputs = {act({1, 2, 2, 2, 2, 2}, 25), act({1, 2, 4, 4, 4, 4}, 26)},
+             .label = "MaxPoolGrad 4-D (reference)"});
 }
 
 }  // namespace
