@@ -134,6 +134,37 @@ OT_SIMD_CLONES ChannelSums channel_sums(const T* x, const T* dy, int64_t n, int6
     const T* dyp = kWithDy ? dy + (p * channels + c) * inner : nullptr;
     const T* zp = kRelu ? relu_out + (p * channels + c) * inner : nullptr;
     int64_t i = 0;
+    if constexpr (sizeof(T) == 2) {
+      // bf16 / f16 storage: 16 float lanes (twice double's per vector; the double lanes made
+      // this pass compute-bound, no faster than float32) over blocks of 256 elements, each
+      // block's sums added into the double lanes. The terms are differences of two 8- or
+      // 11-bit-significand values, so a block's float sum is within ~1e-5 relative: far below
+      // the inputs' own rounding.
+      const float fshift = static_cast<float>(shift);
+      for (; i + 16 <= inner;) {
+        const int64_t end = i + std::min<int64_t>(256, (inner - i) / 16 * 16);
+        float fa[16] = {}, fb[16] = {}, fg[16] = {}, fh[16] = {};
+        for (; i < end; i += 16)
+          for (int k = 0; k < 16; ++k) {
+            const float v = static_cast<float>(xp[i + k]) - fshift;
+            fa[k] += v;
+            fb[k] += v * v;
+            if constexpr (kWithDy) {
+              T dv = dyp[i + k];
+              if constexpr (kRelu) dv = relu_grad_select(dv, zp[i + k]);
+              const float d = static_cast<float>(dv);
+              fg[k] += d;
+              fh[k] += d * v;
+            }
+          }
+        for (int k = 0; k < 16; ++k) {
+          a[k % 8] += fa[k];
+          b[k % 8] += fb[k];
+          g[k % 8] += fg[k];
+          h[k % 8] += fh[k];
+        }
+      }
+    }
     for (; i + 8 <= inner; i += 8)
       for (int k = 0; k < 8; ++k) lane_add(k, xp, dyp, zp, i + k);
     for (int k = 0; i < inner; ++i, ++k) lane_add(k, xp, dyp, zp, i);
