@@ -533,6 +533,10 @@ TEST(LowPrecisionActivations, PoolingThroughOneDnnAndTheReferenceLoop) {
   check_act({.op = "MaxPoolGrad", .domain = grad_domain, .attrs = window(2, 2, 0, 4),
              .inputs = {act({1, 2, 2, 2, 2, 2}, 25), act({1, 2, 4, 4, 4, 4}, 26)},
              .label = "MaxPoolGrad 4-D (reference)"});
+  // Overlapping 3x3 windows: each dX element sums up to 9 scaled dY, rounded once.
+  check_act({.op = "AveragePoolGrad", .domain = grad_domain, .attrs = window(3, 1, 1, 2),
+             .inputs = {act({2, 3, 6, 6}, 27), act({2, 3, 6, 6}, 28)},
+             .label = "AveragePoolGrad 3x3 (oneDNN)"});
 }
 
 }  // namespace
