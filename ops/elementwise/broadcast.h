@@ -51,19 +51,24 @@ namespace detail {
 
 // One row of the collapsed space; Contig says per operand whether it advances (stride 1) or
 // stays on one element (stride 0). Compile-time strides keep this loop vectorizable.
+// Half and BFloat16 are the element types that are classes.
+template <typename Out, typename... In>
+inline constexpr bool kSixteenBitFloat = std::is_class_v<Out> || (std::is_class_v<In> || ...);
+
 template <bool... Contig, typename Out, typename F, typename... In>
-  requires(!std::is_class_v<Out>)
+  requires(!kSixteenBitFloat<Out, In...>)
 inline void run_row(std::integer_sequence<bool, Contig...>, int64_t n, Out* out, const F& f,
                     const In*... in) {
   for (int64_t j = 0; j < n; ++j) out[j] = static_cast<Out>(f(in[Contig ? j : 0]...));
 }
 
-// bf16 / f16 outputs (mixed precision's activations: a ResNet's residual Add, its gradients'
-// Sum, Relu) round every element from float, which baseline x86-64 has no packing instructions
-// to vectorize: compiled for the CPU's widest vectors (ops/simd_clones.h). Measured at ResNet-50
-// 224² b8, 2 threads: bf16 Add and Sum ran no faster than float32 without it.
+// bf16 / f16 operands or outputs (mixed precision's activations: a ResNet's residual Add, its
+// gradients' Sum, Relu; the Casts of weights and their gradients) convert every element, which
+// baseline x86-64 has no packing instructions to vectorize: compiled for the CPU's widest vectors
+// (ops/simd_clones.h). Measured at ResNet-50 224² b8, 2 threads: bf16 Add and Sum ran no faster
+// than float32 without it (15.5 ms per step; 7 with it).
 template <bool... Contig, typename Out, typename F, typename... In>
-  requires(std::is_class_v<Out>)
+  requires(kSixteenBitFloat<Out, In...>)
 OT_SIMD_CLONES void run_row(std::integer_sequence<bool, Contig...>, int64_t n, Out* out,
                             const F& f, const In*... in) {
   for (int64_t j = 0; j < n; ++j) out[j] = static_cast<Out>(f(in[Contig ? j : 0]...));
