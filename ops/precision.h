@@ -16,18 +16,22 @@ namespace onnxtrain::ops {
 // says no to (--allow-emulation overrides: the reference loops then compute it, slowly).
 bool cpu_runs_natively(graph::DataType t);
 
-// A convolution (Conv, and ConvGrad of it) computes in its weight's dtype. Its activations --
-// Conv's X, ConvGrad's dY and X -- have that dtype too, or are float32 with bf16 / f16 weights:
-// passes::autocast casts only a convolution's weight and bias, and the kernel rounds float32
-// activations to the weight's dtype as it reads them (no Cast node, no low-precision copy of X
-// kept for backward) and accumulates in float32. Each output has its operand's dtype: Y and dX
-// that of X, dW and dB that of W. Returns the compute dtype, or nullopt when the pair is neither
-// (an unknown dtype, kUndefined, is taken as allowed).
+// A convolution (Conv, and ConvGrad of it) computes in the low precision of its operands: X
+// (Conv's X, ConvGrad's dY and X) and W have one dtype, or one of them is bf16 / f16 and the
+// other float32. The kernel rounds the float32 operand to the low dtype as it reads it (on
+// oneDNN: in the reorder into the primitive's layout that it makes anyway) and accumulates in
+// float32. Each output has its operand's dtype: Y and dX that of X, dW and dB that of W.
+// passes::autocast gives a convolution bf16 activations around its float32 master weight: no
+// weight copy and no Cast of the weight or its gradient (oneDNN writes float32 diff weights).
+// Returns the compute dtype, or nullopt when the pair is neither (an unknown dtype, kUndefined,
+// is taken as allowed).
 inline std::optional<graph::DataType> conv_compute_dtype(graph::DataType x, graph::DataType w) {
   using graph::DataType;
+  auto low = [](DataType t) { return t == DataType::kBFloat16 || t == DataType::kFloat16; };
   if (w == DataType::kUndefined) return x;
   if (x == w || x == DataType::kUndefined) return w;
-  if (x == DataType::kFloat && (w == DataType::kBFloat16 || w == DataType::kFloat16)) return w;
+  if (x == DataType::kFloat && low(w)) return w;
+  if (w == DataType::kFloat && low(x)) return x;
   return std::nullopt;
 }
 

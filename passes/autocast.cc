@@ -16,7 +16,8 @@ using graph::Value;
 
 // What autocast does with a node, torch.autocast's classes:
 //  - kLow: convolutions and matrix products, whose cost is arithmetic ("lower_precision_fp"):
-//    every float input is read in the low precision, and the output is written in it.
+//    every float input (a Conv's X only) is read in the low precision, and the output is
+//    written in it.
 //  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
 //    the input's dtype: their activation inputs (activation_inputs) keep the low precision when
 //    all of them have it; BatchNormalization's scale, bias and statistics stay float32. A mix
@@ -113,7 +114,12 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
       for (const Value* v : n->inputs())
         ok &= !v || v->dtype() == DataType::kFloat || is_low(v);
       if (ok) {
-        for (size_t i = 0; i < n->inputs().size(); ++i)
+        // A Conv reads its float32 weight and bias as they are: it computes in its activation's
+        // low precision (ops/precision.h's conv_compute_dtype), rounding the weight in the
+        // reorder into its primitive's layout, and writes dW and dB in float32 -- no weight
+        // copy, no Cast of the weight or of its gradient.
+        const size_t low_inputs = n->op_type == "Conv" ? 1 : n->inputs().size();
+        for (size_t i = 0; i < low_inputs && i < n->inputs().size(); ++i)
           if (Value* v = n->input(i); v && !is_low(v)) n->set_input(i, low_copy(v));
         lower_output(n);
         lowered = true;

@@ -147,10 +147,12 @@ struct AutocastInfo {
 };
 // Mixed precision on the forward graph (after prepare_training, before attach_loss, so autodiff
 // differentiates through the casts), torch.autocast's op classes:
-//  - every Conv, Gemm and MatMul reads low-precision (`compute`: bf16 or f16) copies of its
-//    float32 inputs -- one Cast per source value, `<name>.bf16`; a parameter's is its
-//    low-precision weight copy, recorded in TrainingSignature::copies -- and writes a
-//    low-precision output, renamed `<name>.bf16`;
+//  - every Gemm and MatMul reads low-precision (`compute`: bf16 or f16) copies of its float32
+//    inputs -- one Cast per source value, `<name>.bf16`; a parameter's is its low-precision
+//    weight copy, recorded in TrainingSignature::copies -- and every Conv one of its X, keeping
+//    its float32 weight and bias (ops/precision.h's conv_compute_dtype: it computes in X's
+//    dtype and writes dW and dB in float32); each writes a low-precision output, renamed
+//    `<name>.bf16`;
 //  - BatchNormalization, Relu, Add, Sum, MaxPool and AveragePool whose activation inputs are all
 //    low-precision write a low-precision output too (their kernels compute in float32 and store
 //    bf16; BN's parameters and statistics stay float32), so a ResNet's activations stay bf16

@@ -56,9 +56,9 @@ DataType check_conv_dtypes(const std::string& where, DataType x, DataType w, Dat
   const std::optional<DataType> compute = conv_compute_dtype(x, w);
   OT_CHECK(compute, where, ": x is ", graph::dtype_short_name(x), ", weight is ",
            graph::dtype_short_name(w),
-           "; they must match (or x be f32 with bf16/f16 weights: mixed precision)");
-  OT_CHECK(b == DataType::kUndefined || *compute == DataType::kUndefined || b == *compute, where,
-           ": bias is ", graph::dtype_short_name(b), ", weight is ", graph::dtype_short_name(w));
+           "; they must match (or one be f32, the other bf16/f16: mixed precision)");
+  OT_CHECK(b == DataType::kUndefined || w == DataType::kUndefined || b == w, where, ": bias is ",
+           graph::dtype_short_name(b), ", weight is ", graph::dtype_short_name(w));
   return *compute;
 }
 
@@ -329,9 +329,11 @@ class ConvKernel final : public Kernel {
     dnnl_.reset();
     const size_t spatial = setup_.geom.in.size();
     bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(setup_.compute) || spatial > 3 || empty)
+    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||
+        !dnnl_float_type(setup_.compute) || spatial > 3 || empty)
       return;
-    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype));
+    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype),
+              *dnnl_float_type(w->dtype));
     if (dnnl_.ready() && dnnl_.scratch_bytes()) ctx.scratch(dnnl_.scratch_bytes());  // sizes it
   }
 
@@ -347,11 +349,14 @@ class ConvKernel final : public Kernel {
       dnnl_.execute(ctx, x->data, w->data, b ? b->data : nullptr, y.data);
       return;
     }
-    if (x->dtype != setup_.compute) {  // mixed precision (float32 x and y) without oneDNN
+    if (x->dtype != w->dtype) {  // mixed precision without oneDNN; the bias added unrounded, as
+                                 // oneDNN adds a float32 bias
       const std::vector<float> xs = read_as(*x, setup_.compute), ws = read_as(*w, setup_.compute),
-                               bs = b ? read_as(*b, setup_.compute) : std::vector<float>{};
-      conv_reference<float>(setup_, xs.data(), ws.data(), b ? bs.data() : nullptr, y.as<float>(),
+                               bs = b ? read_as(*b, DataType::kFloat) : std::vector<float>{};
+      std::vector<float> ys(static_cast<size_t>(y.numel()));
+      conv_reference<float>(setup_, xs.data(), ws.data(), b ? bs.data() : nullptr, ys.data(),
                             ctx);
+      write_as(ys, y);
       return;
     }
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
@@ -361,8 +366,9 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  // type: the compute dtype (W's), act: X's and Y's.
-  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act) {
+  // type: the compute dtype, act: X's and Y's, wt: W's and B's.
+  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act,
+                 memory::data_type wt) {
     const WindowGeom& g = setup_.geom;
     UserDescs u;
     u.x = plain_desc(x_dims_, act);
@@ -372,9 +378,10 @@ class ConvKernel final : public Kernel {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
       wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
     }
-    u.w = plain_desc(wd, type);
+    u.w = plain_desc(wd, wt);
+    u.compute = type;
     u.has_bias = has_bias_;
-    if (has_bias_) u.b = plain_desc(std::vector<int64_t>{setup_.m}, type);
+    if (has_bias_) u.b = plain_desc(std::vector<int64_t>{setup_.m}, wt);
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
@@ -576,18 +583,19 @@ class ConvGradKernel final : public Kernel {
     data_.reset();
     weights_.reset();
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    gemm_ = !empty && x->dtype == setup_.compute && prefer_gemm(setup_, x->dtype, ctx.node());
+    gemm_ = !empty && x->dtype == w->dtype && prefer_gemm(setup_, x->dtype, ctx.node());
     if (gemm_) {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
       ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
       return;
     }
-    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(setup_.compute) ||
-        setup_.geom.in.size() > 3 || empty)
+    if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||
+        !dnnl_float_type(setup_.compute) || setup_.geom.in.size() > 3 || empty)
       return;
     elem_bytes_ = static_cast<size_t>(graph::dtype_bits(w->dtype) / 8);
-    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype));
+    init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype),
+              *dnnl_float_type(w->dtype));
     if (!dnnl_ready()) return;
     const bool dw = ctx.num_outputs() > 1 && ctx.has_output(1);
     const bool db = ctx.num_outputs() > 2 && ctx.has_output(2);
@@ -613,14 +621,16 @@ class ConvGradKernel final : public Kernel {
       run_dnnl(ctx, *dy, *x, *w, dx, dw, db);
       return;
     }
-    if (x->dtype != setup_.compute) {  // mixed precision (float32 dY, X, dX) without oneDNN
+    if (x->dtype != w->dtype) {  // mixed precision without oneDNN
       const DataType t = setup_.compute;
       const std::vector<float> dys = read_as(*dy, t), xs = read_as(*x, t), ws = read_as(*w, t);
-      std::vector<float> dws(dw ? static_cast<size_t>(w->numel()) : 0),
+      std::vector<float> dxs(dx ? static_cast<size_t>(x->numel()) : 0),
+          dws(dw ? static_cast<size_t>(w->numel()) : 0),
           dbs(db ? static_cast<size_t>(setup_.m) : 0);
       conv_grad_reference<float>(setup_, dys.data(), xs.data(), ws.data(),
-                                 dx ? dx->as<float>() : nullptr, dw ? dws.data() : nullptr,
+                                 dx ? dxs.data() : nullptr, dw ? dws.data() : nullptr,
                                  db ? dbs.data() : nullptr, ctx);
+      if (dx) write_as(dxs, *dx);
       if (dw) write_as(dws, *dw);
       if (db) write_as(dbs, *db);
       return;
@@ -638,9 +648,11 @@ class ConvGradKernel final : public Kernel {
   // to pay, else or as a fallback on the user layouts; unready when oneDNN has no implementation.
   // Measured on AVX-512, 2 threads, batch 8: blocked backward-weights beats plain 2-5x for
   // spatial kernels, but backward-data of the RGB stem (3 -> 64, 7x7 s2) is 2.5x slower blocked.
-  // type: the compute dtype (W's), act: dY's, X's and dX's. A float32 dY or X around bf16 W is
-  // rounded to bf16 by its reorder into scratch; dX is written in float32 where oneDNN can.
-  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act) {
+  // type: the compute dtype, act: dY's, X's and dX's, wt: W's, dW's and dB's. A float32 dY, X
+  // or W around bf16 is rounded to bf16 by its reorder into scratch; dX, dW and dB are written
+  // in float32 where oneDNN can (else in the compute dtype and converted by the reorder back).
+  void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act,
+                 memory::data_type wt) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
     const memory::desc x_md = plain_desc(x_dims_, act), y_md = plain_desc(setup_.y_dims, act);
@@ -650,8 +662,9 @@ class ConvGradKernel final : public Kernel {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
       wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
     }
-    const memory::desc w_md = plain_desc(wd, type),
-                       b_md = plain_desc(std::vector<int64_t>{setup_.m}, type);
+    const memory::desc w_md = plain_desc(wd, wt), w_low = retyped(w_md, type),
+                       b_md = plain_desc(std::vector<int64_t>{setup_.m}, wt),
+                       b_low = retyped(b_md, type);
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
     for (int64_t d : g.dilations) dil.push_back(d - 1);  // oneDNN counts the gaps
@@ -663,8 +676,8 @@ class ConvGradKernel final : public Kernel {
     attr.set_scratchpad_mode(scratchpad_mode::user);
     auto hint = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      convolution_forward::desc fd(prop_kind::forward_training, alg, pick(x_low), pick(w_md),
-                                   b_md, pick(y_low), strides, dil, pad_l, pad_r);
+      convolution_forward::desc fd(prop_kind::forward_training, alg, pick(x_low), pick(w_low),
+                                   b_low, pick(y_low), strides, dil, pad_l, pad_r);
       return convolution_forward::primitive_desc(fd, eng);
     };
     auto init_data = [&](bool blocked, algorithm alg) {
@@ -672,8 +685,8 @@ class ConvGradKernel final : public Kernel {
       // dX in X's dtype first (no reorder back), else in the compute dtype.
       for (const memory::desc& dx_md : {x_md, x_low}) {
         try {
-          convolution_backward_data::desc dd(alg, pick(dx_md), pick(w_md), pick(y_low), strides,
-                                             dil, pad_l, pad_r);
+          convolution_backward_data::desc dd(alg, pick(dx_md), pick(w_low), pick(y_low),
+                                             strides, dil, pad_l, pad_r);
           data_.init(
               convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked, alg)),
               {{DNNL_ARG_DIFF_DST, y_md, false},
@@ -687,14 +700,24 @@ class ConvGradKernel final : public Kernel {
     };
     auto init_weights = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      convolution_backward_weights::desc wdsc(alg, pick(x_low), pick(w_md), b_md, pick(y_low),
-                                              strides, dil, pad_l, pad_r);
-      weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng,
-                                                                 hint(blocked, alg)),
-                    {{DNNL_ARG_SRC, x_md, false},
-                     {DNNL_ARG_DIFF_DST, y_md, false},
-                     {DNNL_ARG_DIFF_WEIGHTS, w_md, true},
-                     {DNNL_ARG_DIFF_BIAS, b_md, true}});
+      // dW and dB in W's dtype first (no conversion after), else in the compute dtype.
+      for (bool in_w_dtype : {true, false}) {
+        const memory::desc& dw_md = in_w_dtype ? w_md : w_low;
+        const memory::desc& db_md = in_w_dtype ? b_md : b_low;
+        try {
+          convolution_backward_weights::desc wdsc(alg, pick(x_low), pick(dw_md), db_md,
+                                                  pick(y_low), strides, dil, pad_l, pad_r);
+          weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng,
+                                                                     hint(blocked, alg)),
+                        {{DNNL_ARG_SRC, x_md, false},
+                         {DNNL_ARG_DIFF_DST, y_md, false},
+                         {DNNL_ARG_DIFF_WEIGHTS, w_md, true},
+                         {DNNL_ARG_DIFF_BIAS, b_md, true}});
+          return;
+        } catch (const dnnl::error&) {
+          if (!in_w_dtype || w_md == w_low) throw;
+        }
+      }
     };
     // Winograd first when asked for (blocked layouts only), then direct: blocked when
     // preferred, then plain.

@@ -16,14 +16,14 @@ bool DnnlWindowPrimitive::try_init(const UserDescs& user, bool blocked, const Pd
   using dnnl::memory;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const memory::data_type compute = user.w.data_type();
-  const memory::desc x = retyped(user.x, compute);
+  const memory::data_type compute = user.compute;
+  const memory::desc x = retyped(user.x, compute), w = retyped(user.w, compute);
   auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
   // dst in the user's dtype first (no reorder back); under mixed precision also in the compute
   // dtype, for implementations that only write that.
   for (const memory::data_type y_type : {user.y.data_type(), compute}) {
     try {
-      bind(user, make(pick(x), pick(user.w), pick(retyped(user.y, y_type)), attr), blocked);
+      bind(user, make(pick(x), pick(w), pick(retyped(user.y, y_type)), attr), blocked);
       return true;
     } catch (const dnnl::error&) {
       prim_.reset();

@@ -19,6 +19,7 @@ namespace onnxtrain::ops::nn {
 // float32 where oneDNN can, else in w's dtype with a reorder back.
 struct UserDescs {
   dnnl::memory::desc x, w, b, y;
+  dnnl::memory::data_type compute = dnnl::memory::data_type::f32;  // what the primitive computes
   bool has_bias = false;
 };
 
