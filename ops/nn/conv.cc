@@ -1,5 +1,6 @@
-// Conv (1-D/2-D/3-D through oneDNN in f32 and bf16, and in bf16 around float32 activations --
-// mixed precision, ops/precision.h's conv_compute_dtype --; any rank, f64 and what oneDNN lacks
+// Conv (1-D/2-D/3-D through oneDNN in f32 and bf16, and in bf16 with one operand float32 --
+// bf16 activations around float32 weights or the reverse: mixed precision, ops/precision.h's
+// conv_compute_dtype --; any rank, f64 and what oneDNN lacks
 // through a reference loop): groups (depthwise included), strides, dilations, explicit pads and
 // auto_pad, optional bias.
 #include <algorithm>
@@ -559,7 +560,7 @@ void infer_conv_grad(InferenceContext& ctx) {
 
 // dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M)
 // Each output is computed only when requested; f32 over small maps through the GEMM path above,
-// f32, bf16 and bf16 around float32 dY / X (mixed precision) 1-D..3-D through oneDNN's
+// f32, bf16 and bf16 with float32 W or float32 dY / X (mixed precision) 1-D..3-D through oneDNN's
 // backward-data / backward-weights primitives, everything else through the reference.
 class ConvGradKernel final : public Kernel {
  public:

@@ -1,7 +1,9 @@
 // MatMul and Gemm in bfloat16 / float16 on CPU (mixed precision, #19) against float32 on the same
 // inputs (made exactly representable in the low type), through oneDNN and through the reference
-// loop; and the bf16 MatMul / Gemm backward graphs (MatMul, Gemm, Transpose, Mul, SumToShapeOf,
-// Unsqueeze in bf16) against the same graphs in float32.
+// loop; the bf16 MatMul / Gemm backward graphs (MatMul, Gemm, Transpose, Mul, SumToShapeOf,
+// Unsqueeze in bf16) against the same graphs in float32; mixed-precision convolutions (one
+// operand float32); and the ops that carry bf16 activations between convolutions (BN, Relu,
+// Add, Sum, pooling and their gradients).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -350,10 +352,10 @@ TEST(LowPrecisionConv, Float32ActivationsAroundBf16Weights) {
 
 // passes::autocast's convolutions: bf16 activations around the float32 master weight and bias.
 // The convolution computes in bf16 on W rounded to nearest even (oneDNN's reorder into its
-// layout; the reference loop's read_as), adds the float32 bias unrounded, writes Y and dX in bf16 (X's dtype) and dW and dB in
-// float32 (W's dtype): Y and dX within one bf16 rounding of float32 on the same rounded values,
-// dW and dB within 1e-4 of the largest element (float32 accumulation order only; a dW rounded
-// to bf16 on the way is off by up to 4e-3).
+// layout; the reference loop's read_as), adds the float32 bias unrounded, writes Y and dX in
+// bf16 (X's dtype) and dW and dB in float32 (W's dtype): Y and dX within one bf16 rounding of
+// float32 on the same rounded values, dW and dB within 1e-4 of the largest element (float32
+// accumulation order only; a dW rounded to bf16 on the way is off by up to 4e-3: tried).
 void check_bf16_activations_conv(const MixedConv& c) {
   SCOPED_TRACE(c.label);
   constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16;
