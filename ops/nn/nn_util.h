@@ -126,8 +126,9 @@ void dispatch_float(DataType t, const std::string& where, F&& f) {
 }
 
 // Calls f(T{}) for float / double / bfloat16 / float16 (the low-precision types as the
-// elementwise family's storage types, converting through float): the reference loops of the
-// ops that mixed precision runs in low precision (Conv, ConvGrad, Gemm, MatMul).
+// elementwise family's storage types, converting through float): the loops of the ops that
+// mixed precision runs in low precision (the reference loops of Conv, ConvGrad, Gemm, MatMul
+// and pooling; BatchNormalization and its gradient, which compute in float and store bf16).
 template <typename F>
 void dispatch_float_or_low(DataType t, const std::string& where, F&& f) {
   switch (t) {

@@ -199,28 +199,12 @@ class PoolKernel final : public Kernel {
         using T = decltype(tag);
         max_pool_reference<T>(setup_, x->as<T>(), y.as<T>(), indices, column_major_, ctx);
       };
-      switch (x->dtype) {
-        case DataType::kFloat:
-          go(float{});
-          break;
-        case DataType::kDouble:
-          go(double{});
-          break;
-        case DataType::kBFloat16:
-          go(ew::BFloat16{});
-          break;
-        case DataType::kFloat16:
-          go(ew::Half{});
-          break;
-        case DataType::kInt8:
-          go(int8_t{});
-          break;
-        case DataType::kUInt8:
-          go(uint8_t{});
-          break;
-        default:
-          fail(where_, ": dtype ", graph::dtype_short_name(x->dtype), " not supported");
-      }
+      if (x->dtype == DataType::kInt8)
+        go(int8_t{});
+      else if (x->dtype == DataType::kUInt8)
+        go(uint8_t{});
+      else
+        dispatch_float_or_low(x->dtype, where_, go);
       return;
     }
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {

@@ -300,6 +300,26 @@ struct MixedConv {
   std::string label;
 };
 
+// One Conv / ConvGrad node of case c on the given tensors (bias optional).
+Tensor run_conv(const MixedConv& c, Tensor x, Tensor w, std::optional<Tensor> b = std::nullopt) {
+  NodeCall call;
+  call.op = "Conv";
+  call.attrs = c.attrs;
+  call.inputs = {NodeInput{std::move(x)}, NodeInput{std::move(w)}};
+  if (b) call.inputs.push_back(NodeInput{std::move(*b)});
+  return optest::run_node(call).outputs.at(0);
+}
+
+std::vector<Tensor> run_conv_grad(const MixedConv& c, Tensor dy, Tensor x, Tensor w) {
+  NodeCall call;
+  call.op = "ConvGrad";
+  call.domain = ops::kOnnxtrainDomain;
+  call.outputs = 3;
+  call.attrs = c.attrs;
+  call.inputs = {NodeInput{std::move(dy)}, NodeInput{std::move(x)}, NodeInput{std::move(w)}};
+  return optest::run_node(call).outputs;
+}
+
 // Mixed precision's convolution (ops/precision.h's conv_compute_dtype): Conv and ConvGrad with
 // float32 activations (X, dY) around bf16 W compute what float32 computes on those activations
 // rounded to bf16 and W widened, and write float32 Y and dX without rounding them to bf16 (dW
@@ -310,25 +330,15 @@ void check_mixed_conv(const MixedConv& c) {
   constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16;
   const std::vector<float> x = uniform(count(c.x), 1), w = representable(kBf16, count(c.w), 2);
   auto conv = [&](DataType xt, const std::vector<float>& xv, DataType wt) {
-    NodeCall call;
-    call.op = "Conv";
-    call.attrs = c.attrs;
-    call.inputs = {NodeInput{tensor(xt, c.x, xv)}, NodeInput{tensor(wt, c.w, w)}};
-    return optest::run_node(call).outputs.at(0);
+    return run_conv(c, tensor(xt, c.x, xv), tensor(wt, c.w, w));
   };
   const Tensor y = conv(kF32, x, kBf16);
   expect_tight(y, conv(kF32, bf16_rounded(x), kF32), kF32, "Conv Y");
 
   const std::vector<float> dy = uniform(y.numel(), 3);
   auto grad = [&](const std::vector<float>& dyv, const std::vector<float>& xv, DataType wt) {
-    NodeCall call;
-    call.op = "ConvGrad";
-    call.domain = ops::kOnnxtrainDomain;
-    call.outputs = 3;
-    call.attrs = c.attrs;
-    call.inputs = {NodeInput{tensor(kF32, y.dims(), dyv)}, NodeInput{tensor(kF32, c.x, xv)},
-                   NodeInput{tensor(wt, c.w, w)}};
-    return optest::run_node(call).outputs;
+    return run_conv_grad(c, tensor(kF32, y.dims(), dyv), tensor(kF32, c.x, xv),
+                         tensor(wt, c.w, w));
   };
   const std::vector<Tensor> got = grad(dy, x, kBf16);
   const std::vector<Tensor> ref = grad(bf16_rounded(dy), bf16_rounded(x), kF32);
@@ -364,12 +374,7 @@ void check_bf16_activations_conv(const MixedConv& c) {
   const std::vector<float> b = uniform(m, 3);
   auto conv = [&](DataType xt, DataType wt, const std::vector<float>& wv,
                   const std::vector<float>& bv) {
-    NodeCall call;
-    call.op = "Conv";
-    call.attrs = c.attrs;
-    call.inputs = {NodeInput{tensor(xt, c.x, x)}, NodeInput{tensor(wt, c.w, wv)},
-                   NodeInput{tensor(wt, {m}, bv)}};
-    return optest::run_node(call).outputs.at(0);
+    return run_conv(c, tensor(xt, c.x, x), tensor(wt, c.w, wv), tensor(wt, {m}, bv));
   };
   const Tensor y = conv(kBf16, kF32, w, b);
   // The bias is added in float32, unrounded.
@@ -377,14 +382,7 @@ void check_bf16_activations_conv(const MixedConv& c) {
 
   const std::vector<float> dy = representable(kBf16, y.numel(), 4);
   auto grad = [&](DataType at, DataType wt, const std::vector<float>& wv) {
-    NodeCall call;
-    call.op = "ConvGrad";
-    call.domain = ops::kOnnxtrainDomain;
-    call.outputs = 3;
-    call.attrs = c.attrs;
-    call.inputs = {NodeInput{tensor(at, y.dims(), dy)}, NodeInput{tensor(at, c.x, x)},
-                   NodeInput{tensor(wt, c.w, wv)}};
-    return optest::run_node(call).outputs;
+    return run_conv_grad(c, tensor(at, y.dims(), dy), tensor(at, c.x, x), tensor(wt, c.w, wv));
   };
   const std::vector<Tensor> got = grad(kBf16, kF32, w);
   const std::vector<Tensor> ref = grad(kF32, kF32, bf16_rounded(w));
