@@ -75,12 +75,16 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
   std::unordered_map<Value*, Value*> low;   // float32 value -> its one low-precision copy
   std::unordered_map<Value*, Value*> f32;   // low-precision value -> its one float32 copy
   std::unordered_map<Value*, std::string> original;  // low-precision output -> its old name
+  // The values autocast made low-precision (copies and lowered outputs): a graph's own bf16 /
+  // f16 values (a model stored in bf16) are the user's types and are left as they are.
+  std::unordered_set<const Value*> made_low;
   auto low_copy = [&](Value* v) {
     auto [it, fresh] = low.emplace(v, nullptr);
     if (!fresh) return it->second;
     Value* c = add_cast(v, compute, g.fresh_name(v->name() + suffix));
     if (is_param.count(v->name()))
       model.training.copies.push_back({.master = v->name(), .copy = c->name()});
+    made_low.insert(c);
     return it->second = c;
   };
   // A float32 reader of a low-precision output gets a Cast back under the output's original
@@ -94,13 +98,14 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
     low.emplace(c, v);  // a low-precision reader takes v itself: Cast(Cast(v)) == v
     return it->second = c;
   };
-  auto is_low = [&](const Value* v) { return v && v->dtype() == compute; };
+  auto is_low = [&](const Value* v) { return v && made_low.count(v) > 0; };
   // The node now writes its output 0 in the low precision, renamed `<name>.bf16`.
   auto lower_output = [&](Node* n) {
     Value* y = n->output(0);
     original.emplace(y, y->name());
     g.rename_value(y, g.fresh_name(y->name() + suffix));
     y->type.dtype = compute;
+    made_low.insert(y);
     ++(policy(*n) == Policy::kLow ? info.low_nodes : info.follow_nodes);
   };
   auto float32_output = [](const Node& n) {

@@ -160,6 +160,38 @@ std::string replace_once(std::string s, const std::string& from, const std::stri
   return s;
 }
 
+// autocast touches only what it makes low-precision: a model's own bf16 values (a branch stored
+// in bf16) keep their type and get no Cast, while a float32 MatMul is lowered and its float32
+// reader (Softmax) reads a Cast back under the MatMul output's old name.
+TEST(Autocast, LeavesTheModelsOwnBf16ValuesAlone) {
+  graph::Model m;
+  m.set_opset("", 17);
+  graph::Graph& g = *m.graph;
+  using graph::DataType;
+  using graph::ValueType;
+  graph::Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::make_shape({2, 3})));
+  graph::Value* w = g.add_input("w", ValueType::tensor(DataType::kFloat, graph::make_shape({3, 4})));
+  graph::Value* h = g.add_input("h", ValueType::tensor(DataType::kBFloat16, graph::make_shape({2, 4})));
+  graph::Node* mm = g.add_node("MatMul", {x, w}, {"y"}, "mm");
+  graph::Node* sm = g.add_node("Softmax", {mm->output(0)}, {"p"}, "sm");
+  graph::Node* relu = g.add_node("Relu", {h}, {"r"}, "relu");
+  graph::Node* sig = g.add_node("Sigmoid", {relu->output(0)}, {"s"}, "sig");
+  g.add_output(sm->output(0));
+  g.add_output(sig->output(0));
+  passes::infer_shapes(m);
+  const passes::AutocastInfo info = passes::autocast(m, DataType::kBFloat16, {});
+  passes::infer_shapes(m);
+  EXPECT_EQ(info.low_nodes, 1);
+  EXPECT_EQ(info.follow_nodes, 0);  // the bf16 Relu is the model's, not a follow of autocast's
+  EXPECT_EQ(info.casts, 3);         // x and w to bf16, y back to float32
+  EXPECT_EQ(mm->output(0)->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(sm->input(0)->producer()->op_type, "Cast");
+  EXPECT_EQ(sm->input(0)->name(), "y");
+  EXPECT_EQ(relu->input(0), h);
+  EXPECT_EQ(sig->input(0), relu->output(0));
+  EXPECT_EQ(sig->output(0)->dtype(), DataType::kBFloat16);
+}
+
 // Mixed precision (passes::autocast, issue #19): every Gemm weight and bias of each replica has
 // one bf16 copy, the Cast of its float32 master (a Conv reads its float32 master itself); the
 // record round-trips through ONNX and through partition; a copy that is not in the compute
