@@ -170,8 +170,20 @@ EpochMetrics epoch_metrics(const train::RunPosition& p, int64_t epoch, bool ce,
   return m;
 }
 
-// The process's peak resident memory so far, bytes (Linux reports ru_maxrss in KiB); 0 unknown.
+// The process's peak resident memory so far, bytes; 0 unknown. /proc/self/status's VmHWM is
+// this program's own high-water mark. getrusage's ru_maxrss is not: Linux carries the parent's
+// peak across fork+exec, so a run started from a Python process holding 2 GiB reported a 2 GiB
+// peak (found on the model corpus, whose harness has torch loaded). ru_maxrss (KiB) stays the
+// fallback where /proc is not mounted.
 int64_t max_rss_bytes() {
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib >= 0) return static_cast<int64_t>(kib) * 1024;
+  }
   struct rusage ru {};
   return ::getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<int64_t>(ru.ru_maxrss) * 1024 : 0;
 }

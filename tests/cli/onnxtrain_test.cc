@@ -285,6 +285,26 @@ TEST_F(OnnxtrainTest, Synthetic5656At64Is89StepsInPlanEpochLineAndMetrics) {
       << lines[2];
 }
 
+// The reported peak is onnxtrain's own: launched from a process holding 1 GiB (as a Python
+// harness with torch loaded does), a run whose own peak is ~180 MiB must not report 1 GiB.
+// getrusage's ru_maxrss carried the parent's peak across posix_spawn + exec and reported it.
+TEST_F(OnnxtrainTest, PeakMemoryIsTheRunsOwnNotTheLaunchingProcesss) {
+  const std::string model = small_mlp();
+  std::vector<char> held(size_t{1} << 30);
+  for (size_t i = 0; i < held.size(); i += 4096) held[i] = static_cast<char>(i >> 12);
+  RunResult r = train({model, "--data", "synthetic:64", "--val-data", "none", "--threads", "1",
+                       "--metrics-json", path("m.jsonl")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
+  ASSERT_EQ(lines.size(), 1u);
+  const std::optional<double> mib = json_number(lines[0], "max_rss_mib");
+  ASSERT_TRUE(mib.has_value()) << lines[0];
+  EXPECT_GT(*mib, 1.0) << lines[0];
+  EXPECT_LT(*mib, 768.0) << lines[0] << " (the test process holds " << held.size() / 1048576
+                         << " MiB; byte " << static_cast<int>(held[4096]) << ")";
+  EXPECT_FALSE(has_line_matching(r.out, "memory +peak [0-9.]+ GiB resident.*")) << r.out;
+}
+
 TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch) {
   const std::string model = small_mlp();
   RunResult r =
