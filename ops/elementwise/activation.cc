@@ -7,6 +7,7 @@
 
 #include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
+#include "ops/vec_math.h"
 
 namespace onnxtrain::ops::ew {
 namespace {
@@ -74,10 +75,10 @@ struct CeluFn {
 
 // Both branches stay finite: exp only ever sees -|x|.
 struct SigmoidFn {
+  static constexpr bool kVectorMath = true;
   template <typename T>
   T operator()(T x) const {
-    T e = std::exp(-std::abs(x));
-    return x >= 0 ? T{1} / (T{1} + e) : e / (T{1} + e);
+    return vm::sigmoid(x);
   }
 };
 
@@ -99,9 +100,10 @@ struct HardSwishFn {
 };
 
 struct TanhFn {
+  static constexpr bool kVectorMath = true;
   template <typename T>
   T operator()(T x) const {
-    return std::tanh(x);
+    return vm::tanh(x);
   }
 };
 
@@ -120,6 +122,23 @@ struct SoftsignFn {
   }
 };
 
+// GELU: x Phi(x) exactly, or with the tanh approximation (approximate="tanh", GPT-2's).
+template <bool kTanh>
+struct GeluRule {
+  static constexpr bool kVectorMath = true;
+  template <typename T>
+  T operator()(T x) const {
+    if constexpr (kTanh) {
+      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
+      return T{0.5} * x * (T{1} + vm::tanh(k * (x + T{0.044715} * x * x * x)));
+    } else {
+      return x * vm::normal_cdf(x);  // 0.5 x (1 + erf(x / sqrt 2)), accurate in the lower tail
+    }
+  }
+};
+
+// The approximation is an attribute; with_static hands the row loop a rule with the choice
+// compiled in (a branch in the loop kept GCC from vectorizing it).
 struct GeluFn {
   bool tanh_approx = false;
   explicit GeluFn(const graph::Node& n) {
@@ -128,13 +147,16 @@ struct GeluFn {
              ": approximate must be 'none' or 'tanh', got '", mode, "'");
     tanh_approx = mode == "tanh";
   }
+  template <typename G>
+  void with_static(G&& g) const {
+    if (tanh_approx)
+      g(GeluRule<true>{});
+    else
+      g(GeluRule<false>{});
+  }
   template <typename T>
   T operator()(T x) const {
-    if (tanh_approx) {
-      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
-      return T{0.5} * x * (T{1} + std::tanh(k * (x + T{0.044715} * x * x * x)));
-    }
-    return T{0.5} * x * (T{1} + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2)));
+    return tanh_approx ? GeluRule<true>{}(x) : GeluRule<false>{}(x);
   }
 };
 
@@ -287,20 +309,37 @@ struct SoftplusGradFn {  // (dy, x): d softplus = sigmoid(x)
   }
 };
 
+template <bool kTanh>
+struct GeluGradRule {  // (dy, x)
+  static constexpr bool kVectorMath = true;
+  template <typename T>
+  T operator()(T dy, T x) const {
+    if constexpr (kTanh) {
+      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+      const T c = T{0.044715};
+      const T t = vm::tanh(k * (x + c * x * x * x));
+      return dy * (T{0.5} * (T{1} + t) + T{0.5} * x * (T{1} - t * t) * k * (T{1} + T{3} * c * x * x));
+    } else {
+      const T pdf = vm::exp(T{-0.5} * x * x) *
+                    static_cast<T>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+      return dy * (vm::normal_cdf(x) + x * pdf);
+    }
+  }
+};
+
 struct GeluGradFn {  // (dy, x)
   GeluFn f;
   explicit GeluGradFn(const graph::Node& n) : f(n) {}
+  template <typename G>
+  void with_static(G&& g) const {
+    if (f.tanh_approx)
+      g(GeluGradRule<true>{});
+    else
+      g(GeluGradRule<false>{});
+  }
   template <typename T>
   T operator()(T dy, T x) const {
-    if (f.tanh_approx) {
-      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
-      const T c = T{0.044715};
-      const T t = std::tanh(k * (x + c * x * x * x));
-      return dy * (T{0.5} * (T{1} + t) + T{0.5} * x * (T{1} - t * t) * k * (T{1} + T{3} * c * x * x));
-    }
-    const T cdf = T{0.5} * (T{1} + std::erf(x * static_cast<T>(std::numbers::sqrt2 / 2)));
-    const T pdf = std::exp(T{-0.5} * x * x) * static_cast<T>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-    return dy * (cdf + x * pdf);
+    return f.tanh_approx ? GeluGradRule<true>{}(dy, x) : GeluGradRule<false>{}(dy, x);
   }
 };
 

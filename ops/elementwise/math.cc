@@ -5,6 +5,7 @@
 
 #include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
+#include "ops/vec_math.h"
 
 namespace onnxtrain::ops::ew {
 namespace {
@@ -19,9 +20,22 @@ namespace {
   }
 
 OT_EW_CMATH_FN(SqrtFn, std::sqrt(x));
-OT_EW_CMATH_FN(ExpFn, std::exp(x));
+// Exp and Erf through ops/vec_math.h: vectorized (kVectorMath), within 2-3 ulp of libm.
+struct ExpFn {
+  static constexpr bool kVectorMath = true;
+  template <typename T>
+  T operator()(T x) const {
+    return vm::exp(x);
+  }
+};
 OT_EW_CMATH_FN(LogFn, std::log(x));
-OT_EW_CMATH_FN(ErfFn, std::erf(x));
+struct ErfFn {
+  static constexpr bool kVectorMath = true;
+  template <typename T>
+  T operator()(T x) const {
+    return vm::erf(x);
+  }
+};
 OT_EW_CMATH_FN(ReciprocalFn, T{1} / x);
 OT_EW_CMATH_FN(FloorFn, std::floor(x));
 OT_EW_CMATH_FN(CeilFn, std::ceil(x));
@@ -94,9 +108,10 @@ struct SqrtGradFn {  // (dy, y): d sqrt(x) = 1 / (2 sqrt(x))
 };
 
 struct ErfGradFn {  // (dy, x): d erf(x) = 2/sqrt(pi) exp(-x^2)
+  static constexpr bool kVectorMath = true;
   template <typename T>
   T operator()(T dy, T x) const {
-    return dy * static_cast<T>(2 * std::numbers::inv_sqrtpi) * std::exp(-x * x);
+    return dy * static_cast<T>(2 * std::numbers::inv_sqrtpi) * vm::exp(-x * x);
   }
 };
 

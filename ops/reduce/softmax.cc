@@ -5,11 +5,110 @@
 
 #include "ops/reduce/grad_util.h"
 #include "ops/shape_util.h"
+#include "ops/simd_clones.h"
+#include "ops/vec_math.h"
 
 namespace onnxtrain::ops::reduce {
 
+namespace {
+
+// Float rows along the last axis (attention's softmax, a classifier's): the max, the
+// exponentials (ops/vec_math.h) and the sums run in kRowLanes float lanes that the compiler
+// vectorizes; the lanes' sums are added in double. The lane-block path below serves strided
+// lanes and double, and took 5 ns per element on BERT's attention rows (libm's exp per element).
+constexpr int64_t kRowLanes = 16;
+
+// The largest of v[0..n) (a NaN is passed over, as std::max did; its exp is NaN anyway).
+inline float row_max(const float* v, int64_t n) {
+  float mx[kRowLanes];
+  for (int64_t k = 0; k < kRowLanes; ++k) mx[k] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kRowLanes <= n; j += kRowLanes)
+    for (int64_t k = 0; k < kRowLanes; ++k) mx[k] = v[j + k] > mx[k] ? v[j + k] : mx[k];
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t k = 0; k < kRowLanes; ++k) m = mx[k] > m ? mx[k] : m;
+  for (; j < n; ++j) m = v[j] > m ? v[j] : m;
+  return m;
+}
+
+template <bool kLog>
+OT_SIMD_CLONES void softmax_rows_f32(const float* x, float* y, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = x + r * n;
+    float* w = y + r * n;
+    const float m = row_max(v, n);
+    float s[kRowLanes] = {};
+    int64_t j = 0;
+    for (; j + kRowLanes <= n; j += kRowLanes) {
+      for (int64_t k = 0; k < kRowLanes; ++k) {
+        const float e = vm::exp_f32(v[j + k] - m);
+        s[k] += e;
+        if constexpr (!kLog) w[j + k] = e;
+      }
+    }
+    double sum = 0;
+    for (int64_t k = 0; k < kRowLanes; ++k) sum += s[k];
+    for (; j < n; ++j) {
+      const float e = vm::exp_f32(v[j] - m);
+      sum += e;
+      if constexpr (!kLog) w[j] = e;
+    }
+    // The last step in double, one rounding per output (as the lane-block path).
+    if constexpr (kLog) {
+      const double log_sum = std::log(sum);
+      for (j = 0; j < n; ++j) w[j] = static_cast<float>(static_cast<double>(v[j] - m) - log_sum);
+    } else {
+      const double inv = 1.0 / sum;
+      for (j = 0; j < n; ++j) w[j] = static_cast<float>(static_cast<double>(w[j]) * inv);
+    }
+  }
+}
+
+// Softmax:    dX = Y * (dY - sum(dY * Y));  LogSoftmax: dX = dY - exp(Y) * sum(dY).
+template <bool kLog>
+OT_SIMD_CLONES void softmax_grad_rows_f32(const float* dy, const float* y, float* dx,
+                                          int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * n;
+    const float* v = y + r * n;
+    float* d = dx + r * n;
+    float s[kRowLanes] = {};
+    int64_t j = 0;
+    for (; j + kRowLanes <= n; j += kRowLanes)
+      for (int64_t k = 0; k < kRowLanes; ++k) s[k] += kLog ? g[j + k] : g[j + k] * v[j + k];
+    double sum = 0;
+    for (int64_t k = 0; k < kRowLanes; ++k) sum += s[k];
+    for (; j < n; ++j) sum += kLog ? g[j] : g[j] * v[j];
+    for (j = 0; j < n; ++j) {
+      const double gd = g[j], vd = v[j];
+      d[j] = static_cast<float>(kLog ? gd - static_cast<double>(vm::exp_f32(v[j])) * sum
+                                     : vd * (gd - sum));
+    }
+  }
+}
+
+// Rows [outer] of n contiguous floats split across ctx's threads; fn(first row, rows).
+template <typename Fn>
+void for_row_ranges(const Lanes& l, const KernelContext& ctx, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 3 * l.n));
+  ctx.parallel_for(l.outer, grain, [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
+}
+
+}  // namespace
+
 template <typename T>
 void softmax_lanes(const Lanes& l, const T* x, T* y, bool log, const KernelContext& ctx) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (l.inner == 1) {
+      for_row_ranges(l, ctx, [&](int64_t r0, int64_t rows) {
+        if (log)
+          softmax_rows_f32<true>(x + r0 * l.n, y + r0 * l.n, rows, l.n);
+        else
+          softmax_rows_f32<false>(x + r0 * l.n, y + r0 * l.n, rows, l.n);
+      });
+      return;
+    }
+  }
   for_each_lane_block(l, kBlock, 3 * l.n, ctx, [&](int64_t o, int64_t i0, int64_t m) {
     T max[kBlock];
     double sum[kBlock];
@@ -60,6 +159,18 @@ Lanes softmax_lanes_of(const graph::Node& node, std::span<const int64_t> dims, b
 template <typename T>
 void softmax_grad_lanes(const Lanes& l, const T* dy, const T* y, T* dx, bool log,
                         const KernelContext& ctx) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (l.inner == 1) {
+      for_row_ranges(l, ctx, [&](int64_t r0, int64_t rows) {
+        const int64_t at = r0 * l.n;
+        if (log)
+          softmax_grad_rows_f32<true>(dy + at, y + at, dx + at, rows, l.n);
+        else
+          softmax_grad_rows_f32<false>(dy + at, y + at, dx + at, rows, l.n);
+      });
+      return;
+    }
+  }
   for_each_lane_block(l, kBlock, 3 * l.n, ctx, [&](int64_t o, int64_t i0, int64_t m) {
     double sum[kBlock];
     const int64_t base = o * l.n * l.inner + i0;
