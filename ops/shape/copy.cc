@@ -2,7 +2,9 @@
 #include "ops/shape/copy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "ops/elementwise/dtypes.h"  // dtype dispatch and Cast-like conversion
 #include "ops/shape_util.h"
@@ -102,6 +104,92 @@ void copy_rows(const Loop& l, RunFn run, size_t bytes, std::byte* dst, const std
   }
 }
 
+// ---- transposes: the output's contiguous dim is strided in the source, and some other dim is
+// the source's contiguous one. Walking the output row by row reads one element per cache line
+// of the source (a [1024, 256] float transpose: 256 distinct lines per output row); tiles of
+// kTile x kTile elements keep both sides' lines in L1. BERT's weight and key transposes took
+// 41 ms per training step through copy_rows.
+constexpr int64_t kTile = 16;
+
+// dst[a * da + b] = src[a + b * sb] for a < na, b < nb (one tile or less).
+template <typename U>
+void transpose_tile(U* dst, int64_t da, const U* src, int64_t sb, int64_t na, int64_t nb) {
+  for (int64_t a = 0; a < na; ++a)
+    for (int64_t b = 0; b < nb; ++b) dst[a * da + b] = src[a + b * sb];
+}
+
+template <typename U>
+void transpose_copy(const KernelContext* ctx, const Loop& l, size_t k, std::byte* dst,
+                    const std::byte* src) {
+  const size_t last = l.dims.size() - 1;
+  // The other dims, walked as one index space.
+  std::vector<size_t> rest;
+  for (size_t q = 0; q < last; ++q)
+    if (q != k) rest.push_back(q);
+  int64_t outer = 1;
+  for (size_t q : rest) outer *= l.dims[q];
+  const int64_t na = l.dims[k], nb = l.dims[last];
+  const int64_t tiles_a = (na + kTile - 1) / kTile, tiles_b = (nb + kTile - 1) / kTile;
+  const int64_t tasks = outer * tiles_a;
+  auto* d = reinterpret_cast<U*>(dst);
+  const auto* s = reinterpret_cast<const U*>(src);
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t o = t / tiles_a;
+      const int64_t a0 = (t % tiles_a) * kTile;
+      int64_t doff = 0, soff = 0;
+      for (size_t r = rest.size(); r-- > 0;) {
+        const int64_t i = o % l.dims[rest[r]];
+        o /= l.dims[rest[r]];
+        doff += i * l.ds[rest[r]];
+        soff += i * l.ss[rest[r]];
+      }
+      const int64_t ta = std::min(kTile, na - a0);
+      for (int64_t tb = 0; tb < tiles_b; ++tb) {
+        const int64_t b0 = tb * kTile;
+        transpose_tile(d + doff + a0 * l.ds[k] + b0, l.ds[k], s + soff + a0 + b0 * l.ss[last],
+                       l.ss[last], ta, std::min(kTile, nb - b0));
+      }
+    }
+  };
+  const int64_t bytes = outer * na * nb * static_cast<int64_t>(sizeof(U));
+  if (!ctx || ctx->num_threads() <= 1 || bytes < kParallelBytes) {
+    work(0, tasks);
+    return;
+  }
+  const int64_t per_task = kTile * nb * static_cast<int64_t>(sizeof(U));
+  ctx->parallel_for(tasks, std::max<int64_t>(1, kGrainBytes / std::max<int64_t>(per_task, 1)),
+                    work);
+}
+
+// Runs the copy as a tiled transpose when it is one (see above); false when it is not.
+bool try_transpose(const KernelContext* ctx, ElemKind e, const Loop& l, std::byte* dst,
+                   const std::byte* src) {
+  const size_t last = l.dims.size() - 1;
+  if (e.is_string || last == 0 || l.ds[last] != 1 || l.ss[last] == 1 || l.dims[last] < kTile)
+    return false;
+  size_t k = last;
+  for (size_t q = 0; q < last; ++q)
+    if (l.ss[q] == 1) k = q;
+  if (k == last || l.dims[k] < kTile) return false;
+  switch (e.bytes) {
+    case 1:
+      transpose_copy<uint8_t>(ctx, l, k, dst, src);
+      return true;
+    case 2:
+      transpose_copy<uint16_t>(ctx, l, k, dst, src);
+      return true;
+    case 4:
+      transpose_copy<uint32_t>(ctx, l, k, dst, src);
+      return true;
+    case 8:
+      transpose_copy<uint64_t>(ctx, l, k, dst, src);
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 ElemKind elem_kind(DataType t) {
@@ -148,6 +236,7 @@ void strided_copy(const KernelContext* ctx, ElemKind e, std::span<const int64_t>
   RunFn run = run_fn(e);
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
+  if (try_transpose(ctx, e, l, d, s)) return;
   const int64_t inner = l.dims.back();
   int64_t rows = 1;
   for (size_t k = 0; k + 1 < l.dims.size(); ++k) rows *= l.dims[k];

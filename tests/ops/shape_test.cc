@@ -163,6 +163,42 @@ TEST(ShapeOps, LargeTransposeMatchesReference) {
         ASSERT_EQ(v[(k * a + i) * b + j], static_cast<float>((i * b + j) * c + k));
 }
 
+// The tiled transpose (ops/shape/copy.cc) for 1-, 2-, 4- and 8-byte elements: attention's
+// batched key transpose [N, H, T, D] -> [N, H, D, T] and a 2-D weight transpose, with sizes that
+// leave partial tiles on both axes, against index arithmetic.
+template <typename T>
+void check_batched_transposes(DataType dt) {
+  for (const std::vector<int64_t>& d :
+       {std::vector<int64_t>{3, 2, 35, 19}, std::vector<int64_t>{2, 4, 128, 33}}) {
+    const int64_t n = d[0] * d[1] * d[2] * d[3];
+    std::vector<T> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<T>(i * 7 + 1);
+    Tensor y = run1("Transpose", {make<T>(dt, d, v)}, {ints("perm", {0, 1, 3, 2})});
+    ASSERT_EQ(y.dims(), (std::vector<int64_t>{d[0], d[1], d[3], d[2]}));
+    auto got = values<T>(y);
+    for (int64_t b = 0; b < d[0] * d[1]; ++b)
+      for (int64_t i = 0; i < d[3]; ++i)
+        for (int64_t j = 0; j < d[2]; ++j)
+          ASSERT_EQ(got[static_cast<size_t>((b * d[3] + i) * d[2] + j)],
+                    v[static_cast<size_t>((b * d[2] + j) * d[3] + i)])
+              << graph::dtype_short_name(dt) << " at " << b << "," << i << "," << j;
+  }
+  const int64_t r = 300, c = 77;
+  std::vector<T> w(static_cast<size_t>(r * c));
+  for (int64_t i = 0; i < r * c; ++i) w[static_cast<size_t>(i)] = static_cast<T>(i % 113);
+  auto got = values<T>(run1("Transpose", {make<T>(dt, {r, c}, w)}));
+  for (int64_t i = 0; i < c; ++i)
+    for (int64_t j = 0; j < r; ++j)
+      ASSERT_EQ(got[static_cast<size_t>(i * r + j)], w[static_cast<size_t>(j * c + i)]);
+}
+
+TEST(ShapeOps, TiledTransposesOfEveryElementSize) {
+  check_batched_transposes<int8_t>(DataType::kInt8);
+  check_batched_transposes<int16_t>(DataType::kInt16);
+  check_batched_transposes<float>(DataType::kFloat);
+  check_batched_transposes<int64_t>(DataType::kInt64);
+}
+
 // Long contiguous runs are split inside the run; broadcast and reversed runs across rows.
 TEST(ShapeOps, LargeCopiesMatchReference) {
   const int64_t n = int64_t{1} << 17;
