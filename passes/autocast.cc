@@ -19,9 +19,13 @@ using graph::Value;
 //    every float input (a Conv's X only) is read in the low precision, and the output is
 //    written in it.
 //  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
-//    the input's dtype: their activation inputs (activation_inputs) keep the low precision when
-//    all of them have it; BatchNormalization's scale, bias and statistics stay float32. A mix
-//    of low and float32 activations runs in float32 (torch's "promote").
+//    the input's dtype, and the ops that only move data (Reshape, Transpose, Squeeze,
+//    Unsqueeze, Flatten, Identity): their activation inputs (activation_inputs) keep the low
+//    precision when all of them have it; BatchNormalization's scale, bias and statistics stay
+//    float32. A mix of low and float32 activations runs in float32 (torch's "promote"), except
+//    that Add and Mul read a small float32 operand -- a parameter or constant (a Linear's bias
+//    after its MatMul, as torch's addmm adds it in the low precision) or a scalar (attention's
+//    scale) -- through a low-precision copy, as a Python scalar or a bias does in torch.
 //  - kFloat32: everything else -- softmax, normalization other than BN, reductions, global
 //    pooling, losses, any other elementwise op, custom domains, the optimizer -- reads float32.
 enum class Policy { kLow, kFollow, kFloat32 };
@@ -31,19 +35,29 @@ Policy policy(const Node& n) {
   const std::string& t = n.op_type;
   if (t == "Conv" || t == "Gemm" || t == "MatMul") return Policy::kLow;
   if (t == "BatchNormalization" || t == "Relu" || t == "Add" || t == "Sum" || t == "MaxPool" ||
-      t == "AveragePool")
+      t == "AveragePool" || t == "Mul" || t == "Reshape" || t == "Transpose" || t == "Squeeze" ||
+      t == "Unsqueeze" || t == "Flatten" || t == "Identity")
     return Policy::kFollow;
   return Policy::kFloat32;
 }
 
-// The inputs of a kFollow node that carry activations: all of Add's and Sum's, input 0 of the
-// others (BatchNormalization's parameters and statistics stay float32).
+// The inputs of a kFollow node that carry activations: all of Add's, Mul's and Sum's, input 0
+// of the others (BatchNormalization's parameters and statistics stay float32; the shape ops'
+// other inputs are int64 shapes and axes).
 std::vector<size_t> activation_inputs(const Node& n) {
   std::vector<size_t> idx;
-  const size_t count = n.op_type == "Add" || n.op_type == "Sum" ? n.inputs().size() : 1;
+  const size_t count =
+      n.op_type == "Add" || n.op_type == "Mul" || n.op_type == "Sum" ? n.inputs().size() : 1;
   for (size_t i = 0; i < count && i < n.inputs().size(); ++i)
     if (n.input(i)) idx.push_back(i);
   return idx;
+}
+
+// The follow ops that only move data (their kernels copy elements of any dtype).
+bool moves_data(const Node& n) {
+  const std::string& t = n.op_type;
+  return t == "Reshape" || t == "Transpose" || t == "Squeeze" || t == "Unsqueeze" ||
+         t == "Flatten" || t == "Identity";
 }
 
 graph::Attribute cast_to(DataType t) {
@@ -108,6 +122,18 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
     made_low.insert(y);
     ++(policy(*n) == Policy::kLow ? info.low_nodes : info.follow_nodes);
   };
+  // A float32 operand worth reading in the low precision next to a low-precision activation:
+  // a parameter, an initializer or a Constant's output, or any single-element value.
+  auto small_float32 = [&](const Value* v) {
+    if (!v || v->dtype() != DataType::kFloat) return false;
+    if (is_param.count(v->name()) || v->has_initializer()) return true;
+    if (v->producer() && v->producer()->op_type == "Constant") return true;
+    const auto& shape = v->type.shape;
+    if (!shape) return false;
+    for (const auto& d : *shape)
+      if (!d.is_known() || d.value != 1) return false;
+    return true;
+  };
   auto float32_output = [](const Node& n) {
     return !n.outputs().empty() && n.output(0) && n.output(0)->dtype() == DataType::kFloat;
   };
@@ -131,14 +157,30 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
       }
     } else if (p == Policy::kFollow && float32_output(*n)) {
       const std::vector<size_t> act = activation_inputs(*n);
-      bool all_low = !act.empty();
-      for (size_t i : act) all_low &= is_low(n->input(i));
-      if (all_low) {
+      const bool binary = n->op_type == "Add" || n->op_type == "Mul";
+      size_t low_count = 0, small_count = 0;
+      for (size_t i : act) {
+        if (is_low(n->input(i)))
+          ++low_count;
+        else if (binary && small_float32(n->input(i)))
+          ++small_count;
+      }
+      // A data-movement op on a parameter (dynamo's Transpose of a Linear's weight ahead of its
+      // MatMul) moves the parameter's low-precision copy instead: the same one Cast, half the
+      // bytes in the Transpose and in its gradient.
+      if (!binary && moves_data(*n) && act.size() == 1 && is_param.count(n->input(0)->name()) &&
+          n->input(0)->dtype() == DataType::kFloat)
+        low_count = 1;
+      if (!act.empty() && low_count > 0 && low_count + small_count == act.size()) {
+        for (size_t i : act)
+          if (!is_low(n->input(i))) n->set_input(i, low_copy(n->input(i)));
         lower_output(n);
         lowered = true;
       }
     }
     if (lowered) continue;
+    // Shape and Size read only the dims: a low-precision input serves them as it is.
+    if (n->op_type == "Shape" || n->op_type == "Size") continue;
     for (size_t i = 0; i < n->inputs().size(); ++i)
       if (Value* v = n->input(i); is_low(v)) n->set_input(i, f32_copy(v));
   }

@@ -103,8 +103,8 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                std::string(train::loss_kind_name(p.info.loss.kind)).c_str(), p.output_name.c_str(),
                loss_detail.empty() ? "" : cat(" (", loss_detail, ")").c_str());
   if (p.info.autocast.low_nodes > 0) {
-    std::fprintf(f, "precision   %s mixed: %d Conv/Gemm/MatMul and %d BN/Relu/Add/pooling nodes "
-                 "and their gradients in %s, %d casts; float32 master weights, optimizer, "
+    std::fprintf(f, "precision   %s mixed: %d Conv/Gemm/MatMul and %d following nodes (BN, Relu, "
+                 "Add, Mul, pooling, reshapes) and their gradients in %s, %d casts; float32 master weights, optimizer, "
                  "normalization statistics and loss\n",
                  train::precision_name(o.model.precision).c_str(), p.info.autocast.low_nodes,
                  p.info.autocast.follow_nodes, train::precision_name(o.model.precision).c_str(),

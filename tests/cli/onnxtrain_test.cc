@@ -870,8 +870,8 @@ TEST_F(OnnxtrainTest, PrecisionBf16TrainsFromFloat32MasterWeights) {
                                      path("ck")});
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_TRUE(has_line_matching(
-      b.out, "^precision   bf16 mixed: 4 Conv/Gemm/MatMul and [1-9][0-9]* BN/Relu/Add/pooling "
-             "nodes and their gradients in bf16, [0-9]+ casts; float32 master weights.*"))
+      b.out, "^precision   bf16 mixed: 4 Conv/Gemm/MatMul and [1-9][0-9]* following nodes \\(BN, "
+             "Relu, Add, Mul, pooling, reshapes\\) and their gradients in bf16, [0-9]+ casts; float32 master weights.*"))
       << b.out;
   const std::vector<std::string> fl = lines_of(cli_test::read_file(path("f32.jsonl")));
   const std::vector<std::string> bl = lines_of(cli_test::read_file(path("bf16.jsonl")));

@@ -192,6 +192,58 @@ TEST(Autocast, LeavesTheModelsOwnBf16ValuesAlone) {
   EXPECT_EQ(sig->output(0)->dtype(), DataType::kBFloat16);
 }
 
+// A transformer's Linear as the dynamo exporter writes it -- Transpose(W), MatMul, Add(bias) --
+// then the head split (Reshape, Transpose) and the attention scale (Mul by a scalar computed
+// from a Constant): everything between the MatMul and the Softmax stays bf16. W and b are read
+// through recorded copies, the scalar through a Cast, and only the Softmax reads float32. The
+// Shape of a bf16 value reads it as it is.
+TEST(Autocast, LinearBiasHeadSplitAndScaleFollowTheMatMul) {
+  graph::Model m;
+  m.set_opset("", 17);
+  graph::Graph& g = *m.graph;
+  using graph::DataType;
+  using graph::Tensor;
+  using graph::ValueType;
+  graph::Value* x =
+      g.add_input("x", ValueType::tensor(DataType::kFloat, graph::make_shape({2, 4, 8})));
+  g.add_initializer("W", Tensor::from_vector(DataType::kFloat, {8, 8}, std::vector<float>(64, 0.1f)));
+  g.add_initializer("b", Tensor::from_vector(DataType::kFloat, {8}, std::vector<float>(8, 0.2f)));
+  g.add_initializer("shape",
+                    Tensor::from_vector(DataType::kInt64, {4}, std::vector<int64_t>{2, 4, 2, 4}));
+  graph::Node* wt = g.add_node("Transpose", {g.find_value("W")}, {"wt"}, "wt");
+  wt->attributes.push_back(graph::Attribute::make_ints("perm", {1, 0}));
+  graph::Node* mm = g.add_node("MatMul", {x, wt->output(0)}, {"y"}, "mm");
+  graph::Node* bias = g.add_node("Add", {mm->output(0), g.find_value("b")}, {"lin"}, "bias");
+  graph::Node* split = g.add_node("Reshape", {bias->output(0), g.find_value("shape")}, {"v"}, "split");
+  graph::Node* heads = g.add_node("Transpose", {split->output(0)}, {"h"}, "heads");
+  heads->attributes.push_back(graph::Attribute::make_ints("perm", {0, 2, 1, 3}));
+  graph::Node* k = g.add_node("Constant", {}, {"k"}, "k");
+  k->attributes.push_back(
+      graph::Attribute::make_tensor("value", Tensor::from_vector(DataType::kFloat, {}, std::vector<float>{0.125f})));
+  graph::Node* root = g.add_node("Sqrt", {k->output(0)}, {"s"}, "root");
+  graph::Node* scale = g.add_node("Mul", {heads->output(0), root->output(0)}, {"q"}, "scale");
+  graph::Node* sm = g.add_node("Softmax", {scale->output(0)}, {"p"}, "sm");
+  graph::Node* dims = g.add_node("Shape", {heads->output(0)}, {"dims"}, "dims");
+  g.add_output(sm->output(0));
+  g.add_output(dims->output(0));
+  passes::infer_shapes(m);
+  const passes::AutocastInfo info = passes::autocast(m, DataType::kBFloat16, {"W", "b"});
+  passes::infer_shapes(m);
+  EXPECT_EQ(info.low_nodes, 1);
+  EXPECT_EQ(info.follow_nodes, 5);  // Transpose(W), Add, Reshape, Transpose, Mul
+  // W, b, x and the scalar to bf16; q back to float32 for the Softmax.
+  EXPECT_EQ(info.casts, 5);
+  for (graph::Node* n : {wt, mm, bias, split, heads, scale})
+    EXPECT_EQ(n->output(0)->dtype(), DataType::kBFloat16) << n->name;
+  EXPECT_EQ(sm->input(0)->producer()->op_type, "Cast");
+  EXPECT_EQ(sm->input(0)->name(), "q");
+  EXPECT_EQ(dims->input(0), heads->output(0));  // no Cast for a Shape
+  EXPECT_EQ(root->output(0)->dtype(), DataType::kFloat);
+  std::set<std::string> masters;
+  for (const graph::LowPrecisionCopy& c : m.training.copies) masters.insert(c.master);
+  EXPECT_EQ(masters, (std::set<std::string>{"W", "b"}));
+}
+
 // Mixed precision (passes::autocast, issue #19): every Gemm weight and bias of each replica has
 // one bf16 copy, the Cast of its float32 master (a Conv reads its float32 master itself); the
 // record round-trips through ONNX and through partition; a copy that is not in the compute
