@@ -1,10 +1,12 @@
 // LayerNormalization (opset 17): standardize X over dims[axis:], then scale and shift. Statistics
 // are computed in double and stored as `stash_type` (float by default). The gradient is the
 // ai.onnxtrain LayerNormalizationGrad op, which recomputes the row statistics from X.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
+#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::reduce {
 
@@ -73,8 +75,130 @@ std::vector<int64_t> param_offsets(const TensorView& p, std::span<const int64_t>
   return offsets;
 }
 
+// Scale or B laid out as one row of the normalized block: the tensor's own data when it already
+// has that layout, else a gathered copy in `copy`.
+template <typename T>
+const T* param_row(const TensorView& p, const std::vector<int64_t>& off, std::vector<T>& copy) {
+  if (off.empty()) return p.as<T>();
+  copy.resize(off.size());
+  for (size_t e = 0; e < off.size(); ++e) copy[e] = p.as<T>()[off[e]];
+  return copy.data();
+}
+
+// ---- row loops. Each row is one contiguous run of n elements. The loops below are compiled for
+// the CPU's widest vectors (ops/simd_clones.h) and work in double; sums run over 8 independent
+// double lanes (explicit arrays, so GCC vectorizes them without -ffast-math) merged in a fixed
+// order, so a row's result depends on n only.
+
+double merge_lanes(const double* s) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+struct RowStats {
+  double mean = 0, rstd = 0;
+};
+
+// Mean and 1/sqrt(var + eps) of one row: two passes (the row is in L1 for the second), the second
+// also summing the deviations from the first mean, which corrects the mean and the variance for
+// the first pass's rounding (the "corrected two-pass" algorithm). Inlined into each clone, so the
+// forward and the gradient recompute identical statistics.
+template <typename T>
+[[gnu::always_inline]] inline RowStats row_stats(const T* x, int64_t n, double eps) {
+  const double inv_n = 1.0 / static_cast<double>(n);
+  double s[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += static_cast<double>(x[i + k]);
+  for (int k = 0; i < n; ++i, ++k) s[k] += static_cast<double>(x[i]);
+  const double mu0 = merge_lanes(s) * inv_n;
+  double a[8] = {}, q[8] = {};
+  i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) {
+      const double d = static_cast<double>(x[i + k]) - mu0;
+      a[k] += d;
+      q[k] += d * d;
+    }
+  for (int k = 0; i < n; ++i, ++k) {
+    const double d = static_cast<double>(x[i]) - mu0;
+    a[k] += d;
+    q[k] += d * d;
+  }
+  const double da = merge_lanes(a) * inv_n;
+  const double var = std::max(0.0, merge_lanes(q) * inv_n - da * da);
+  return {mu0 + da, 1.0 / std::sqrt(var + eps)};
+}
+
+// Rows [0, rows) of the forward: y = (x - mean) * rstd * w [+ b]; mean/rstd per row out.
+template <typename T>
+OT_SIMD_CLONES void layer_norm_rows(const T* x, const T* w, const T* b, T* y, int64_t rows,
+                                    int64_t n, double eps, double* mean, double* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const RowStats st = row_stats(xr, n, eps);
+    if (b) {
+      for (int64_t e = 0; e < n; ++e)
+        yr[e] = static_cast<T>((static_cast<double>(xr[e]) - st.mean) * st.rstd *
+                                   static_cast<double>(w[e]) +
+                               static_cast<double>(b[e]));
+    } else {
+      for (int64_t e = 0; e < n; ++e)
+        yr[e] = static_cast<T>((static_cast<double>(xr[e]) - st.mean) * st.rstd *
+                               static_cast<double>(w[e]));
+    }
+    mean[r] = st.mean;
+    rstd[r] = st.rstd;
+  }
+}
+
+// Rows [0, rows) of the gradient. dx (optional) per row; ds / db (n each) accumulate dY * xhat
+// and dY over the rows in order. xhat: scratch of n.
+template <typename T>
+OT_SIMD_CLONES void layer_norm_grad_rows(const T* x, const T* dy, const T* w, T* dx, int64_t rows,
+                                         int64_t n, double eps, double* xhat, double* ds,
+                                         double* db) {
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    const T* gr = dy + r * n;
+    const RowStats st = row_stats(xr, n, eps);
+    double sg[8] = {}, sgx[8] = {};  // sum(dY w), sum(dY w xhat)
+    auto step = [&](int k, int64_t e) {
+      const double xh = (static_cast<double>(xr[e]) - st.mean) * st.rstd;
+      const double d = static_cast<double>(gr[e]);
+      const double g = d * static_cast<double>(w[e]);
+      xhat[e] = xh;
+      sg[k] += g;
+      sgx[k] += g * xh;
+      ds[e] += d * xh;
+      db[e] += d;
+    };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int k = 0; k < 8; ++k) step(k, i + k);
+    for (int k = 0; i < n; ++i, ++k) step(k, i);
+    if (!dx) continue;
+    const double mean_g = merge_lanes(sg) * inv_n, mean_gx = merge_lanes(sgx) * inv_n;
+    T* dxr = dx + r * n;
+    for (int64_t e = 0; e < n; ++e) {
+      const double g = static_cast<double>(gr[e]) * static_cast<double>(w[e]);
+      dxr[e] = static_cast<T>(st.rstd * (g - mean_g - xhat[e] * mean_gx));
+    }
+  }
+}
+
+// out[e] = sum over b of part[b * n + e], blocks in order (part[0..n) is overwritten).
+OT_SIMD_CLONES void add_blocks(double* part, int64_t blocks, int64_t n) {
+  for (int64_t b = 1; b < blocks; ++b) {
+    const double* p = part + b * n;
+    for (int64_t e = 0; e < n; ++e) part[e] += p[e];
+  }
+}
+
 // X: (d0..dk), Scale: -> dims[axis:], B: -> dims[axis:] (optional)
 //   -> Y: (d0..dk), Mean: (d0..d(axis-1), 1..1), InvStdDev: same as Mean (both optional)
+// Rows are spread over the intra-op threads; each row's result depends on the row alone.
 class LayerNormKernel final : public Kernel {
  public:
   explicit LayerNormKernel(const graph::Node& node) : node_(node) {}
@@ -93,37 +217,27 @@ class LayerNormKernel final : public Kernel {
     const auto sdims = stat_dims(x.dims, axis, int64_t{1});
     TensorView* mean = ctx.has_output(1) ? &ctx.output(1, sdims) : nullptr;
     TensorView* inv = ctx.has_output(2) ? &ctx.output(2, sdims) : nullptr;
-    const float eps = node_.attr_float("epsilon", 1e-5f);
+    const double eps = node_.attr_float("epsilon", 1e-5f);
     TensorView& y = ctx.output(0, x.dims);
     dispatch<FloatTypes>(x.dtype, node_.describe(), [&]<typename T>() {
-      auto at = [](const std::vector<int64_t>& off, int64_t e) {
-        return off.empty() ? e : off[static_cast<size_t>(e)];
-      };
+      std::vector<T> w_copy, b_copy;
+      const T* w = param_row(*scale, scale_off, w_copy);
+      const T* b = bias ? param_row(*bias, bias_off, b_copy) : nullptr;
       const T* xs = x.as<T>();
-      const T* w = scale->as<T>();
-      const T* b = bias ? bias->as<T>() : nullptr;
       T* ys = y.as<T>();
       const int64_t n = rows.n;
-      for_each_lane_block(rows, 1, 3 * n, ctx, [&](int64_t o, int64_t, int64_t) {
-        const T* xr = xs + o * n;
-        CompensatedSum sum;
-        for (int64_t e = 0; e < n; ++e) sum.add(static_cast<double>(xr[e]));
-        const double mu = sum.value() / static_cast<double>(n);
-        CompensatedSum sq;
-        for (int64_t e = 0; e < n; ++e) {
-          const double d = static_cast<double>(xr[e]) - mu;
-          sq.add(d * d);
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 3 * n));
+      ctx.parallel_for(rows.outer, grain, [&](int64_t begin, int64_t end) {
+        constexpr int64_t kChunk = 64;
+        double mu[kChunk], rstd[kChunk];
+        for (int64_t o = begin; o < end; o += kChunk) {
+          const int64_t m = std::min(kChunk, end - o);
+          layer_norm_rows<T>(xs + o * n, w, b, ys + o * n, m, n, eps, mu, rstd);
+          for (int64_t r = 0; r < m; ++r) {
+            store(mean, o + r, mu[r]);
+            store(inv, o + r, rstd[r]);
+          }
         }
-        const double rstd = 1.0 / std::sqrt(sq.value() / static_cast<double>(n) + eps);
-        T* yr = ys + o * n;
-        for (int64_t e = 0; e < n; ++e) {
-          double v =
-              (static_cast<double>(xr[e]) - mu) * rstd * static_cast<double>(w[at(scale_off, e)]);
-          if (b) v += static_cast<double>(b[at(bias_off, e)]);
-          yr[e] = static_cast<T>(v);
-        }
-        store(mean, o, mu);
-        store(inv, o, rstd);
       });
     });
   }
@@ -146,6 +260,9 @@ class LayerNormKernel final : public Kernel {
 //   -> dX: (d0..dk), dScale: Scale's dims [, dB: B's dims]
 // Per row, with xhat = (x - mean) * rstd and g = dY * scale:
 //   dX = rstd * (g - mean(g) - xhat * mean(g * xhat)); dScale += dY * xhat; dB += dY.
+// Rows are cut into fixed blocks (their size depends on the shape only); blocks run in parallel,
+// each summing its rows' dScale / dB terms in row order into its own partial row, and the
+// partials are added block by block in order: the result does not depend on the thread count.
 class LayerNormGradKernel final : public Kernel {
  public:
   explicit LayerNormGradKernel(const graph::Node& node) : node_(node) {}
@@ -162,56 +279,53 @@ class LayerNormGradKernel final : public Kernel {
     const std::span<const int64_t> block(x.dims.begin() + axis, x.dims.end());
     const auto scale_off = param_offsets(scale, block, where);
     const auto bias_off = bias ? param_offsets(*bias, block, where) : scale_off;
-    const float eps = node_.attr_float("epsilon", 1e-5f);
+    const double eps = node_.attr_float("epsilon", 1e-5f);
     TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x.dims) : nullptr;  // dce may empty it
     TensorView* dscale = ctx.has_output(1) ? &ctx.output(1, scale.dims) : nullptr;
     TensorView* dbias =
         bias && ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, bias->dims) : nullptr;
+    const int64_t n = rows.n, outer = rows.outer;
+    // Rows per block: at least ~16K elements of work, and at most kMaxBlocks blocks (fewer for
+    // long rows, bounding the partial rows' memory to 32 MiB per parameter).
+    constexpr int64_t kBlockElems = 1 << 14, kMaxBlocks = 256, kMaxPartial = 1 << 22;
+    const int64_t max_blocks =
+        std::clamp<int64_t>(kMaxPartial / std::max<int64_t>(n, 1), 1, kMaxBlocks);
+    const int64_t per_block = std::max({int64_t{1}, (kBlockElems + n - 1) / std::max<int64_t>(n, 1),
+                                        (outer + max_blocks - 1) / max_blocks});
+    const int64_t blocks = (outer + per_block - 1) / per_block;
+    const auto partial_size = static_cast<size_t>(std::max<int64_t>(blocks, 1) * n);
+    // Both partials are summed even when only one is asked for (one loop, no branches).
+    std::vector<double> ds(partial_size), db(partial_size);
     dispatch<FloatTypes>(x.dtype, where, [&]<typename T>() {
-      auto at = [](const std::vector<int64_t>& off, int64_t e) {
-        return off.empty() ? e : off[static_cast<size_t>(e)];
-      };
-      const int64_t n = rows.n;
+      std::vector<T> w_copy;
+      const T* w = param_row(scale, scale_off, w_copy);
       const T* xs = x.as<T>();
       const T* gs = dy.as<T>();
-      const T* w = scale.as<T>();
       T* dxs = dx ? dx->as<T>() : nullptr;
-      // Parameter gradients are summed over rows in double, rows in order (deterministic).
-      std::vector<double> ds(dscale ? static_cast<size_t>(scale.numel()) : 0);
-      std::vector<double> db(dbias ? static_cast<size_t>(bias->numel()) : 0);
-      std::vector<double> xhat(static_cast<size_t>(n));
-      for (int64_t o = 0; o < rows.outer; ++o) {
-        const T* xr = xs + o * n;
-        const T* gr = gs + o * n;
-        CompensatedSum sum;
-        for (int64_t e = 0; e < n; ++e) sum.add(static_cast<double>(xr[e]));
-        const double mu = sum.value() / static_cast<double>(n);
-        CompensatedSum sq;
-        for (int64_t e = 0; e < n; ++e) {
-          const double d = static_cast<double>(xr[e]) - mu;
-          sq.add(d * d);
+      ctx.parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<double> xhat(static_cast<size_t>(n));
+        for (int64_t k = begin; k < end; ++k) {
+          const int64_t o = k * per_block, m = std::min(per_block, outer - o);
+          layer_norm_grad_rows<T>(xs + o * n, gs + o * n, w, dxs ? dxs + o * n : nullptr, m, n, eps,
+                                  xhat.data(), ds.data() + k * n, db.data() + k * n);
         }
-        const double rstd = 1.0 / std::sqrt(sq.value() / static_cast<double>(n) + eps);
-        double mean_g = 0, mean_gx = 0;
-        for (int64_t e = 0; e < n; ++e) {
-          xhat[e] = (static_cast<double>(xr[e]) - mu) * rstd;
-          const double g = static_cast<double>(gr[e]) * static_cast<double>(w[at(scale_off, e)]);
-          mean_g += g;
-          mean_gx += g * xhat[e];
-          if (dscale) ds[static_cast<size_t>(at(scale_off, e))] += static_cast<double>(gr[e]) * xhat[e];
-          if (dbias) db[static_cast<size_t>(at(bias_off, e))] += static_cast<double>(gr[e]);
+      });
+      auto finish = [&](std::vector<double>& part, const std::vector<int64_t>& off,
+                        TensorView& out) {
+        add_blocks(part.data(), blocks, n);
+        T* o = out.as<T>();
+        if (off.empty()) {
+          for (int64_t e = 0; e < n; ++e) o[e] = static_cast<T>(part[static_cast<size_t>(e)]);
+          return;
         }
-        mean_g /= static_cast<double>(n);
-        mean_gx /= static_cast<double>(n);
-        if (!dxs) continue;
-        T* dxr = dxs + o * n;
-        for (int64_t e = 0; e < n; ++e) {
-          const double g = static_cast<double>(gr[e]) * static_cast<double>(w[at(scale_off, e)]);
-          dxr[e] = static_cast<T>(rstd * (g - mean_g - xhat[e] * mean_gx));
-        }
-      }
-      for (size_t k = 0; k < ds.size(); ++k) dscale->as<T>()[k] = static_cast<T>(ds[k]);
-      for (size_t k = 0; k < db.size(); ++k) dbias->as<T>()[k] = static_cast<T>(db[k]);
+        // A broadcast parameter: fold the row's positions onto its elements, in row order.
+        std::vector<double> acc(static_cast<size_t>(out.numel()), 0.0);
+        for (int64_t e = 0; e < n; ++e)
+          acc[static_cast<size_t>(off[static_cast<size_t>(e)])] += part[static_cast<size_t>(e)];
+        for (size_t k = 0; k < acc.size(); ++k) o[k] = static_cast<T>(acc[k]);
+      };
+      if (dscale) finish(ds, scale_off, *dscale);
+      if (dbias) finish(db, bias_off, *dbias);
     });
   }
 

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "graph/ir.h"
@@ -74,6 +77,76 @@ TEST(SumToShapeOf, RejectsNonBroadcastable) {
   EXPECT_THROW(run_grad_op("SumToShapeOf", {f64({2, 3}, std::vector<double>(6)),
                                             f64({2, 2}, std::vector<double>(4))}),
                Error);
+}
+
+// Shapes that take each path of the kernel (column sums with one or several row blocks and
+// partial column tiles, short and chunked row sums, two stages, a full sum) against a float64
+// sum, with 1, 2 and 3 threads bit-identical (float64 shows a changed summation order in its
+// last bits; float32 results are the float64 sum rounded once).
+template <typename T>
+void check_sum_to_shape(const std::vector<int64_t>& dy_dims, const std::vector<int64_t>& x_dims) {
+  SCOPED_TRACE(testing::PrintToString(dy_dims) + " -> " + testing::PrintToString(x_dims) +
+               (std::is_same_v<T, float> ? " float" : " double"));
+  const graph::DataType dt =
+      std::is_same_v<T, float> ? graph::DataType::kFloat : graph::DataType::kDouble;
+  int64_t count = 1, n_out = 1;
+  for (int64_t d : dy_dims) count *= d;
+  for (int64_t d : x_dims) n_out *= d;
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<T> u(-1, 1);
+  std::vector<T> dy(static_cast<size_t>(count));
+  for (T& v : dy) v = u(gen);
+  // Reference: each dy element added into its x element (numpy broadcasting, right-aligned).
+  std::vector<double> want(static_cast<size_t>(n_out), 0.0), mag(want.size(), 0.0);
+  const size_t rank = dy_dims.size(), lead = rank - x_dims.size();
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rest = i, off = 0, stride = 1;
+    for (size_t d = rank; d-- > lead;) {
+      const int64_t k = rest % dy_dims[d];
+      rest /= dy_dims[d];
+      const int64_t xd = x_dims[d - lead];
+      off += (xd == 1 ? 0 : k) * stride;
+      stride *= xd;
+    }
+    want[static_cast<size_t>(off)] += dy[static_cast<size_t>(i)];
+    mag[static_cast<size_t>(off)] += std::abs(dy[static_cast<size_t>(i)]);
+  }
+  const double rel = std::is_same_v<T, float> ? 6e-8 : 0.0;
+  std::vector<T> first;
+  for (int threads : {1, 2, 3}) {
+    optest::NodeCall call{"SumToShapeOf", {}, {}, 1, 17, ops::kOnnxtrainDomain, threads, {}};
+    call.inputs.push_back({Tensor::from_vector(dt, dy_dims, dy)});
+    call.inputs.push_back({Tensor::from_vector(dt, x_dims, std::vector<T>(want.size()))});
+    Tensor r = optest::run_node(call).outputs.at(0);
+    ASSERT_EQ(r.dims(), x_dims);
+    std::vector<T> got = optest::values<T>(r);
+    if (threads == 1) {
+      for (size_t k = 0; k < want.size(); ++k)
+        ASSERT_NEAR(got[k], want[k], rel * std::abs(want[k]) + 1e-13 * mag[k]) << "[" << k << "]";
+      first = got;
+    } else {
+      EXPECT_EQ(got, first) << threads << " threads";
+    }
+  }
+}
+
+TEST(SumToShapeOf, BlockedPathsMatchDoubleSums) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases{
+      {{3000, 1100}, {1100}},         // 51 row blocks of 59 rows
+      {{40, 9000}, {9000}},           // 5 row blocks of 8192- and 808-column tiles
+      {{40, 300, 24}, {24}},          // narrow columns, 5 row blocks
+      {{6, 50, 2100}, {50, 2100}},    // 13 tiles (the last 6696 wide), one row block
+      {{500, 37}, {500, 1}},          // short rows (37: not a multiple of 8)
+      {{64, 20000}, {64, 1}},         // long rows in 16K chunks
+      {{7, 30, 5, 40}, {30, 1, 40}},  // two stages: (7), then (5)
+      {{9, 33, 70}, {33, 1}},         // two stages: (70) rows, then (9) columns
+      {{3, 50001}, {}},               // everything
+      {{1, 4, 5}, {4, 5}},            // no summed dim: a copy
+  };
+  for (const auto& [dy, x] : cases) {
+    check_sum_to_shape<float>(dy, x);
+    check_sum_to_shape<double>(dy, x);
+  }
 }
 
 struct UnaryGradCase {

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <type_traits>
 
 #include "ops/op_api.h"
 #include "tests/ops/op_test_util.h"
@@ -247,6 +248,96 @@ TEST(ReduceShapeGradKernels, LayerNorm) {
             "LN");
       }
     }
+}
+// LayerNormalization and its gradient on shapes with several row blocks (the gradient's last
+// one partial) against a plain float64 reference, with 1, 2 and 3 threads bit-identical. Rows
+// sit far from zero (mean ~ 300, spread ~ 1) so the statistics must not cancel; `scale_dims`
+// other than the normalized dims broadcasts Scale and B over them.
+template <typename T>
+static void check_layer_norm_blocked(std::vector<int64_t> dims, int64_t axis,
+                                     std::vector<int64_t> scale_dims, double tol) {
+  const graph::DataType dt =
+      std::is_same_v<T, float> ? graph::DataType::kFloat : graph::DataType::kDouble;
+  int64_t outer = 1, n = 1;
+  for (size_t k = 0; k < dims.size(); ++k) (static_cast<int64_t>(k) < axis ? outer : n) *= dims[k];
+  int64_t np = 1;
+  for (int64_t d : scale_dims) np *= d;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto fill = [&](int64_t count, double lo_shift, double spread, bool row_offset) {
+    std::vector<T> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+      v[i] = static_cast<T>(lo_shift + spread * u(gen) + (row_offset ? 3.0 * (i / n % 7) : 0.0));
+    return v;
+  };
+  const std::vector<T> x = fill(outer * n, 300, 1, true), dy = fill(outer * n, 0, 1, false);
+  const std::vector<T> w = fill(np, 1, 0.5, false), b = fill(np, 0, 1, false);
+  // Parameter element of normalized position e (Scale broadcast over the leading normalized dims).
+  auto p = [&](int64_t e) { return e % np; };
+  std::vector<double> y(x.size()), mean(outer), rstd(outer), dx(x.size()), ds(np), db(np);
+  const double eps = 1e-5;
+  for (int64_t o = 0; o < outer; ++o) {
+    double s = 0, q = 0;
+    for (int64_t e = 0; e < n; ++e) s += x[o * n + e];
+    mean[o] = s / n;
+    for (int64_t e = 0; e < n; ++e) q += (x[o * n + e] - mean[o]) * (x[o * n + e] - mean[o]);
+    rstd[o] = 1 / std::sqrt(q / n + static_cast<double>(static_cast<float>(eps)));
+    double mg = 0, mgx = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      const double xh = (x[o * n + e] - mean[o]) * rstd[o], g = double(dy[o * n + e]) * w[p(e)];
+      y[o * n + e] = xh * w[p(e)] + b[p(e)];
+      mg += g / n;
+      mgx += g * xh / n;
+      ds[p(e)] += dy[o * n + e] * xh;
+      db[p(e)] += dy[o * n + e];
+    }
+    for (int64_t e = 0; e < n; ++e) {
+      const double xh = (x[o * n + e] - mean[o]) * rstd[o], g = double(dy[o * n + e]) * w[p(e)];
+      dx[o * n + e] = rstd[o] * (g - mg - xh * mgx);
+    }
+  }
+  auto expect_close = [&](const Tensor& got, const std::vector<double>& want, const char* what,
+                          double rel) {
+    const auto v = values_of(got);
+    ASSERT_EQ(v.size(), want.size()) << what;
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_NEAR(v[i], want[i], rel * (1 + std::abs(want[i]))) << what << " [" << i << "]";
+  };
+  std::vector<Attribute> at{Attribute::make_int("axis", axis),
+                            Attribute::make_float("epsilon", 1e-5f)};
+  Tensor xt = Tensor::from_vector(dt, dims, x), dyt = Tensor::from_vector(dt, dims, dy);
+  Tensor wt = Tensor::from_vector(dt, scale_dims, w), bt = Tensor::from_vector(dt, scale_dims, b);
+  std::vector<std::vector<T>> first;
+  for (int threads : {1, 2, 3}) {
+    NodeCall f = kcall("LayerNormalization", {{xt}, {wt}, {bt}}, at, 17, "", 3);
+    f.threads = threads;
+    NodeCall g =
+        kcall("LayerNormalizationGrad", {{dyt}, {xt}, {wt}, {bt}}, at, 17, "ai.onnxtrain", 3);
+    g.threads = threads;
+    auto fr = run_node(f), gr = run_node(g);
+    std::vector<Tensor> outs{fr.outputs[0], gr.outputs[0], gr.outputs[1], gr.outputs[2]};
+    if (threads == 1) {
+      expect_close(fr.outputs[0], y, "Y", tol);
+      expect_close(fr.outputs[1], mean, "Mean", 1.2e-7);  // stash_type float
+      expect_close(fr.outputs[2], rstd, "InvStdDev", 1.2e-7);
+      expect_close(gr.outputs[0], dx, "dX", tol);
+      expect_close(gr.outputs[1], ds, "dScale", tol);
+      expect_close(gr.outputs[2], db, "dB", tol);
+      for (const Tensor& t : outs) first.push_back(optest::values<T>(t));
+      continue;
+    }
+    for (size_t k = 0; k < outs.size(); ++k)
+      EXPECT_EQ(optest::values<T>(outs[k]), first[k]) << threads << " threads, output " << k;
+  }
+}
+TEST(ReduceShapeGradKernels, LayerNormBlockedMatchesDoubleReference) {
+  // n = 64: 256 rows per gradient block, 900 rows -> 4 blocks, the last one partial.
+  check_layer_norm_blocked<float>({3, 300, 64}, 2, {64}, 2e-6);
+  // n = 1000 (not a multiple of the 8 lanes): 17 rows per block, 3 blocks.
+  check_layer_norm_blocked<float>({40, 1000}, 1, {1000}, 2e-6);
+  check_layer_norm_blocked<double>({3, 300, 64}, 2, {64}, 1e-10);
+  // Normalized over (4, 16) with Scale and B (16): broadcast over the 4, folded into 16 sums.
+  check_layer_norm_blocked<double>({700, 4, 16}, 1, {16}, 1e-10);
 }
 TEST(ReduceShapeGradKernels, SliceGather) {
   Tensor x = rnd({4, 5}, 7);
