@@ -562,7 +562,15 @@ void matmul_grad(GradientBuilder& b) {
     graph::Value* da = b.emit1("MatMul", {g, transpose_last2(b, bp, std::max<int64_t>(rb, 2))});
     b.set_input_grad(0, reduce_to(da, a));                                 // (..., M, K)
   }
-  if (b.needs_input_grad(1)) {
+  if (b.needs_input_grad(1) && ra >= 3 && rb == 2 && b.opset() >= 11) {
+    // A weight shared over A's batch dims (a transformer's Linear, [..., M, K] x [K, N]):
+    // dB = A^T dY over all rows at once, one Gemm on the flattened operands. The batched form
+    // transposed A ([16, 128, 1024] -> [16, 1024, 128] on BERT), multiplied per batch with an
+    // inner dim of M and summed a [batch, K, N] intermediate back to [K, N].
+    graph::Value* a2 = b.emit1("Flatten", {a}, {graph::Attribute::make_int("axis", ra - 1)});
+    graph::Value* g2 = b.emit1("Flatten", {g}, {graph::Attribute::make_int("axis", ra - 1)});
+    b.set_input_grad(1, b.emit1("Gemm", {a2, g2}, {graph::Attribute::make_int("transA", 1)}));
+  } else if (b.needs_input_grad(1)) {
     graph::Value* db;
     if (rb == 1) {  // (..., 1, M) x (..., M, K) -> (..., 1, K), which sums to (K)
       graph::Value* ap = ra == 1 ? unsqueeze(b, a, 0) : a;

@@ -43,6 +43,10 @@ TEST(MatMulGrad, Shapes) {
   run(matmul({2, 3, 4}, {2, 4, 5}, 3, "(2,3,4) x (2,4,5)"));
   run(matmul({3, 4}, {2, 4, 5}, 5, "(3,4) x (2,4,5) rank mismatch"));
   run(matmul({2, 3, 4}, {4, 5}, 7, "(2,3,4) x (4,5) shared weight"));
+  // The shared weight's gradient as one Gemm over the flattened rows (opset >= 11), and the
+  // batched form before (Gemm's C is required there).
+  run(matmul({2, 2, 3, 4}, {4, 5}, 8, "(2,2,3,4) x (4,5) shared weight, rank 4"));
+  run(matmul({2, 3, 4}, {4, 5}, 10, "(2,3,4) x (4,5) shared weight, opset 9", DataType::kDouble, 9));
   run(matmul({2, 1, 3, 4}, {3, 4, 2}, 9, "(2,1,3,4) x (3,4,2) batch broadcast"));
   run(matmul({4}, {4, 5}, 11, "(4) x (4,5)"));
   run(matmul({4}, {2, 4, 5}, 13, "(4) x (2,4,5)"));
