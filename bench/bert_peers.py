@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, cpu_flags, describe_rc, emit, fmt, header,  # noqa: E402
+from peers_common import (REPO, BenchError, add_bf16_run_options, cpu_flags,  # noqa: E402
+                          describe_rc, emit, fmt, header, run_main,
                           parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
                           rotated, run_child, step_result, summarize_runs, tail, time_steps,
                           uptime, versions)
@@ -194,14 +195,7 @@ def main(argv):
     ap.add_argument("--rounds", type=positive, default=3, help="rounds (default 3)")
     ap.add_argument("--steps", type=positive, default=5, help="timed steps per run (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per run (default 1)")
-    ap.add_argument("--peers", default=",".join(PEERS),
-                    help="comma-separated subset of %(default)s")
-    ap.add_argument("--bin", default=os.environ.get("ONNXTRAIN_BIN", str(REPO / "build/tools")),
-                    help="folder of onnxtrain (default: build/tools, or $ONNXTRAIN_BIN)")
-    ap.add_argument("--allow-emulation", action="store_true",
-                    help="pass --allow-emulation to onnxtrain bf16 (a CPU without bf16 "
-                         "instructions; its figures then mean nothing)")
-    ap.add_argument("--timeout", type=positive, default=3600, help="seconds per child run")
+    add_bf16_run_options(ap, PEERS, "onnxtrain")
     ap.add_argument("--keep", metavar="DIR", help="keep the model, data and metrics in DIR")
     # child modes
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -325,10 +319,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except BenchError as e:
-        print(f"bert_peers: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main(main, "bert_peers")

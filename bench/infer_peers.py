@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_common import run_main  # noqa: E402
 from peers_common import (REPO, BenchError, describe_rc, emit, header, median, parse_result,  # noqa: E402
                           print_table, resolve_tool, rotated, run_child, tail, time_steps,
                           uptime, versions)
@@ -165,10 +166,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except BenchError as e:
-        print(f"infer_peers: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main(main, "infer_peers")

@@ -253,3 +253,27 @@ def print_table(headers, rows):
     print("|" + "---|" * len(headers))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+def add_bf16_run_options(ap, peers, tools="onnxtrain"):
+    """The options amp_peers and bert_peers share: the peers (a subset of `peers`), where
+    onnxtrain is, bf16 emulation and the per-run timeout."""
+    ap.add_argument("--peers", default=",".join(peers),
+                    help="comma-separated subset of %(default)s")
+    ap.add_argument("--bin", default=os.environ.get("ONNXTRAIN_BIN", str(REPO / "build/tools")),
+                    help=f"folder of {tools} (default: build/tools, or $ONNXTRAIN_BIN)")
+    ap.add_argument("--allow-emulation", action="store_true",
+                    help="pass --allow-emulation to onnxtrain bf16 (a CPU without bf16 "
+                         "instructions; its figures then mean nothing)")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per child run")
+
+
+def run_main(main, name):
+    """Runs main(argv) as a script: a BenchError is a one-line `NAME: error:` and exit 1."""
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BenchError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

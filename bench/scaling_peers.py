@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_common import run_main  # noqa: E402
 from peers_common import (REPO, BenchError, describe_rc, emit, header, median, parse_result,  # noqa: E402
                           print_table, read_onnxtrain_metrics, resolve_tool, rotated, run_child,
                           step_result, tail, time_steps, uptime, versions)
@@ -297,10 +298,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except BenchError as e:
-        print(f"scaling_peers: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main(main, "scaling_peers")

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_common import run_main  # noqa: E402
 from peers_common import (REPO, BenchError, describe_rc, emit, emit_na, fmt, header, median,  # noqa: E402
                           parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
                           rotated, run_child, step_result, tail, time_steps, uptime, versions)
@@ -388,10 +389,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except BenchError as e:
-        print(f"train_peers: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main(main, "train_peers")
