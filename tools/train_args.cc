@@ -29,7 +29,8 @@ line when stdout is a terminal).
 data:
   --data SPEC             fashion-mnist[:DIR] | mnist:DIR | npy:X.npy,Y.npy | images:DIR |
                           images:FILE.csv | synthetic:N | npz:FILE | npy:NAME=FILE,NAME=FILE,...
-                          (default fashion-mnist). images:DIR = DIR/<class>/*.jpg|jpeg|png
+                          (default fashion-mnist; a bare FILE.npz or FILE.csv means npz:FILE
+                          or images:FILE.csv). images:DIR = DIR/<class>/*.jpg|jpeg|png
                           (classes in sorted order); images:FILE.csv = lines path,INDEX (paths
                           relative to the CSV's folder, INDEX an integer class). Images are
                           decoded batch by batch (memory follows the prefetch depth, not the

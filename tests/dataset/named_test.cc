@@ -222,6 +222,15 @@ TEST(NamedData, ArraysFeedInputsInTheirDtypes) {
   LoadedData d = load_dataset(parse_data_spec("npz:" + path), token_options());
   ASSERT_TRUE(d.train.is_named());
   EXPECT_EQ(d.train.size(), 6);
+  // A bare FILE.npz (any case) is npz:FILE; FILE.csv is images:FILE.csv; other names still fail.
+  const DataSpec bare = parse_data_spec(path);
+  EXPECT_EQ(bare.kind, DataSpec::Kind::kNpz);
+  EXPECT_EQ(bare.path, path);
+  EXPECT_EQ(bare.text, path);
+  EXPECT_EQ(load_dataset(bare, token_options()).train.size(), 6);
+  EXPECT_EQ(parse_data_spec("Y.NPZ").kind, DataSpec::Kind::kNpz);
+  EXPECT_EQ(parse_data_spec("list.csv").kind, DataSpec::Kind::kImages);
+  EXPECT_NE(error_of([] { parse_data_spec("a.npzx"); }).find("unknown kind"), std::string::npos);
   EXPECT_EQ(d.train.label_shape(), std::vector<int64_t>{4});
   EXPECT_EQ(d.train.num_classes(), 10);
   ASSERT_EQ(d.train.arrays().size(), 2u);
