@@ -19,7 +19,7 @@ using graph::Value;
 //    every float input (a Conv's X only) is read in the low precision, and the output is
 //    written in it.
 //  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
-//    the input's dtype, and the ops that only move data (Reshape, Transpose, Squeeze,
+//    the input's dtype (BN, Relu, Gelu, Add, Mul, Sum, pooling), and the ops that only move data (Reshape, Transpose, Squeeze,
 //    Unsqueeze, Flatten, Identity): their activation inputs (activation_inputs) keep the low
 //    precision when all of them have it; BatchNormalization's scale, bias and statistics stay
 //    float32. A mix of low and float32 activations runs in float32 (torch's "promote"), except
@@ -35,7 +35,7 @@ Policy policy(const Node& n) {
   const std::string& t = n.op_type;
   if (t == "Conv" || t == "Gemm" || t == "MatMul") return Policy::kLow;
   if (t == "BatchNormalization" || t == "Relu" || t == "Add" || t == "Sum" || t == "MaxPool" ||
-      t == "AveragePool" || t == "Mul" || t == "Reshape" || t == "Transpose" || t == "Squeeze" ||
+      t == "AveragePool" || t == "Mul" || t == "Gelu" || t == "Reshape" || t == "Transpose" || t == "Squeeze" ||
       t == "Unsqueeze" || t == "Flatten" || t == "Identity")
     return Policy::kFollow;
   return Policy::kFloat32;

@@ -123,16 +123,20 @@ struct SoftsignFn {
 };
 
 // GELU: x Phi(x) exactly, or with the tanh approximation (approximate="tanh", GPT-2's).
+// bf16 / f16 (mixed precision's follow class) compute in float32 and round once on store.
+using GeluTypes = decltype(FloatTypes{} + TypeList<Half, BFloat16>{});
 template <bool kTanh>
 struct GeluRule {
   static constexpr bool kVectorMath = true;
   template <typename T>
-  T operator()(T x) const {
+  T operator()(T xt) const {
+    using C = compute_t<T>;
+    const auto x = static_cast<C>(xt);
     if constexpr (kTanh) {
-      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
-      return T{0.5} * x * (T{1} + vm::tanh(k * (x + T{0.044715} * x * x * x)));
+      const C k = static_cast<C>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);  // sqrt(2/pi)
+      return static_cast<T>(C{0.5} * x * (C{1} + vm::tanh(k * (x + C{0.044715} * x * x * x))));
     } else {
-      return x * vm::normal_cdf(x);  // 0.5 x (1 + erf(x / sqrt 2)), accurate in the lower tail
+      return static_cast<T>(x * vm::normal_cdf(x));  // 0.5 x (1 + erf(x / sqrt 2))
     }
   }
 };
@@ -313,16 +317,19 @@ template <bool kTanh>
 struct GeluGradRule {  // (dy, x)
   static constexpr bool kVectorMath = true;
   template <typename T>
-  T operator()(T dy, T x) const {
+  T operator()(T dyt, T xt) const {
+    using C = compute_t<T>;
+    const auto dy = static_cast<C>(dyt), x = static_cast<C>(xt);
     if constexpr (kTanh) {
-      const T k = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
-      const T c = T{0.044715};
-      const T t = vm::tanh(k * (x + c * x * x * x));
-      return dy * (T{0.5} * (T{1} + t) + T{0.5} * x * (T{1} - t * t) * k * (T{1} + T{3} * c * x * x));
+      const C k = static_cast<C>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+      const C c = C{0.044715};
+      const C t = vm::tanh(k * (x + c * x * x * x));
+      return static_cast<T>(
+          dy * (C{0.5} * (C{1} + t) + C{0.5} * x * (C{1} - t * t) * k * (C{1} + C{3} * c * x * x)));
     } else {
-      const T pdf = vm::exp(T{-0.5} * x * x) *
-                    static_cast<T>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-      return dy * (vm::normal_cdf(x) + x * pdf);
+      const C pdf = vm::exp(C{-0.5} * x * x) *
+                    static_cast<C>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+      return static_cast<T>(dy * (vm::normal_cdf(x) + x * pdf));
     }
   }
 };
@@ -457,7 +464,7 @@ ONNXTRAIN_REGISTER_OP(ew_softplus_grad) {
   return grad_op<SoftplusGradFn>("SoftplusGrad");
 }
 ONNXTRAIN_REGISTER_OP(ew_gelu_grad) {
-  return grad_op<GeluGradFn>("GeluGrad");
+  return grad_op<GeluGradFn, GeluTypes>("GeluGrad");
 }
 ONNXTRAIN_REGISTER_OP(ew_prelu_grad) {
   return onnxtrain_op(make_schema("PReluGrad", infer_prelu_grad, factory<PReluGradKernel>()));
@@ -510,7 +517,7 @@ ONNXTRAIN_REGISTER_OP(ew_softsign) {
   return unary_op<SoftsignFn, FloatTypes>("Softsign");
 }
 ONNXTRAIN_REGISTER_OP(ew_gelu) {
-  return with_gradient(unary_op<GeluFn, FloatTypes>("Gelu", 20), fused_grad<false>("GeluGrad"));
+  return with_gradient(unary_op<GeluFn, GeluTypes>("Gelu", 20), fused_grad<false>("GeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_thresholded_relu) {
   return unary_op<ThresholdedReluFn, FloatTypes>("ThresholdedRelu", 10);

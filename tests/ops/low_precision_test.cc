@@ -520,6 +520,16 @@ TEST(LowPrecisionActivations, ElementwiseRoundToNearestEven) {
              .domain = std::string(ops::kOnnxtrainDomain),
              .inputs = {act(8), act(9)},
              .label = "ReluGrad"});
+  for (const char* mode : {"none", "tanh"}) {
+    const std::vector<Attribute> approx{Attribute::make_string("approximate", mode)};
+    check_act({.op = "Gelu", .opset = 20, .attrs = approx, .inputs = {act(20)},
+               .label = std::string("Gelu ") + mode});
+    check_act({.op = "GeluGrad",
+               .domain = std::string(ops::kOnnxtrainDomain),
+               .attrs = approx,
+               .inputs = {act(21), act(22)},
+               .label = std::string("GeluGrad ") + mode});
+  }
 }
 
 TEST(LowPrecisionActivations, BatchNormFloat32ParametersAroundBf16Activations) {
