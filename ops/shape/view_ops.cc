@@ -60,6 +60,9 @@ class TransposeKernel : public Kernel {
 std::optional<Shape> expand_rule(const std::optional<Shape>& in, const ArgSource& args) {
   auto target = args.ints(1);
   if (!target) {
+    // A target built from Shape ops (dynamo's expand of the token-type ids to [batch, T]): its
+    // symbols are dims as they are, so the batch symbol survives the broadcast.
+    if (auto d = args.dims(1)) return broadcast_shapes(in, *d, args.where());
     auto n = args.static_length(1);
     if (!in || !n) return std::nullopt;
     return Shape(std::max(in->size(), static_cast<size_t>(*n)));

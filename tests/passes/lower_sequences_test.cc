@@ -203,6 +203,40 @@ TEST(LowerSequences, SplitAfterViewWithSymbolicBatch) {
   }
 }
 
+// dynamo's token-type ids in BERT: ids [1, 8] expanded to [batch, 8] through a target built from
+// Shape ops (Concat(Reshape(Squeeze(Shape(mask)[0:1]), [-1]), [8])). The Expand keeps the batch
+// symbol, so an Add of the embedded result with another [batch, 8, ...] value is [batch, 8, ...]
+// and its gradient needs no SumToShapeOf (it was [?, ?]: every Add gradient downstream copied).
+TEST(ShapeInference, ExpandToATargetFromShapeOpsKeepsTheBatchSymbol) {
+  auto m = new_model(18);
+  Graph& g = *m->graph;
+  Value* mask = g.add_input("mask", ValueType::tensor(DataType::kInt64, Shape{Dim::symbol("batch"),
+                                                                             Dim::known(8)}));
+  Node* shape = g.add_node("Shape", {mask}, {"sh"}, "sh");
+  shape->set_attr(attr("end", 1));
+  Value* b = node1(g, "Squeeze", {shape->output(0)}, "b");
+  Value* b1 = node1(g, "Reshape", {b, constant(g, "minus1", i64({1}, {-1}))}, "b1");
+  Value* target =
+      node1(g, "Concat", {b1, constant(g, "c8", i64({1}, {8}))}, "target", {attr("axis", 0)});
+  Value* ids = constant(g, "ids", i64({1, 8}, {0, 1, 2, 3, 4, 5, 6, 7}));
+  Node* expand = g.add_node("Expand", {ids, target}, {"e"}, "e");
+  g.add_output(node1(g, "Add", {expand->output(0), mask}, "sum"));
+  infer_shapes(*m);
+  const Shape want{Dim::symbol("batch"), Dim::known(8)};
+  EXPECT_EQ(graph::format_shape(expand->output(0)->type.shape), graph::format_shape(want));
+  EXPECT_EQ(graph::format_shape(m->graph->outputs()[0]->type.shape), graph::format_shape(want));
+  for (int64_t batch : {1, 3}) {
+    std::vector<int64_t> ms(static_cast<size_t>(batch * 8), 10);
+    auto out = passtest::run(*m, {{"mask", i64({batch, 8}, ms)}});
+    std::vector<int64_t> expect;
+    for (int64_t r = 0; r < batch; ++r)
+      for (int64_t k = 0; k < 8; ++k) expect.push_back(10 + k);
+    ASSERT_EQ(out["sum"].dims(), (std::vector<int64_t>{batch, 8}));
+    for (size_t k = 0; k < expect.size(); ++k)
+      EXPECT_EQ(out["sum"].data_as<int64_t>()[k], expect[k]) << batch << " " << k;
+  }
+}
+
 TEST(LowerSequences, ConstructAndConcat) {
   struct Case {
     int64_t axis, new_axis;
