@@ -114,6 +114,15 @@ struct SquareFn {
   }
 };
 
+// x ** 3 of a float (GPT-2's tanh GELU, as both exporters write it: pow(x, 3.0)): two
+// multiplications, vectorized, where std::pow is a call per element; torch computes it the same.
+struct CubeFn {
+  template <typename T, typename U>
+  T operator()(T x, U) const {
+    return static_cast<T>(x * x * x);
+  }
+};
+
 // x: X, y: Y (numpy-broadcast, dtypes may differ) -> z: broadcast(X, Y) in x's dtype.
 class PowKernel final : public Kernel {
  public:
@@ -133,6 +142,12 @@ class PowKernel final : public Kernel {
         if (y.numel() == 1 && convert<double>(*y.as<U>()) == 2.0) {
           broadcast_apply<T>(ctx, z, SquareFn{}, operand<T>(x), Operand<U>{y.as<U>(), y_dims});
           return;
+        }
+        if constexpr (std::is_floating_point_v<T>) {
+          if (y.numel() == 1 && convert<double>(*y.as<U>()) == 3.0) {
+            broadcast_apply<T>(ctx, z, CubeFn{}, operand<T>(x), Operand<U>{y.as<U>(), y_dims});
+            return;
+          }
         }
         broadcast_apply<T>(
             ctx, z, [](T a, U b) { return pow_value(a, b); }, operand<T>(x),

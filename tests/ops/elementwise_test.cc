@@ -206,6 +206,18 @@ TEST(Elementwise, Pow) {
                         {3}, {1024, -27, 1});
   expect_exact<int32_t>(run("Pow", {i32({2}, {2, 3}), f32({2}, {3, 2})}), DataType::kInt32, {2},
                         {8, 9});
+  // A scalar exponent of 3 (the tanh GELU's pow(x, 3.0)) takes the x * x * x loop: exact for
+  // these, negative bases keep their sign, NaN stays NaN; an int base keeps pow's wrapping path.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor cube = run("Pow", {f32({5}, {-2, 0.5f, 3, -0.25f, nan}), f32({}, {3})});
+  const std::vector<float> c = values<float>(cube);
+  EXPECT_EQ(c[0], -8.0f);
+  EXPECT_EQ(c[1], 0.125f);
+  EXPECT_EQ(c[2], 27.0f);
+  EXPECT_EQ(c[3], -0.015625f);
+  EXPECT_TRUE(std::isnan(c[4]));
+  expect_exact<int64_t>(run("Pow", {i64({2}, {-3, 1 << 20}), f32({}, {3})}), DataType::kInt64,
+                        {2}, {-27, int64_t{1} << 60});
 }
 
 TEST(Elementwise, VariadicMinMaxSumMean) {
