@@ -25,7 +25,10 @@ namespace onnxtrain::ops::vm {
 
 // e^x. Below -104 it is 0, above 88.73 +inf, NaN stays NaN.
 inline float exp_f32(float x) {
-  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);  // keeps NaN
+  // Clamped, and NaN replaced by 0 so that the float -> int conversion below is defined (the
+  // result is x itself for NaN).
+  const float xk = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float xc = xk == xk ? xk : 0.0f;
   // n = round(x / ln 2) by the 1.5 * 2^23 trick (|x / ln 2| < 2^22; default rounding mode).
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   // r = x - n ln 2 in two steps (ln 2's high part has 12 significant bits: n * hi is exact).
