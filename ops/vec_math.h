@@ -149,41 +149,38 @@ inline float tanh_f32(float x) {
 
 inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
-// Typed front ends for the kernels' functors.
+// Typed front ends for the kernels' functors: float32 (and Half, BFloat16 through float) takes
+// the function above, double the <cmath> expression.
+namespace detail {
+template <typename T, typename F32, typename F64>
+T typed(T x, F32 f32, F64 f64) {
+  if constexpr (std::is_same_v<T, double>)
+    return f64(x);
+  else
+    return static_cast<T>(f32(static_cast<float>(x)));
+}
+}  // namespace detail
+
 template <typename T>
 T exp(T x) {
-  if constexpr (std::is_same_v<T, double>)
-    return std::exp(x);
-  else
-    return static_cast<T>(exp_f32(static_cast<float>(x)));
+  return detail::typed(x, exp_f32, [](double v) { return std::exp(v); });
 }
 template <typename T>
 T erf(T x) {
-  if constexpr (std::is_same_v<T, double>)
-    return std::erf(x);
-  else
-    return static_cast<T>(erf_f32(static_cast<float>(x)));
+  return detail::typed(x, erf_f32, [](double v) { return std::erf(v); });
 }
 template <typename T>
 T normal_cdf(T x) {
-  if constexpr (std::is_same_v<T, double>)
-    return 0.5 * std::erfc(x * -0.707106781186547524);
-  else
-    return static_cast<T>(normal_cdf_f32(static_cast<float>(x)));
+  return detail::typed(x, normal_cdf_f32,
+                       [](double v) { return 0.5 * std::erfc(v * -0.707106781186547524); });
 }
 template <typename T>
 T tanh(T x) {
-  if constexpr (std::is_same_v<T, double>)
-    return std::tanh(x);
-  else
-    return static_cast<T>(tanh_f32(static_cast<float>(x)));
+  return detail::typed(x, tanh_f32, [](double v) { return std::tanh(v); });
 }
 template <typename T>
 T sigmoid(T x) {
-  if constexpr (std::is_same_v<T, double>)
-    return 1.0 / (1.0 + std::exp(-x));
-  else
-    return static_cast<T>(sigmoid_f32(static_cast<float>(x)));
+  return detail::typed(x, sigmoid_f32, [](double v) { return 1.0 / (1.0 + std::exp(-v)); });
 }
 
 }  // namespace onnxtrain::ops::vm

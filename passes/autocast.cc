@@ -19,24 +19,31 @@ using graph::Value;
 //    every float input (a Conv's X only) is read in the low precision, and the output is
 //    written in it.
 //  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
-//    the input's dtype (BN, Relu, Gelu, Add, Mul, Sum, pooling), and the ops that only move data (Reshape, Transpose, Squeeze,
-//    Unsqueeze, Flatten, Identity): their activation inputs (activation_inputs) keep the low
-//    precision when all of them have it; BatchNormalization's scale, bias and statistics stay
-//    float32. A mix of low and float32 activations runs in float32 (torch's "promote"), except
-//    that Add and Mul read a small float32 operand -- a parameter or constant (a Linear's bias
-//    after its MatMul, as torch's addmm adds it in the low precision) or a scalar (attention's
-//    scale) -- through a low-precision copy, as a Python scalar or a bias does in torch.
+//    the input's dtype (BN, Relu, Gelu, Add, Mul, Sum, pooling), and the ops that only move
+//    data (Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Identity): their activation inputs
+//    (activation_inputs) keep the low precision when all of them have it; BatchNormalization's
+//    scale, bias and statistics stay float32. A mix of low and float32 activations runs in
+//    float32 (torch's "promote"), except that Add and Mul read a small float32 operand -- a
+//    parameter or constant (a Linear's bias after its MatMul, as torch's addmm adds it in the
+//    low precision) or a scalar (attention's scale) -- through a low-precision copy, as a Python
+//    scalar or a bias does in torch.
 //  - kFloat32: everything else -- softmax, normalization other than BN, reductions, global
 //    pooling, losses, any other elementwise op, custom domains, the optimizer -- reads float32.
 enum class Policy { kLow, kFollow, kFloat32 };
+
+// The follow ops that only move data (their kernels copy elements of any dtype).
+bool moves_data(const Node& n) {
+  const std::string& t = n.op_type;
+  return t == "Reshape" || t == "Transpose" || t == "Squeeze" || t == "Unsqueeze" ||
+         t == "Flatten" || t == "Identity";
+}
 
 Policy policy(const Node& n) {
   if (!n.domain.empty() && n.domain != "ai.onnx") return Policy::kFloat32;
   const std::string& t = n.op_type;
   if (t == "Conv" || t == "Gemm" || t == "MatMul") return Policy::kLow;
-  if (t == "BatchNormalization" || t == "Relu" || t == "Add" || t == "Sum" || t == "MaxPool" ||
-      t == "AveragePool" || t == "Mul" || t == "Gelu" || t == "Reshape" || t == "Transpose" || t == "Squeeze" ||
-      t == "Unsqueeze" || t == "Flatten" || t == "Identity")
+  if (t == "BatchNormalization" || t == "Relu" || t == "Gelu" || t == "Add" || t == "Mul" ||
+      t == "Sum" || t == "MaxPool" || t == "AveragePool" || moves_data(n))
     return Policy::kFollow;
   return Policy::kFloat32;
 }
@@ -51,13 +58,6 @@ std::vector<size_t> activation_inputs(const Node& n) {
   for (size_t i = 0; i < count && i < n.inputs().size(); ++i)
     if (n.input(i)) idx.push_back(i);
   return idx;
-}
-
-// The follow ops that only move data (their kernels copy elements of any dtype).
-bool moves_data(const Node& n) {
-  const std::string& t = n.op_type;
-  return t == "Reshape" || t == "Transpose" || t == "Squeeze" || t == "Unsqueeze" ||
-         t == "Flatten" || t == "Identity";
 }
 
 graph::Attribute cast_to(DataType t) {
@@ -168,7 +168,7 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
       // A data-movement op on a parameter (dynamo's Transpose of a Linear's weight ahead of its
       // MatMul) moves the parameter's low-precision copy instead: the same one Cast, half the
       // bytes in the Transpose and in its gradient.
-      if (!binary && moves_data(*n) && act.size() == 1 && is_param.count(n->input(0)->name()) &&
+      if (moves_data(*n) && act.size() == 1 && is_param.count(n->input(0)->name()) &&
           n->input(0)->dtype() == DataType::kFloat)
         low_count = 1;
       if (!act.empty() && low_count > 0 && low_count + small_count == act.size()) {

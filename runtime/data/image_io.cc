@@ -93,10 +93,15 @@ DecodedImage decode_png(const std::string& path, const std::vector<unsigned char
 
 }  // namespace
 
-bool is_image_file_name(const std::string& name) {
+std::string lower_extension(const std::string& name) {
   std::string ext = std::filesystem::path(name).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return ext;
+}
+
+bool is_image_file_name(const std::string& name) {
+  const std::string ext = lower_extension(name);
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 

@@ -20,6 +20,8 @@ inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;  // 64 Mpixel
 // Gray (with or without alpha) stays 1 channel; palette, RGB and RGBA become RGB; alpha is
 // dropped.
 DecodedImage decode_image_file(const std::string& path);
+// The file name's extension in lower case ("a/B.JPG" -> ".jpg"; "" without one).
+std::string lower_extension(const std::string& name);
 // True for names ending in .jpg/.jpeg/.png (any case).
 bool is_image_file_name(const std::string& name);
 

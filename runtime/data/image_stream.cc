@@ -39,12 +39,7 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
-bool is_image_csv(const std::string& arg) {
-  std::string ext = fs::path(arg).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  return ext == ".csv";
-}
+bool is_image_csv(const std::string& arg) { return lower_extension(arg) == ".csv"; }
 
 ImageFiles list_image_folder(const std::string& dir) {
   std::error_code ec;

@@ -4,7 +4,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -599,21 +598,6 @@ LoadedData load_synthetic(const DataSpec& spec, const LoadOptions& options) {
 DataSpec parse_data_spec(const std::string& text) {
   DataSpec spec;
   spec.text = text;
-  // A bare FILE.npz or FILE.csv means npz:FILE / images:FILE.csv (what a user types first).
-  auto ends_with = [&](const char* ext) {
-    const std::string e(ext);
-    if (text.size() <= e.size()) return false;
-    for (size_t k = 0; k < e.size(); ++k)
-      if (std::tolower(static_cast<unsigned char>(text[text.size() - e.size() + k])) != e[k])
-        return false;
-    return true;
-  };
-  const bool known = text.rfind("npz:", 0) == 0 || text.rfind("images:", 0) == 0;
-  if (!known && (ends_with(".npz") || ends_with(".csv"))) {
-    DataSpec bare = parse_data_spec((ends_with(".npz") ? "npz:" : "images:") + text);
-    bare.text = text;
-    return bare;
-  }
   auto colon = text.find(':');
   std::string kind = text.substr(0, colon);
   std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
@@ -668,6 +652,11 @@ DataSpec parse_data_spec(const std::string& text) {
              "data spec '", text, "': N must be a positive integer (synthetic:N)");
     spec.count = std::stoll(arg);
     OT_CHECK(spec.count > 0, "data spec '", text, "': N must be a positive integer");
+  } else if (const std::string ext = lower_extension(text); ext == ".npz" || ext == ".csv") {
+    // A bare FILE.npz or FILE.csv (what a user types first) means npz:FILE / images:FILE.csv.
+    DataSpec bare = parse_data_spec((ext == ".npz" ? "npz:" : "images:") + text);
+    bare.text = text;
+    return bare;
   } else {
     fail("data spec '", text, "': unknown kind '", kind,
          "' (expected fashion-mnist, mnist:DIR, npy:X.npy,Y.npy, npy:NAME=FILE,..., npz:FILE, ",
