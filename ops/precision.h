@@ -1,5 +1,5 @@
 // Mixed precision's facts about the kernels, in one place: which low-precision float types this
-// machine's CPU kernels run natively (what --precision / passes::autocast asks before it casts
+// machine's CPU kernels and a GPU's CUDA kernels run natively (what --precision / passes::autocast asks before it casts
 // Conv/Gemm/MatMul down), and the dtype a convolution computes in when its operands differ
 // (the rule passes::autocast writes into the graph and the Conv / ConvGrad kernels and shape
 // inference read).
@@ -15,6 +15,23 @@ namespace onnxtrain::ops {
 // oneDNN (v2.x has no f16 CPU convolutions). Mixed precision refuses a low-precision type this
 // says no to (--allow-emulation overrides: the reference loops then compute it, slowly).
 bool cpu_runs_natively(graph::DataType t);
+
+// The CUDA kernels (cuDNN / cuBLAS tensor cores, ops/cuda) on a GPU of compute capability
+// cc_major.x: f32 always; f16 from 7.0 (Volta's tensor cores); bf16 from 8.0 (Ampere: bf16
+// tensor cores; older GPUs have no bf16 arithmetic, cuDNN no bf16 convolutions).
+inline bool cuda_runs_natively(graph::DataType t, int cc_major) {
+  using graph::DataType;
+  if (t == DataType::kFloat) return true;
+  if (t == DataType::kFloat16) return cc_major >= 7;
+  if (t == DataType::kBFloat16) return cc_major >= 8;
+  return false;
+}
+
+// What cuda_runs_natively needs for t, for messages.
+inline const char* cuda_native_requirement(graph::DataType t) {
+  return t == graph::DataType::kBFloat16 ? "compute capability 8.0 (Ampere) or newer"
+                                         : "compute capability 7.0 (Volta) or newer";
+}
 
 // A convolution (Conv, and ConvGrad of it) computes in the low precision of its operands: X
 // (Conv's X, ConvGrad's dY and X) and W have one dtype, or one of them is bf16 / f16 and the

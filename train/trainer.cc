@@ -233,8 +233,8 @@ float loss_scale_of(const graph::TrainingSignature& sig, const Tensor& truth, in
 // --precision and --conv-algorithm against what the replicas' devices run. bf16 on a CPU
 // without AVX512-BF16/AMX would run the reference loops (hundreds of times slower): refused
 // unless --allow-emulation.
-// fp16 (dynamic loss scaling) runs natively on no CPU this oneDNN supports; the CUDA kernels
-// take float32 only so far.
+// fp16 (dynamic loss scaling) runs natively on no CPU this oneDNN supports. On GPUs the CUDA
+// kernels run bf16 from compute capability 8.0 and fp16 from 7.0 (Device::runs_natively).
 void check_precision(const ModelOptions& m,
                      const std::vector<std::shared_ptr<runtime::Device>>& devices) {
   const LossScalerOptions& ls = m.loss_scaler;
@@ -257,16 +257,13 @@ void check_precision(const ModelOptions& m,
   if (m.precision == graph::DataType::kFloat) return;
   const std::string name = precision_name(m.precision);
   for (const auto& d : devices) {
-    OT_CHECK(d->kind() == ops::DeviceKind::kCpu, "--precision ", name, " on ", d->name(),
-             ": the CUDA kernels run float32 only so far (issue #19); use --device cpu or "
-             "--precision fp32");
-    OT_CHECK(m.allow_emulation || ops::cpu_runs_natively(m.precision), "--precision ", name,
-             ": this CPU has no native ", name, " instructions (",
-             m.precision == graph::DataType::kFloat16 ? "AVX512-FP16 with a oneDNN that has f16 "
-                                                        "kernels"
-                                                      : "AVX512-BF16 or AMX",
-             "); it would run the reference loops, far slower than fp32 (--allow-emulation runs "
-             "it anyway)");
+    const bool cpu = d->kind() == ops::DeviceKind::kCpu;
+    OT_CHECK(m.allow_emulation || d->runs_natively(m.precision), "--precision ", name, ": ",
+             cpu ? std::string("this CPU") : d->name(), " has no native ", name, " ",
+             cpu ? "instructions" : "kernels", " (", d->native_requirement(m.precision), "); ",
+             cpu ? "it would run the reference loops, far slower than fp32"
+                 : "it would run slowly or not at all",
+             " (--allow-emulation runs it anyway)");
   }
 }
 

@@ -1,14 +1,17 @@
 // BatchNormalization (inference and training mode) and ai.onnxtrain.BatchNormalizationGrad on
-// CUDA, float32, any rank >= 2 (per-channel over (N, D...)). Plain kernels instead of cuDNN's
-// batch norm: the CPU kernel (ops/nn/batch_norm.cc) updates running_var with the BIASED batch
-// variance and accumulates statistics in double, while cuDNN uses the unbiased variance for its
-// running estimate; these kernels follow the CPU formulas line by line. One block per channel
-// reduces that channel's N*D elements.
+// CUDA, any rank >= 2 (per-channel over (N, D...)). Plain kernels instead of cuDNN's batch norm:
+// the CPU kernel (ops/nn/batch_norm.cc) updates running_var with the BIASED batch variance and
+// accumulates statistics in double, while cuDNN uses the unbiased variance for its running
+// estimate; these kernels follow the CPU formulas line by line. One block per channel reduces
+// that channel's N*D elements. X, Y, dY and dX are float32, or bf16 / f16 (mixed precision's
+// activations: read as float32, computed exactly as for float32, each stored element rounded
+// once); scale, B, the statistics, dScale and dB are float32.
 #include <string>
 #include <vector>
 
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/dnn_util.cuh"
+#include "ops/cuda/eltwise_util.cuh"
 #include "ops/nn/batch_norm_relu.h"
 
 namespace onnxtrain::ops::cuda {
@@ -18,22 +21,40 @@ constexpr int kThreads = dnn::kReduceThreads;
 
 using dnn::block_sum;
 
+// The activation dtypes these kernels run.
+using ActT = Types<float, __half, __nv_bfloat16>;
+
+// Throws DeviceFallback unless every given tensor has the first one's dtype, one of ActT;
+// returns that dtype.
+DataType require_act_dtype(const std::string& where, std::initializer_list<const TensorView*> ts) {
+  const DataType t = (*ts.begin())->dtype;
+  for (const TensorView* v : ts)
+    if (v && (v->dtype != t || !has_dtype(ActT{}, t)))
+      throw DeviceFallback{where +
+                           ": CUDA kernel handles float32, bf16 and f16 activations of "
+                           "one dtype, got " +
+                           std::string(graph::dtype_short_name(v->dtype))};
+  return t;
+}
+
 // Element j of channel c's N*inner elements in a (N,C,inner) tensor.
 __device__ int64_t channel_at(int64_t j, int64_t c, int64_t channels, int64_t inner) {
   return ((j / inner) * channels + c) * inner + j % inner;
 }
 
 // Mean and biased variance of channel blockIdx.x over count = n*inner elements (two passes).
-__device__ void channel_mean_var(const float* x, int64_t n, int64_t channels, int64_t inner,
+template <typename T>
+__device__ void channel_mean_var(const T* x, int64_t n, int64_t channels, int64_t inner,
                                  double* shared, double& mean, double& var) {
   const int64_t c = blockIdx.x, count = n * inner;
   double s = 0;
-  for (int64_t j = threadIdx.x; j < count; j += kThreads) s += x[channel_at(j, c, channels, inner)];
+  for (int64_t j = threadIdx.x; j < count; j += kThreads)
+    s += static_cast<double>(widen(x[channel_at(j, c, channels, inner)]));
   s = block_sum(s, shared);
   mean = count > 0 ? s / static_cast<double>(count) : 0.0;
   double sq = 0;
   for (int64_t j = threadIdx.x; j < count; j += kThreads) {
-    const double d = static_cast<double>(x[channel_at(j, c, channels, inner)]) - mean;
+    const double d = static_cast<double>(widen(x[channel_at(j, c, channels, inner)])) - mean;
     sq += d * d;
   }
   sq = block_sum(sq, shared);
@@ -41,7 +62,8 @@ __device__ void channel_mean_var(const float* x, int64_t n, int64_t channels, in
 }
 
 // x: (N,C,inner) -> batch_mean, batch_var: (C), biased; grid: one block per channel
-__global__ void batch_stats_kernel(const float* x, int64_t n, int64_t channels, int64_t inner,
+template <typename T>
+__global__ void batch_stats_kernel(const T* x, int64_t n, int64_t channels, int64_t inner,
                                    double* batch_mean, double* batch_var) {
   __shared__ double shared[kThreads];
   double mean, var;
@@ -86,12 +108,14 @@ __global__ void coefficients_kernel(int64_t channels, const float* scale, const 
   }
 }
 
-// x: (N,C,inner), a, b: (C) -> y: (N,C,inner) = x * a[c] + b[c]
-__global__ void affine_kernel(const float* x, const float* a, const float* b, float* y,
-                              int64_t total, int64_t channels, int64_t inner) {
+// x: (N,C,inner), a, b: (C) -> y: (N,C,inner) = x * a[c] + b[c], in float32 (rounded once to a
+// bf16 / f16 y)
+template <typename T>
+__global__ void affine_kernel(const T* x, const float* a, const float* b, T* y, int64_t total,
+                              int64_t channels, int64_t inner) {
   OT_GRID_STRIDE_LOOP(i, total) {
     const int64_t c = (i / inner) % channels;
-    y[i] = x[i] * a[c] + b[c];
+    y[i] = narrow<T>(widen(x[i]) * a[c] + b[c]);
   }
 }
 
@@ -101,11 +125,13 @@ __global__ void affine_kernel(const float* x, const float* a, const float* b, fl
 //     dx = k dy - a sum(dy) - xhat a dScale, k = scale * inv, a = k / count
 //   inference (mean/var: inputs, constants): dx = k dy
 // dy, x: (N,C,inner), scale: (C) [mean, var: (C)] -> dx: (N,C,inner), dscale, dbias: (C), each
-// optional (nullptr); grid: one block per channel.
-__global__ void batch_norm_grad_kernel(const float* dy, const float* x, const float* scale,
+// optional (nullptr); grid: one block per channel. A bf16 / f16 dx is the float32 value rounded
+// once.
+template <typename T>
+__global__ void batch_norm_grad_kernel(const T* dy, const T* x, const float* scale,
                                        const float* mean_in, const float* var_in, bool training,
                                        int64_t n, int64_t channels, int64_t inner, double epsilon,
-                                       float* dx, float* dscale, float* dbias) {
+                                       T* dx, float* dscale, float* dbias) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.x, count = n * inner;
   double mean, var;
@@ -119,9 +145,9 @@ __global__ void batch_norm_grad_kernel(const float* dy, const float* x, const fl
   double sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
   for (int64_t j = threadIdx.x; j < count; j += kThreads) {
     const int64_t at = channel_at(j, c, channels, inner);
-    const double d = dy[at];
+    const double d = static_cast<double>(widen(dy[at]));
     sum_dy += d;
-    sum_dy_xc += d * (static_cast<double>(x[at]) - mean);
+    sum_dy_xc += d * (static_cast<double>(widen(x[at])) - mean);
   }
   sum_dy = block_sum(sum_dy, shared);
   sum_dy_xc = block_sum(sum_dy_xc, shared);
@@ -136,7 +162,7 @@ __global__ void batch_norm_grad_kernel(const float* dy, const float* x, const fl
   if (!training) {
     for (int64_t j = threadIdx.x; j < count; j += kThreads) {
       const int64_t at = channel_at(j, c, channels, inner);
-      dx[at] = tk * dy[at];
+      dx[at] = narrow<T>(tk * widen(dy[at]));
     }
     return;
   }
@@ -145,7 +171,7 @@ __global__ void batch_norm_grad_kernel(const float* dy, const float* x, const fl
   const float t0 = static_cast<float>(a * sum_dy), t1 = static_cast<float>(a * sum_dy_xhat);
   for (int64_t j = threadIdx.x; j < count; j += kThreads) {
     const int64_t at = channel_at(j, c, channels, inner);
-    dx[at] = tk * dy[at] - t0 - (x[at] - tm) * ti * t1;
+    dx[at] = narrow<T>(tk * widen(dy[at]) - t0 - (widen(x[at]) - tm) * ti * t1);
   }
 }
 
@@ -181,7 +207,7 @@ class BatchNormKernel final : public Kernel {
     if (opset < 9 && node.attr_int("spatial", 1) == 0)
       throw DeviceFallback{where_ + ": per-activation statistics (spatial=0)"};
     channel_layout(where_, ctx.input(0), n_, channels_, inner_);
-    dnn::require_f32(where_, {ctx.input(0)});
+    act_ = require_act_dtype(where_, {ctx.input(0)});
     for (int i = 1; i <= 4; ++i) {
       require_per_channel(where_, ctx.input(i), channels_);
       dnn::require_f32(where_, {ctx.input(i)});
@@ -201,7 +227,7 @@ class BatchNormKernel final : public Kernel {
 
   void run(KernelContext& ctx) override {
     cudaStream_t s = stream_of(ctx);
-    const float* x = ctx.input(0)->as<float>();
+    const void* x = ctx.input(0)->data;
     TensorView& y = ctx.output(0);
     // Scratch: batch mean/var (double) then the coefficients a, b (float).
     const size_t c = static_cast<size_t>(channels_);
@@ -212,9 +238,11 @@ class BatchNormKernel final : public Kernel {
     float* b = a + c;
     StatOutputs out;
     if (training_) {
-      batch_stats_kernel<<<static_cast<unsigned>(channels_), kThreads, 0, s>>>(
-          x, n_, channels_, inner_, batch_mean, batch_var);
-      OT_CUDA_CHECK_LAUNCH();
+      dispatch_types(ActT{}, act_, [&]<typename T>() {
+        batch_stats_kernel<T><<<static_cast<unsigned>(channels_), kThreads, 0, s>>>(
+            static_cast<const T*>(x), n_, channels_, inner_, batch_mean, batch_var);
+        OT_CUDA_CHECK_LAUNCH();
+      });
       if (ctx.has_output(1)) out.running_mean = ctx.output(1).as<float>();
       if (ctx.has_output(2)) out.running_var = ctx.output(2).as<float>();
       if (saved_outputs_ && ctx.has_output(3)) out.saved_mean = ctx.output(3).as<float>();
@@ -228,14 +256,17 @@ class BatchNormKernel final : public Kernel {
     OT_CUDA_CHECK_LAUNCH();
     const int64_t total = y.numel();
     if (total == 0) return;
-    affine_kernel<<<blocks_for(total), 256, 0, s>>>(x, a, b, y.as<float>(), total, channels_,
-                                                    inner_);
-    OT_CUDA_CHECK_LAUNCH();
+    dispatch_types(ActT{}, act_, [&]<typename T>() {
+      affine_kernel<T><<<blocks_for(total), 256, 0, s>>>(
+          static_cast<const T*>(x), a, b, static_cast<T*>(y.data), total, channels_, inner_);
+      OT_CUDA_CHECK_LAUNCH();
+    });
   }
 
  private:
   std::string where_;
   float epsilon_, momentum_;
+  DataType act_ = DataType::kFloat;  // X's and Y's dtype (ActT)
   int64_t n_ = 0, channels_ = 0, inner_ = 1;
   bool training_ = false, saved_outputs_ = false;
 };
@@ -257,7 +288,7 @@ class BatchNormGradKernel final : public Kernel {
     const TensorView* x = ctx.input(1);
     channel_layout(where_, x, n_, channels_, inner_);
     if (!dy || dy->dims != x->dims) throw DeviceFallback{where_ + ": dY must match X"};
-    dnn::require_f32(where_, {dy, x});
+    act_ = require_act_dtype(where_, {x, dy});
     const int last_param = training_ ? 2 : 4;
     for (int i = 2; i <= last_param; ++i) {
       require_per_channel(where_, ctx.input(i), channels_);
@@ -266,21 +297,25 @@ class BatchNormGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    float* dx = ctx.has_output(0) ? ctx.output(0).as<float>() : nullptr;
+    void* dx = ctx.has_output(0) ? ctx.output(0).data : nullptr;
     float* dscale = ctx.has_output(1) ? ctx.output(1).as<float>() : nullptr;
     float* dbias = ctx.has_output(2) ? ctx.output(2).as<float>() : nullptr;
     const float* mean = training_ ? nullptr : ctx.input(3)->as<float>();
     const float* var = training_ ? nullptr : ctx.input(4)->as<float>();
-    batch_norm_grad_kernel<<<static_cast<unsigned>(channels_), kThreads, 0, stream_of(ctx)>>>(
-        ctx.input(0)->as<float>(), ctx.input(1)->as<float>(), ctx.input(2)->as<float>(), mean, var,
-        training_, n_, channels_, inner_, epsilon_, dx, dscale, dbias);
-    OT_CUDA_CHECK_LAUNCH();
+    dispatch_types(ActT{}, act_, [&]<typename T>() {
+      batch_norm_grad_kernel<T><<<static_cast<unsigned>(channels_), kThreads, 0, stream_of(ctx)>>>(
+          static_cast<const T*>(ctx.input(0)->data), static_cast<const T*>(ctx.input(1)->data),
+          ctx.input(2)->as<float>(), mean, var, training_, n_, channels_, inner_, epsilon_,
+          static_cast<T*>(dx), dscale, dbias);
+      OT_CUDA_CHECK_LAUNCH();
+    });
   }
 
  private:
   std::string where_;
   double epsilon_;
   bool training_;
+  DataType act_ = DataType::kFloat;  // dY's, X's and dX's dtype (ActT)
   int64_t n_ = 0, channels_ = 0, inner_ = 1;
 };
 

@@ -1,7 +1,9 @@
 // CUDA kernels of the elementwise family: activations and their ai.onnxtrain grads, unary math,
 // broadcasting binary arithmetic, Pow, Equal, Where and Sum (Cast is in cast.cu). Scalar rules
 // copy the CPU functors in ops/elementwise/*.cc (same types, same expression order, float math
-// in float).
+// in float). Rules marked kLow also take bf16 / f16 (mixed precision's follow ops): computed in
+// float32 and rounded once on store, as the CPU's kernels do (InFloat, eltwise_util.cuh).
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -48,6 +50,12 @@ __device__ __forceinline__ float d_abs(float x) {
 __device__ __forceinline__ double d_abs(double x) {
   return fabs(x);
 }
+__device__ __forceinline__ float d_normcdf(float x) {
+  return normcdff(x);
+}
+__device__ __forceinline__ double d_normcdf(double x) {
+  return normcdf(x);
+}
 
 // Integer +, -, * wrap (two's complement) like the CPU's Wrapping<> instead of overflowing.
 template <typename T>
@@ -77,8 +85,12 @@ __device__ __forceinline__ T wrap_mul(T a, T b) {
 
 // ---------------------------------------------------------------- scalar rules
 
+// The rules of mixed precision's follow ops (passes/autocast.cc) also run on bf16 / f16.
+using FloatLowT = Types<float, double, __half, __nv_bfloat16>;
+using ArithLowT = Types<float, double, int32_t, int64_t, __half, __nv_bfloat16>;
+
 struct ReluOp {
-  using types = Types<float, double, int32_t, int64_t>;
+  using types = Types<float, double, int32_t, int64_t, __half, __nv_bfloat16>;
   template <typename T>
   __device__ T operator()(T x) const {
     return x < T(0) ? T(0) : x;  // NaN stays NaN
@@ -151,7 +163,7 @@ struct AbsOp {
 
 // Grad rules take (dy, z), z the forward input x or output y as the CPU's functors do.
 struct ReluGradOp {  // (dy, y)
-  using types = FloatT;
+  using types = FloatLowT;
   template <typename T>
   __device__ T operator()(T dy, T y) const {
     return y > T(0) ? dy : T(0);
@@ -195,22 +207,58 @@ struct AbsGradOp {  // (dy, x)
   }
 };
 
+// GELU (ops/elementwise/activation.cc's GeluRule): x Phi(x), or with approximate="tanh"
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+struct GeluOp {
+  using types = FloatLowT;
+  bool tanh_approx = false;
+  explicit GeluOp(const graph::Node& n) {
+    const std::string mode = n.attr_string("approximate", "none");
+    if (mode != "none" && mode != "tanh") throw DeviceFallback{"unknown approximate"};
+    tanh_approx = mode == "tanh";
+  }
+  template <typename T>
+  __device__ T operator()(T x) const {
+    if (tanh_approx) {
+      const T k = T(0.7978845608028654);  // sqrt(2/pi)
+      return T(0.5) * x * (T(1) + d_tanh(k * (x + T(0.044715) * x * x * x)));
+    }
+    return x * d_normcdf(x);
+  }
+};
+// GeluGrad (dy, x): dy * d/dx GELU(x), the CPU's GeluGradRule.
+struct GeluGradOp {
+  using types = FloatLowT;
+  GeluOp f;
+  explicit GeluGradOp(const graph::Node& n) : f(n) {}
+  template <typename T>
+  __device__ T operator()(T dy, T x) const {
+    if (f.tanh_approx) {
+      const T k = T(0.7978845608028654), c = T(0.044715);
+      const T t = d_tanh(k * (x + c * x * x * x));
+      return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3) * c * x * x));
+    }
+    const T pdf = d_exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
+    return dy * (d_normcdf(x) + x * pdf);
+  }
+};
+
 struct AddOp {
-  using types = ArithT;
+  using types = ArithLowT;
   template <typename T>
   __device__ T operator()(T a, T b) const {
     return wrap_add(a, b);
   }
 };
 struct SubOp {
-  using types = ArithT;
+  using types = ArithLowT;
   template <typename T>
   __device__ T operator()(T a, T b) const {
     return wrap_sub(a, b);
   }
 };
 struct MulOp {
-  using types = ArithT;
+  using types = ArithLowT;
   template <typename T>
   __device__ T operator()(T a, T b) const {
     return wrap_mul(a, b);
@@ -265,6 +313,24 @@ Op make_op(const graph::Node& n) {
     return Op{};
 }
 
+// Whether Op runs on CUDA for dtype dt.
+template <typename Op>
+bool runs_dtype(DataType dt) {
+  return has_dtype(typename Op::types{}, dt);
+}
+
+// Calls g.template operator()<T>(rule) for the element type T of dt: rule is op itself, or for
+// bf16 / f16 op over float32 rounded once to T.
+template <typename Op, typename G>
+void dispatch_op(const Op& op, DataType dt, G&& g) {
+  dispatch_types(typename Op::types{}, dt, [&]<typename T>() {
+    if constexpr (kIsLow<T>)
+      g.template operator()<T>(InFloat<T, Op>{op});
+    else
+      g.template operator()<T>(op);
+  });
+}
+
 
 // ---------------------------------------------------------------- kernels
 
@@ -275,7 +341,7 @@ class UnaryKernel final : public Kernel {
   explicit UnaryKernel(const graph::Node& n) : op_(make_op<Op>(n)) {}
   void prepare(KernelContext& ctx) override {
     const TensorView& x = need_input(ctx, 0);
-    if (!has_dtype(typename Op::types{}, x.dtype))
+    if (!runs_dtype<Op>(x.dtype))
       throw DeviceFallback{
           cat("dtype ", graph::dtype_short_name(x.dtype), " is not handled on CUDA")};
     dtype_ = x.dtype;
@@ -284,8 +350,8 @@ class UnaryKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const TensorView& x = *ctx.input(0);
     TensorView& y = ctx.output(0);
-    dispatch_types(typename Op::types{}, dtype_, [&]<typename T>() {
-      launch_map(contiguous_map(n_, 1), op_, stream_of(ctx), y.as<T>(), x.as<T>());
+    dispatch_op(op_, dtype_, [&]<typename T, typename F>(const F& f) {
+      launch_map(contiguous_map(n_, 1), f, stream_of(ctx), y.as<T>(), x.as<T>());
     });
   }
 
@@ -305,7 +371,7 @@ class BinaryKernel final : public Kernel {
     if (onnx_op_ && ctx.opset() < 7) throw DeviceFallback{"legacy (opset < 7) broadcasting"};
     const TensorView& a = need_input(ctx, 0);
     const TensorView& b = need_input(ctx, 1);
-    if (!has_dtype(typename Op::types{}, a.dtype) || b.dtype != a.dtype)
+    if (!runs_dtype<Op>(a.dtype) || b.dtype != a.dtype)
       throw DeviceFallback{cat("dtypes ", graph::dtype_short_name(a.dtype), "/",
                                graph::dtype_short_name(b.dtype), " are not handled on CUDA")};
     dtype_ = a.dtype;
@@ -314,9 +380,9 @@ class BinaryKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     TensorView& y = ctx.output(0);
     check_dims(y, out_dims_, ctx.node(), "output");
-    dispatch_types(typename Op::types{}, dtype_, [&]<typename T>() {
+    dispatch_op(op_, dtype_, [&]<typename T, typename F>(const F& f) {
       using Out = std::conditional_t<std::is_same_v<Op, EqualOp>, bool, T>;
-      launch_map(map_, op_, stream_of(ctx), y.as<Out>(), ctx.input(0)->as<T>(),
+      launch_map(map_, f, stream_of(ctx), y.as<Out>(), ctx.input(0)->as<T>(),
                  ctx.input(1)->as<T>());
     });
   }
@@ -371,7 +437,7 @@ class SumKernel final : public Kernel {
     if (n < 1) throw DeviceFallback{"no inputs"};
     std::vector<std::vector<int64_t>> dims;
     dtype_ = need_input(ctx, 0).dtype;
-    if (!has_dtype(ArithT{}, dtype_)) throw DeviceFallback{"dtype not handled on CUDA"};
+    if (!runs_dtype<AddOp>(dtype_)) throw DeviceFallback{"dtype not handled on CUDA"};
     for (int i = 0; i < n; ++i) {
       const TensorView& x = need_input(ctx, i);
       if (x.dtype != dtype_) throw DeviceFallback{"inputs differ in dtype"};
@@ -394,15 +460,15 @@ class SumKernel final : public Kernel {
     TensorView& y = ctx.output(0);
     check_dims(y, out_dims_, ctx.node(), "output");
     const cudaStream_t s = stream_of(ctx);
-    dispatch_types(ArithT{}, dtype_, [&]<typename T>() {
+    dispatch_op(AddOp{}, dtype_, [&]<typename T, typename F>(const F& add) {
       T* out = y.as<T>();
       if (ctx.num_inputs() == 1) {
         launch_map(maps_[0], CopyOp{}, s, out, ctx.input(0)->as<T>());
         return;
       }
-      launch_map(maps_[0], AddOp{}, s, out, ctx.input(0)->as<T>(), ctx.input(1)->as<T>());
+      launch_map(maps_[0], add, s, out, ctx.input(0)->as<T>(), ctx.input(1)->as<T>());
       for (int i = 2; i < ctx.num_inputs(); ++i)
-        launch_map(maps_[static_cast<size_t>(i - 1)], AddOp{}, s, out, static_cast<const T*>(out),
+        launch_map(maps_[static_cast<size_t>(i - 1)], add, s, out, static_cast<const T*>(out),
                    ctx.input(i)->as<T>());
     });
   }
@@ -458,6 +524,9 @@ std::unique_ptr<Kernel> grad(const graph::Node& n) {
 ONNXTRAIN_REGISTER_KERNEL(relu_cuda, "", "Relu", kCuda) {
   return std::make_unique<UnaryKernel<ReluOp>>(n);
 }
+ONNXTRAIN_REGISTER_KERNEL(gelu_cuda, "", "Gelu", kCuda) {
+  return std::make_unique<UnaryKernel<GeluOp>>(n);
+}
 ONNXTRAIN_REGISTER_KERNEL(leaky_relu_cuda, "", "LeakyRelu", kCuda) {
   return std::make_unique<UnaryKernel<LeakyReluOp>>(n);
 }
@@ -485,6 +554,9 @@ ONNXTRAIN_REGISTER_KERNEL(abs_cuda, "", "Abs", kCuda) {
 
 ONNXTRAIN_REGISTER_KERNEL(relu_grad_cuda, "ai.onnxtrain", "ReluGrad", kCuda) {
   return grad<ReluGradOp>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(gelu_grad_cuda, "ai.onnxtrain", "GeluGrad", kCuda) {
+  return grad<GeluGradOp>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(leaky_relu_grad_cuda, "ai.onnxtrain", "LeakyReluGrad", kCuda) {
   return grad<LeakyReluGradOp>(n);

@@ -8,8 +8,12 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "ops/cuda/cuda_common.h"
 
@@ -189,6 +193,8 @@ OT_CUDA_DTYPE(int32_t, kInt32);
 OT_CUDA_DTYPE(int64_t, kInt64);
 OT_CUDA_DTYPE(uint8_t, kUInt8);
 OT_CUDA_DTYPE(bool, kBool);
+OT_CUDA_DTYPE(__half, kFloat16);
+OT_CUDA_DTYPE(__nv_bfloat16, kBFloat16);
 #undef OT_CUDA_DTYPE
 
 template <typename... T>
@@ -204,6 +210,58 @@ bool dispatch_types(Types<T...>, DataType dt, G&& g) {
 
 using FloatT = Types<float, double>;
 using ArithT = Types<float, double, int32_t, int64_t>;
+
+// ---------------------------------------------------------------- low precision (--precision)
+// bf16 and f16 kernels follow the CPU's rule (ops/precision.h, ops/elementwise/dtypes.h): read
+// the low-precision elements as float32, compute in float32, round the result once to nearest
+// even. Only the ops passes::autocast keeps in low precision take them.
+using LowT = Types<__half, __nv_bfloat16>;
+
+template <typename T>
+inline constexpr bool kIsLow = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+inline bool is_low_dtype(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kBFloat16;
+}
+
+// The float32 a kernel computes with: a low-precision element widened, any other type as is.
+template <typename T>
+__host__ __device__ __forceinline__ auto widen(T v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return v;
+}
+
+// A float32 result stored as T: rounded once to nearest even for the low types.
+template <typename T, typename F>
+__host__ __device__ __forceinline__ T narrow(F v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+// Op over float32 for low-precision operands: widen every input, call op, round the result to
+// Out once (the map kernel stores it as is).
+template <typename Out, typename Op>
+struct InFloat {
+  Op op;
+  template <typename... In>
+  __device__ Out operator()(In... in) const {
+    return narrow<Out>(op(widen(in)...));
+  }
+};
+
+// Elementwise conversion of n elements between float32 / float64 and bf16 / f16 (any pair of
+// those; the CPU Cast's rounding). Defined in cast.cu; the cuDNN kernels use it for a
+// convolution's float32 weight and its gradient.
+void convert_floats(const void* in, DataType from, void* out, DataType to, int64_t n,
+                    cudaStream_t s);
 
 // Unsigned storage type of an element width (ops that only move elements).
 template <int kBytes>

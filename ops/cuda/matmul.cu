@@ -1,6 +1,8 @@
-// Gemm and MatMul on cuBLAS, float32 (other dtypes run on the CPU). cuBLAS is column-major: a
-// row-major (M,N) product Y = A B is computed as the column-major Y^T = B^T A^T, which reads the
-// row-major buffers as they are. TF32 tensor cores follow cuda::tf32_enabled().
+// Gemm and MatMul on cuBLAS, float32, and bf16 / f16 (mixed precision: every operand in the one
+// low dtype, products accumulated in float32 on tensor cores, Y rounded once); other dtypes run
+// on the CPU. cuBLAS is column-major: a row-major (M,N) product Y = A B is computed as the
+// column-major Y^T = B^T A^T, which reads the row-major buffers as they are. TF32 tensor cores
+// for float32 follow cuda::tf32_enabled().
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -8,14 +10,39 @@
 
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/dnn_util.cuh"
+#include "ops/cuda/eltwise_util.cuh"
 
 namespace onnxtrain::ops::cuda {
 namespace {
 
 using dnn::fits_int;
 
+// The dtypes these kernels run: float32, and bf16 / f16 with every operand of that dtype.
+using GemmT = Types<float, __half, __nv_bfloat16>;
+
+// cuBLAS's name of a GemmT dtype.
+cudaDataType_t cublas_dtype(DataType t) {
+  return t == DataType::kBFloat16 ? CUDA_R_16BF : t == DataType::kFloat16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// Throws DeviceFallback unless every given tensor has the first one's dtype, one of GemmT.
+DataType require_gemm_dtype(const std::string& where, std::initializer_list<const TensorView*> ts) {
+  const DataType t = (*ts.begin())->dtype;
+  for (const TensorView* v : ts)
+    if (v && (v->dtype != t || !has_dtype(GemmT{}, t)))
+      throw DeviceFallback{where + ": CUDA kernel handles float32, bf16 and f16 operands of one "
+                           "dtype, got " + std::string(graph::dtype_short_name(v->dtype))};
+  return t;
+}
+
+// float32 on TF32 (or plain FMA) math; bf16 / f16 accumulate in float32 on tensor cores.
+cublasComputeType_t compute_type(DataType t) {
+  return t == DataType::kFloat ? dnn::gemm_compute_type() : CUBLAS_COMPUTE_32F;
+}
+
 // c: (c_rows, c_cols) with each either 1 or the full size -> y: (M,N) = c broadcast
-__global__ void broadcast_c_kernel(const float* c, float* y, int64_t m, int64_t n, int64_t c_rows,
+template <typename T>
+__global__ void broadcast_c_kernel(const T* c, T* y, int64_t m, int64_t n, int64_t c_rows,
                                    int64_t c_cols) {
   OT_GRID_STRIDE_LOOP(i, m * n) {
     const int64_t r = i / n, col = i % n;
@@ -25,10 +52,13 @@ __global__ void broadcast_c_kernel(const float* c, float* y, int64_t m, int64_t 
 
 // Row-major y (M,N) = alpha * op(a) op(b) + beta * y for `batch` problems spaced by the given
 // element strides (0: the operand is shared by every problem). op(a) is (M,K): a is stored (M,K),
-// or (K,M) with ta; op(b) is (K,N): b is stored (K,N), or (N,K) with tb.
-void row_major_gemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t stride_a, const float* b, int64_t stride_b, float beta,
-                    float* y, int64_t batch) {
+// or (K,M) with ta; op(b) is (K,N): b is stored (K,N), or (N,K) with tb. Every operand has
+// dtype t (GemmT); alpha and beta are float32 (the compute type's scalars).
+void row_major_gemm(cudaStream_t s, DataType t, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                    float alpha, const void* a, int64_t stride_a, const void* b, int64_t stride_b,
+                    float beta, void* y, int64_t batch) {
+  const cudaDataType_t dt = cublas_dtype(t);
+  const cublasComputeType_t ct = compute_type(t);
   cublasHandle_t h = cublas_handle(s);
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -36,16 +66,14 @@ void row_major_gemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int6
   const int ldb = static_cast<int>(tb ? k : n), lda = static_cast<int>(ta ? m : k);
   const int ni = static_cast<int>(n), mi = static_cast<int>(m), ki = static_cast<int>(k);
   if (batch == 1) {
-    OT_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, ni, mi, ki, &alpha, b, CUDA_R_32F, ldb, a,
-                                 CUDA_R_32F, lda, &beta, y, CUDA_R_32F, ni,
-                                 dnn::gemm_compute_type(), CUBLAS_GEMM_DEFAULT));
+    OT_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, ni, mi, ki, &alpha, b, dt, ldb, a, dt, lda,
+                                 &beta, y, dt, ni, ct, CUBLAS_GEMM_DEFAULT));
     return;
   }
   OT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      h, op_b, op_a, ni, mi, ki, &alpha, b, CUDA_R_32F, ldb, static_cast<long long>(stride_b), a,
-      CUDA_R_32F, lda, static_cast<long long>(stride_a), &beta, y, CUDA_R_32F, ni,
-      static_cast<long long>(m * n), static_cast<int>(batch), dnn::gemm_compute_type(),
-      CUBLAS_GEMM_DEFAULT));
+      h, op_b, op_a, ni, mi, ki, &alpha, b, dt, ldb, static_cast<long long>(stride_b), a, dt, lda,
+      static_cast<long long>(stride_a), &beta, y, dt, ni, static_cast<long long>(m * n),
+      static_cast<int>(batch), ct, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---------------------------------------------------------------- Gemm
@@ -67,7 +95,7 @@ class GemmKernel final : public Kernel {
     const TensorView* c = ctx.input(2);
     if (!a || !b || a->rank() != 2 || b->rank() != 2)
       throw DeviceFallback{where_ + ": A and B must be rank-2 (the CPU kernel reports it)"};
-    dnn::require_f32(where_, {a, b, c});
+    dtype_ = require_gemm_dtype(where_, {a, b, c});
     m_ = ta_ ? a->dims[1] : a->dims[0];
     k_ = ta_ ? a->dims[0] : a->dims[1];
     n_ = tb_ ? b->dims[0] : b->dims[1];
@@ -92,19 +120,23 @@ class GemmKernel final : public Kernel {
     if (m_ * n_ == 0) return;
     cudaStream_t s = stream_of(ctx);
     if (use_c_) {
-      broadcast_c_kernel<<<blocks_for(m_ * n_), 256, 0, s>>>(
-          ctx.input(2)->as<float>(), y.as<float>(), m_, n_, c_rows_, c_cols_);
-      OT_CUDA_CHECK_LAUNCH();
+      dispatch_types(GemmT{}, dtype_, [&]<typename T>() {
+        broadcast_c_kernel<T><<<blocks_for(m_ * n_), 256, 0, s>>>(
+            ctx.input(2)->as<T>(), y.as<T>(), m_, n_, c_rows_, c_cols_);
+        OT_CUDA_CHECK_LAUNCH();
+      });
     }
-    // beta = 0: cuBLAS does not read y (it may hold anything).
-    row_major_gemm(s, ta_, tb_, m_, n_, k_, alpha_, ctx.input(0)->as<float>(), 0,
-                   ctx.input(1)->as<float>(), 0, use_c_ ? beta_ : 0.0f, y.as<float>(), 1);
+    // beta = 0: cuBLAS does not read y (it may hold anything). In bf16 / f16 the bias is added
+    // in float32 inside the product (beta * C) and Y rounded once, like the CPU's oneDNN Gemm.
+    row_major_gemm(s, dtype_, ta_, tb_, m_, n_, k_, alpha_, ctx.input(0)->data, 0,
+                   ctx.input(1)->data, 0, use_c_ ? beta_ : 0.0f, y.data, 1);
   }
 
  private:
   std::string where_;
   float alpha_, beta_;
   bool ta_, tb_;
+  DataType dtype_ = DataType::kFloat;
   int64_t m_ = 0, n_ = 0, k_ = 0, c_rows_ = 1, c_cols_ = 1;
   bool use_c_ = false;
 };
@@ -123,7 +155,7 @@ class MatMulKernel final : public Kernel {
     const TensorView* b = ctx.input(1);
     if (!a || !b || a->rank() < 1 || b->rank() < 1)
       throw DeviceFallback{where_ + ": MatMul operands must have rank >= 1"};
-    dnn::require_f32(where_, {a, b});
+    dtype_ = require_gemm_dtype(where_, {a, b});
     std::vector<int64_t> ad = a->dims, bd = b->dims;
     if (ad.size() == 1) ad.insert(ad.begin(), 1);
     if (bd.size() == 1) bd.push_back(1);
@@ -166,12 +198,13 @@ class MatMulKernel final : public Kernel {
       OT_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), s));
       return;
     }
-    row_major_gemm(s, false, false, m_, n_, k_, 1.0f, ctx.input(0)->as<float>(), stride_a_,
-                   ctx.input(1)->as<float>(), stride_b_, 0.0f, y.as<float>(), batch_);
+    row_major_gemm(s, dtype_, false, false, m_, n_, k_, 1.0f, ctx.input(0)->data, stride_a_,
+                   ctx.input(1)->data, stride_b_, 0.0f, y.data, batch_);
   }
 
  private:
   std::string where_;
+  DataType dtype_ = DataType::kFloat;
   int64_t m_ = 0, n_ = 0, k_ = 0, batch_ = 1, stride_a_ = 0, stride_b_ = 0;
 };
 

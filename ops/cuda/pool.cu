@@ -1,5 +1,6 @@
 // MaxPool, AveragePool, their ai.onnxtrain grads, GlobalAveragePool, GlobalMaxPool and
-// ai.onnxtrain.GlobalMaxPoolGrad on CUDA, float32, 1-3 spatial dims. Direct kernels rather than
+// ai.onnxtrain.GlobalMaxPoolGrad on CUDA, float32 (MaxPool, AveragePool and their grads also bf16
+// / f16: mixed precision's follow ops, computed in float32 and rounded once), 1-3 spatial dims. Direct kernels rather than
 // cuDNN pooling, which has no dilations, no unequal begin/end pads and no ceil_mode: these follow
 // the CPU reference (ops/nn/pool.cc) exactly: windows read only taps inside the input,
 // count_include_pad counts the explicit pads but not ceil_mode's extra, MaxPool's gradient goes
@@ -12,6 +13,7 @@
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/dnn_geometry.h"
 #include "ops/cuda/dnn_util.cuh"
+#include "ops/cuda/eltwise_util.cuh"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -94,10 +96,11 @@ __device__ int64_t window_count(const Geom3& g, int64_t o, bool include_pad) {
 }
 
 // Flat index of the first maximum of output o's window in plane xp, or -1 for an empty window.
-__device__ int64_t window_argmax(const Geom3& g, const float* xp, int64_t o) {
+template <typename T>
+__device__ int64_t window_argmax(const Geom3& g, const T* xp, int64_t o) {
   int64_t arg = -1;
   for_each_tap(g, o, [&](int64_t i) {
-    if (arg < 0 || xp[i] > xp[arg]) arg = i;
+    if (arg < 0 || widen(xp[i]) > widen(xp[arg])) arg = i;
   });
   return arg;
 }
@@ -110,44 +113,46 @@ __device__ int64_t column_major(const Geom3& g, int64_t flat) {
 }
 
 // x: (planes, D...) -> y: (planes, O...) [, indices: (planes, O...) flat into x of each maximum]
-__global__ void pool_forward_kernel(Geom3 g, const float* x, float* y, int64_t* indices,
-                                    bool column, bool is_max, bool include_pad) {
+template <typename T>
+__global__ void pool_forward_kernel(Geom3 g, const T* x, T* y, int64_t* indices, bool column,
+                                    bool is_max, bool include_pad) {
   OT_GRID_STRIDE_LOOP(i, g.planes * g.out_size) {
     const int64_t o = i % g.out_size, plane = i / g.out_size;
-    const float* xp = x + plane * g.in_size;
+    const T* xp = x + plane * g.in_size;
     if (is_max) {
       float best = -FLT_MAX;  // the CPU's numeric_limits<float>::lowest()
       int64_t arg = -1;       // the CPU's: the first tap, then each strictly larger one
       for_each_tap(g, o, [&](int64_t t) {
         if (arg < 0) arg = t;
-        if (xp[t] > best) {
-          best = xp[t];
+        if (widen(xp[t]) > best) {
+          best = widen(xp[t]);
           arg = t;
         }
       });
-      y[i] = best;
+      y[i] = narrow<T>(best);
       if (indices) {
         if (arg < 0) arg = 0;
         indices[i] = plane * g.in_size + (column ? column_major(g, arg) : arg);
       }
     } else {
       double sum = 0;
-      for_each_tap(g, o, [&](int64_t t) { sum += xp[t]; });
+      for_each_tap(g, o, [&](int64_t t) { sum += widen(xp[t]); });
       const int64_t count = window_count(g, o, include_pad);
-      y[i] = static_cast<float>(count ? sum / static_cast<double>(count) : 0.0);
+      y[i] = narrow<T>(static_cast<float>(count ? sum / static_cast<double>(count) : 0.0));
     }
   }
 }
 
 // dy: (planes, O...), x: (planes, D...) -> dx: (planes, D...). Each input element gathers the
 // outputs whose window holds it: per axis o = (pos + pad_begin - k*dil) / stride when divisible.
-__global__ void pool_backward_kernel(Geom3 g, const float* dy, const float* x, float* dx,
-                                     bool is_max, bool include_pad) {
+template <typename T>
+__global__ void pool_backward_kernel(Geom3 g, const T* dy, const T* x, T* dx, bool is_max,
+                                     bool include_pad) {
   OT_GRID_STRIDE_LOOP(i, g.planes * g.in_size) {
     const int64_t plane = i / g.in_size, flat = i % g.in_size;
     const int64_t pos[3] = {flat / (g.in[1] * g.in[2]), (flat / g.in[2]) % g.in[1], flat % g.in[2]};
-    const float* xp = x + plane * g.in_size;
-    const float* dyp = dy + plane * g.out_size;
+    const T* xp = x + plane * g.in_size;
+    const T* dyp = dy + plane * g.out_size;
     double acc = 0;
     int64_t oc[3];
     for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0) {
@@ -161,23 +166,27 @@ __global__ void pool_backward_kernel(Geom3 g, const float* dy, const float* x, f
           if (n2 < 0 || n2 % g.stride[2] != 0 || (oc[2] = n2 / g.stride[2]) >= g.out[2]) continue;
           const int64_t o = (oc[0] * g.out[1] + oc[1]) * g.out[2] + oc[2];
           if (is_max) {
-            if (window_argmax(g, xp, o) == flat) acc += dyp[o];
+            if (window_argmax(g, xp, o) == flat) acc += widen(dyp[o]);
           } else {
             const int64_t count = window_count(g, o, include_pad);
-            if (count) acc += static_cast<double>(dyp[o]) * (1.0 / static_cast<double>(count));
+            if (count) acc += static_cast<double>(widen(dyp[o])) * (1.0 / static_cast<double>(count));
           }
         }
       }
     }
-    dx[i] = static_cast<float>(acc);
+    dx[i] = narrow<T>(static_cast<float>(acc));
   }
 }
+
+// The dtypes MaxPool, AveragePool and their grads run.
+using PoolT = Types<float, __half, __nv_bfloat16>;
 
 // Geometry of a pool node over x; DeviceFallback for what the CPU kernel must run or report.
 Geom3 pool_geom(const KernelContext& ctx, const TensorView* x, const std::string& where) {
   if (!x || x->rank() < 3 || x->rank() > 5)
     throw DeviceFallback{where + ": CUDA pooling handles 1-3 spatial dims"};
-  dnn::require_f32(where, {x});
+  if (!has_dtype(PoolT{}, x->dtype))
+    throw DeviceFallback{where + ": CUDA pooling handles float32, bf16 and f16"};
   const WindowPlan p = plan_window(ctx.node(), x->dims, std::nullopt, x->dims[1], where);
   if (dnn::product(x->dims) == 0 || dnn::product(p.y_dims) == 0)
     throw DeviceFallback{where + ": empty tensor"};
@@ -201,10 +210,11 @@ class PoolKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     TensorView& y = ctx.output(0);
     int64_t* indices = indices_ ? ctx.output(1).as<int64_t>() : nullptr;
-    pool_forward_kernel<<<blocks_for(g_.planes * g_.out_size), 256, 0, stream_of(ctx)>>>(
-        g_, ctx.input(0)->as<float>(), y.as<float>(), indices, column_major_, is_max_,
-        include_pad_);
-    OT_CUDA_CHECK_LAUNCH();
+    dispatch_types(PoolT{}, ctx.input(0)->dtype, [&]<typename T>() {
+      pool_forward_kernel<T><<<blocks_for(g_.planes * g_.out_size), 256, 0, stream_of(ctx)>>>(
+          g_, ctx.input(0)->as<T>(), y.as<T>(), indices, column_major_, is_max_, include_pad_);
+      OT_CUDA_CHECK_LAUNCH();
+    });
   }
 
  private:
@@ -225,16 +235,17 @@ class PoolGradKernel final : public Kernel {
   void prepare(KernelContext& ctx) override {
     const TensorView* dy = ctx.input(0);
     g_ = pool_geom(ctx, ctx.input(1), where_);
-    if (!dy || dy->dtype != DataType::kFloat || dy->numel() != g_.planes * g_.out_size)
+    if (!dy || dy->dtype != ctx.input(1)->dtype || dy->numel() != g_.planes * g_.out_size)
       throw DeviceFallback{where_ + ": dY does not match the pooling (the CPU kernel reports it)"};
   }
 
   void run(KernelContext& ctx) override {
     TensorView& dx = ctx.output(0);
-    pool_backward_kernel<<<blocks_for(g_.planes * g_.in_size), 256, 0, stream_of(ctx)>>>(
-        g_, ctx.input(0)->as<float>(), ctx.input(1)->as<float>(), dx.as<float>(), is_max_,
-        include_pad_);
-    OT_CUDA_CHECK_LAUNCH();
+    dispatch_types(PoolT{}, ctx.input(0)->dtype, [&]<typename T>() {
+      pool_backward_kernel<T><<<blocks_for(g_.planes * g_.in_size), 256, 0, stream_of(ctx)>>>(
+          g_, ctx.input(0)->as<T>(), ctx.input(1)->as<T>(), dx.as<T>(), is_max_, include_pad_);
+      OT_CUDA_CHECK_LAUNCH();
+    });
   }
 
  private:
@@ -245,26 +256,26 @@ class PoolGradKernel final : public Kernel {
 
 // ---------------------------------------------------------------- global pools
 
-constexpr int kThreads = dnn::kReduceThreads;
+constexpr int kPlaneThreads = dnn::kReduceThreads;
 
 // x: (planes, size) -> y: (planes) mean or max; grid: one block per plane
 __global__ void global_pool_kernel(const float* x, float* y, int64_t size, bool is_max) {
-  __shared__ double shared[kThreads];
+  __shared__ double shared[kPlaneThreads];
   const float* v = x + static_cast<int64_t>(blockIdx.x) * size;
   if (!is_max) {
     double s = 0;
-    for (int64_t i = threadIdx.x; i < size; i += kThreads) s += v[i];
+    for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads) s += v[i];
     s = dnn::block_sum(s, shared);
     if (threadIdx.x == 0) y[blockIdx.x] = static_cast<float>(s / static_cast<double>(size));
     return;
   }
   float best = v[0];  // size >= 1 (checked in prepare)
-  for (int64_t i = threadIdx.x; i < size; i += kThreads)
+  for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads)
     if (best < v[i]) best = v[i];
-  __shared__ float partial[kThreads];
+  __shared__ float partial[kPlaneThreads];
   partial[threadIdx.x] = best;
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (int s = kPlaneThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s && partial[threadIdx.x] < partial[threadIdx.x + s])
       partial[threadIdx.x] = partial[threadIdx.x + s];
     __syncthreads();
@@ -276,18 +287,18 @@ __global__ void global_pool_kernel(const float* x, float* y, int64_t size, bool 
 // elsewhere; grid: one block per plane
 __global__ void global_max_pool_grad_kernel(const float* dy, const float* x, float* dx,
                                             int64_t size) {
-  __shared__ float best[kThreads];
-  __shared__ int64_t arg[kThreads];
+  __shared__ float best[kPlaneThreads];
+  __shared__ int64_t arg[kPlaneThreads];
   const float* v = x + static_cast<int64_t>(blockIdx.x) * size;
   // Each thread's first maximum over its strided elements (indices ascend).
   int64_t a = -1;
-  for (int64_t i = threadIdx.x; i < size; i += kThreads)
+  for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads)
     if (a < 0 || v[i] > v[a]) a = i;
   best[threadIdx.x] = a < 0 ? -FLT_MAX : v[a];
   arg[threadIdx.x] = a;
   __syncthreads();
   // Merge: the larger value wins, equal values keep the lower index (the CPU's first maximum).
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (int s = kPlaneThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
       const int64_t oa = arg[threadIdx.x + s];
       const float ob = best[threadIdx.x + s];
@@ -301,7 +312,7 @@ __global__ void global_max_pool_grad_kernel(const float* dy, const float* x, flo
   }
   const int64_t winner = arg[0] < 0 ? 0 : arg[0];
   float* d = dx + static_cast<int64_t>(blockIdx.x) * size;
-  for (int64_t i = threadIdx.x; i < size; i += kThreads) d[i] = i == winner ? dy[blockIdx.x] : 0.0f;
+  for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads) d[i] = i == winner ? dy[blockIdx.x] : 0.0f;
 }
 
 // Planes and plane size of x: (N,C,D...); DeviceFallback for what the CPU must run or report.
@@ -323,7 +334,7 @@ class GlobalPoolKernel final : public Kernel {
   void prepare(KernelContext& ctx) override { global_layout(where_, ctx.input(0), planes_, size_); }
 
   void run(KernelContext& ctx) override {
-    global_pool_kernel<<<static_cast<unsigned>(planes_), kThreads, 0, stream_of(ctx)>>>(
+    global_pool_kernel<<<static_cast<unsigned>(planes_), kPlaneThreads, 0, stream_of(ctx)>>>(
         ctx.input(0)->as<float>(), ctx.output(0).as<float>(), size_, is_max_);
     OT_CUDA_CHECK_LAUNCH();
   }
@@ -347,7 +358,7 @@ class GlobalMaxPoolGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    global_max_pool_grad_kernel<<<static_cast<unsigned>(planes_), kThreads, 0, stream_of(ctx)>>>(
+    global_max_pool_grad_kernel<<<static_cast<unsigned>(planes_), kPlaneThreads, 0, stream_of(ctx)>>>(
         ctx.input(0)->as<float>(), ctx.input(1)->as<float>(), ctx.output(0).as<float>(), size_);
     OT_CUDA_CHECK_LAUNCH();
   }

@@ -80,9 +80,14 @@ ReduceMap make_reduce_map(const std::vector<int64_t>& dims, const std::vector<bo
   return m;
 }
 
-// Accumulator of a sum over T: double for float types, int64 (wrapping) for integers.
+// Float types, bf16 and f16 included.
 template <typename T>
-using SumAcc = std::conditional_t<std::is_floating_point_v<T>, double, unsigned long long>;
+constexpr bool kFloatLike = std::is_floating_point_v<T> || kIsLow<T>;
+
+// Accumulator of a sum over T: double for float types (bf16 / f16 too), int64 (wrapping) for
+// integers.
+template <typename T>
+using SumAcc = std::conditional_t<kFloatLike<T>, double, unsigned long long>;
 
 struct Plus {
   template <typename A>
@@ -93,8 +98,8 @@ struct Plus {
 
 template <typename T>
 __device__ __forceinline__ T finish_sum(SumAcc<T> s, int64_t count, bool mean) {
-  if constexpr (std::is_floating_point_v<T>)
-    return static_cast<T>(mean ? s / static_cast<double>(count) : s);
+  if constexpr (kFloatLike<T>)
+    return narrow<T>(mean ? s / static_cast<double>(count) : s);
   else
     return static_cast<T>(static_cast<long long>(s));  // wraps like the CPU's int64 sum
 }
@@ -107,7 +112,8 @@ __global__ void reduce_sum_block_kernel(ReduceMap m, const T* __restrict__ x, T*
     const int64_t base = decompose(o, m.kept_rank, m.kept_dims, m.kept_strides);
     SumAcc<T> s = 0;
     for (int64_t r = threadIdx.x; r < m.count; r += blockDim.x)
-      s += static_cast<SumAcc<T>>(x[base + decompose(r, m.red_rank, m.red_dims, m.red_strides)]);
+      s += static_cast<SumAcc<T>>(
+          widen(x[base + decompose(r, m.red_rank, m.red_dims, m.red_strides)]));
     s = block_reduce(s, Plus{});
     if (threadIdx.x == 0) y[o] = finish_sum<T>(s, m.count, mean);
   }
@@ -122,7 +128,8 @@ __global__ void reduce_sum_thread_kernel(ReduceMap m, const T* __restrict__ x, T
     const int64_t base = decompose(o, m.kept_rank, m.kept_dims, m.kept_strides);
     SumAcc<T> s = 0;
     for (int64_t r = 0; r < m.count; ++r)
-      s += static_cast<SumAcc<T>>(x[base + decompose(r, m.red_rank, m.red_dims, m.red_strides)]);
+      s += static_cast<SumAcc<T>>(
+          widen(x[base + decompose(r, m.red_rank, m.red_dims, m.red_strides)]));
     y[o] = finish_sum<T>(s, m.count, mean);
   }
 }
@@ -188,14 +195,15 @@ class ReduceSumKernel final : public Kernel {
 };
 
 // dy: D, x: S (numpy-broadcastable to D; only its dims are read) -> dx: S, dy summed over the
-// axes broadcasting expanded (in double, like the CPU kernel)
+// axes broadcasting expanded (in double, like the CPU kernel; bf16 / f16 rounded once)
 class SumToShapeOfKernel final : public Kernel {
  public:
   explicit SumToShapeOfKernel(const graph::Node&) {}
   void prepare(KernelContext& ctx) override {
     const TensorView& dy = need_input(ctx, 0);
     const TensorView& x = need_input(ctx, 1);
-    need_dtype(dy.dtype, {DataType::kFloat, DataType::kDouble}, "dY");
+    need_dtype(dy.dtype,
+               {DataType::kFloat, DataType::kDouble, DataType::kBFloat16, DataType::kFloat16}, "dY");
     dtype_ = dy.dtype;
     if (x.dims.size() > dy.dims.size()) throw DeviceFallback{"x has a higher rank than dY"};
     const size_t lead = dy.dims.size() - x.dims.size();
@@ -212,7 +220,7 @@ class SumToShapeOfKernel final : public Kernel {
     TensorView& dx = ctx.output(0);
     OT_CHECK(dx.numel() == map_.outputs && dx.dtype == dtype_, ctx.node().describe(),
              ": planned output does not match the reduction");
-    dispatch_types(FloatT{}, dtype_, [&]<typename T>() {
+    dispatch_types(Types<float, double, __half, __nv_bfloat16>{}, dtype_, [&]<typename T>() {
       if (map_.count == 1) {
         copy_async(dx.data, ctx.input(0)->data, dx.nbytes(), stream_of(ctx));
         return;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/error.h"
+#include "ops/precision.h"
 #include "runtime/device/device.h"
 
 namespace onnxtrain::runtime {
@@ -23,6 +24,10 @@ class CudaDevice final : public Device {
         alloc_([this](size_t n) { return raw_alloc(n); }, [](void* p) { cudaFree(p); }, name_) {
     check(cudaSetDevice(index_), name_, "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name_, "cudaStreamCreate");
+    check(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, index_), name_,
+          "compute capability");
+    check(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, index_), name_,
+          "compute capability");
   }
   ~CudaDevice() override {
     cudaSetDevice(index_);
@@ -34,6 +39,13 @@ class CudaDevice final : public Device {
   int index() const override { return index_; }
   ops::DeviceKind kind() const override { return ops::DeviceKind::kCuda; }
   bool host_memory() const override { return false; }
+  bool runs_natively(graph::DataType t) const override {
+    return ops::cuda_runs_natively(t, cc_major_);
+  }
+  std::string native_requirement(graph::DataType t) const override {
+    return std::string(ops::cuda_native_requirement(t)) + "; this GPU is " +
+           std::to_string(cc_major_) + "." + std::to_string(cc_minor_);
+  }
   void activate() override { check(cudaSetDevice(index_), name_, "cudaSetDevice"); }
   void* stream() const override { return stream_; }
   void* allocate(size_t bytes) override { return alloc_.allocate(bytes); }
@@ -65,6 +77,7 @@ class CudaDevice final : public Device {
   int index_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  int cc_major_ = 0, cc_minor_ = 0;
   CachingAllocator alloc_;
 };
 

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "graph/error.h"
+#include "ops/precision.h"
 
 namespace onnxtrain::runtime {
 
@@ -45,9 +46,14 @@ constexpr size_t kHostAlign = 64;
 void* host_alloc(size_t n) { return ::operator new[](n, std::align_val_t{kHostAlign}, std::nothrow); }
 void host_free(void* p) { ::operator delete[](p, std::align_val_t{kHostAlign}); }
 
-// Devices whose memory is host memory: every copy is a memmove.
+// Devices whose memory is host memory: every copy is a memmove. Their kernels are CPU kernels.
 class HostMemoryDevice : public Device {
  public:
+  bool runs_natively(graph::DataType t) const override { return ops::cpu_runs_natively(t); }
+  std::string native_requirement(graph::DataType t) const override {
+    return t == graph::DataType::kFloat16 ? "AVX512-FP16 with a oneDNN that has f16 kernels"
+                                          : "AVX512-BF16 or AMX";
+  }
   void to_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void to_host(void* dst, const void* src, size_t n) override { copy(dst, src, n); }
   void on_device(void* dst, const void* src, size_t n) override { copy(dst, src, n); }

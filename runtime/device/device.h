@@ -27,6 +27,11 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual int index() const { return 0; }
   // Which kernels it runs natively.
   virtual ops::DeviceKind kind() const = 0;
+  // Whether its kernels compute float type t natively (ops/precision.h): mixed precision refuses
+  // the others unless the user allows emulation.
+  virtual bool runs_natively(graph::DataType t) const = 0;
+  // What runs_natively(t) needs and this device lacks, for the refusal's message.
+  virtual std::string native_requirement(graph::DataType t) const = 0;
   // True when buffers are host memory a CPU kernel reads directly (no staging).
   virtual bool host_memory() const = 0;
   // Makes the device current on the calling thread (cudaSetDevice); every run starts with it.
