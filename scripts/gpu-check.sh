@@ -1,9 +1,11 @@
 #!/bin/bash
 # On a machine with an NVIDIA GPU, in one command (target: under 8 minutes): builds onnxtrain with
 # the CUDA backend, runs the gpu-labelled tests (the ONNX backend suite and every gradient check on
-# the GPU, NCCL, device tests), trains a small model on the GPU and on the CPU to compare losses,
-# and runs the ResNet-50 training benchmark against PyTorch on the same GPU (batch 256, float32
-# with TF32; images/s ratio). Usage: scripts/gpu-check.sh [--no-bench] [--no-tf32] [--prebuilt PACK]
+# the GPU, NCCL, device tests, mixed precision's bf16/fp16 kernels against the CPU's), trains a
+# small model on the GPU and on the CPU to compare losses, trains a CNN with --precision fp32 /
+# bf16 / fp16 on the GPU, and runs the ResNet-50 training benchmarks against PyTorch on the same
+# GPU (batch 256, float32 with TF32; and batch 128 fp32/bf16/fp16 against torch.autocast;
+# images/s ratios). Usage: scripts/gpu-check.sh [--no-bench] [--no-tf32] [--prebuilt PACK]
 # --prebuilt PACK: no build; the binaries, libraries and test data of PACK (scripts/gpu-pack.sh,
 # made on a machine with the Debian packages) are unpacked and run, for GPU machines that have
 # CUDA and PyTorch but no packages and no registry.
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     --no-tf32) tf32=(--no-tf32) ;;
     --prebuilt) [ $# -ge 2 ] || { echo "gpu-check: error: --prebuilt needs a PACK" >&2; exit 2; }
                 pack=$2; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "gpu-check: error: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -74,6 +76,15 @@ for dev in cpu cuda; do
     --epochs 2 --batch-size 128 --lr 1e-3 --seed 3 --device "$dev" "${tf32[@]}" \
     --output "build-gpu/gpu-mlp-$dev.onnx" | tail -3 || status=1
 done
+stage "mixed precision on the GPU (issue #19): cnn, --precision fp32 | bf16 | fp16, same seed"
+# bf16 needs compute capability 8.0, fp16 7.0: onnxtrain refuses an older GPU with a message.
+"$bin/onnxzoo" cnn -o build-gpu/gpu-cnn.onnx >/dev/null
+for p in fp32 bf16 fp16; do
+  echo "-- --precision $p"
+  "$bin/onnxtrain" build-gpu/gpu-cnn.onnx --data synthetic:4096 --val-data none \
+    --epochs 2 --batch-size 128 --lr 1e-3 --seed 3 --device cuda --precision "$p" "${tf32[@]}" \
+    --output "build-gpu/gpu-cnn-$p.onnx" | tail -3 || status=1
+done
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   stage "two replicas on two GPUs (NCCL)"
   "$bin/onnxtrain" build-gpu/gpu-mlp.onnx --data synthetic:4096 --val-data none \
@@ -92,6 +103,15 @@ if [ "$bench" = 1 ]; then
       --classes 1000 --batch 256 --threads 4 --data synthetic:512 --optimizer adam \
       --device cuda --steps 8 --warmup 3 "${tf32[@]}" || status=1
   fi
+fi
+
+if [ "$bench" = 1 ]; then
+  stage "ResNet-50 training, batch 128, mixed precision: onnxtrain --precision vs torch.autocast"
+  peers=onnxtrain-fp32,onnxtrain-bf16,onnxtrain-fp16
+  python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null &&
+    peers=$peers,torch-fp32,torch-bf16,torch-fp16
+  timeout 600 python3 bench/amp_gpu.py --bin "$bin" --peers "$peers" --rounds 1 --steps 8 \
+    --warmup 3 "${tf32[@]}" || status=1
 fi
 
 stage "done"
