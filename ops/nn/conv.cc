@@ -217,8 +217,10 @@ GemmShape gemm_shape(const ConvSetup& s) {
 }
 
 // col[(n,o), (c,k)] = x[n, c, tap(o,k)] (0 in the padding); taps = all_taps(s.geom, false).
-void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const float* x,
-            float* col, const KernelContext& ctx) {
+// T: float, or bf16 / f16 widened exactly.
+template <typename T>
+void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const T* x, float* col,
+            const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t rows = s.n * g.out_size, cols = s.c * g.kernel_size;
   ctx.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
@@ -226,31 +228,40 @@ void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const
       const int64_t n = r / g.out_size, o = r % g.out_size;
       float* row = col + r * cols;
       std::fill(row, row + cols, 0.0f);
-      const float* xn = x + n * s.c * g.in_size;
+      const T* xn = x + n * s.c * g.in_size;
       for (int64_t c = 0; c < s.c; ++c) {
-        const float* xc = xn + c * g.in_size;
+        const T* xc = xn + c * g.in_size;
         float* rc = row + c * g.kernel_size;
-        for (const Tap& t : taps[o]) rc[t.k] = xc[t.i];
+        for (const Tap& t : taps[o]) rc[t.k] = static_cast<float>(xc[t.i]);
       }
     }
   });
 }
 
 // dx[n, c, i] = sum over (o,k) with tap(o,k) = i of dcol[(n,o), (c,k)]; one (n, c) plane per
-// task, so no two tasks write the same element.
+// task, so no two tasks write the same element. T: float, or bf16 / f16 (each plane summed in
+// float32, then rounded once to nearest even).
+template <typename T>
 void col2im(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const float* dcol,
-            float* dx, const KernelContext& ctx) {
+            T* dx, const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t cols = s.c * g.kernel_size;
   ctx.parallel_for(s.n * s.c, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(std::is_same_v<T, float> ? 0 : static_cast<size_t>(g.in_size));
     for (int64_t nc = begin; nc < end; ++nc) {
       const int64_t n = nc / s.c, c = nc % s.c;
-      float* plane = dx + nc * g.in_size;
+      float* plane = nullptr;
+      if constexpr (std::is_same_v<T, float>)
+        plane = dx + nc * g.in_size;
+      else
+        plane = sums.data();
       std::fill(plane, plane + g.in_size, 0.0f);
       for (int64_t o = 0; o < g.out_size; ++o) {
         const float* rc = dcol + (n * g.out_size + o) * cols + c * g.kernel_size;
         for (const Tap& t : taps[o]) plane[t.i] += rc[t.k];
       }
+      if constexpr (!std::is_same_v<T, float>)
+        std::copy(plane, plane + g.in_size, dx + nc * g.in_size);  // rounds to nearest even
     }
   });
 }
@@ -584,7 +595,14 @@ class ConvGradKernel final : public Kernel {
     data_.reset();
     weights_.reset();
     const bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
-    gemm_ = !empty && x->dtype == w->dtype && prefer_gemm(setup_, x->dtype, ctx.node());
+    // Small maps as float32 GEMMs (conv_algorithm.h), also for mixed precision's bf16 / f16
+    // activations around a float32 weight: dY and X widen exactly as they are read, dX is summed
+    // in float32 and rounded once, and the weight is used as it is (not rounded to bf16 as the
+    // oneDNN primitives read it: slightly more precise, and no copy of the weight).
+    const bool low_act = w->dtype == DataType::kFloat &&
+                         (x->dtype == DataType::kBFloat16 || x->dtype == DataType::kFloat16);
+    gemm_ = !empty && (x->dtype == w->dtype || low_act) &&
+            prefer_gemm(setup_, low_act ? DataType::kFloat : x->dtype, ctx.node());
     if (gemm_) {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
@@ -802,18 +820,31 @@ class ConvGradKernel final : public Kernel {
 
   void run_gemm(KernelContext& ctx, const TensorView& dy, const TensorView& x, const TensorView& w,
                 TensorView* dx, TensorView* dw, TensorView* db) {
+    dispatch_float_or_low(x.dtype, where_, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_same_v<T, double>)
+        fail(where_, ": the GEMM path is float32 / bf16 / f16 only");
+      else
+        run_gemm_as<T>(ctx, dy, x, w, dx, dw, db);
+    });
+  }
+
+  // T: dY's, X's and dX's element type (float, or bf16 / f16 around a float32 W).
+  template <typename T>
+  void run_gemm_as(KernelContext& ctx, const TensorView& dy, const TensorView& x,
+                   const TensorView& w, TensorView* dx, TensorView* dw, TensorView* db) {
     const GemmShape gs = gemm_shape(setup_);
     auto* col = static_cast<float*>(ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float)));
     float* dyt = col + gs.col_floats();
     const int64_t pixels = setup_.geom.out_size, out = gs.out;
-    const float* dyv = dy.as<float>();
+    const T* dyv = dy.as<T>();
     // dYt[(n,p), o] = dy[n, o, p]
     ctx.parallel_for(setup_.n * pixels, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t n = r / pixels, p = r % pixels;
-        const float* src = dyv + n * out * pixels + p;
+        const T* src = dyv + n * out * pixels + p;
         float* dst = dyt + r * out;
-        for (int64_t o = 0; o < out; ++o) dst[o] = src[o * pixels];
+        for (int64_t o = 0; o < out; ++o) dst[o] = static_cast<float>(src[o * pixels]);
       }
     });
     if (db) {
@@ -828,14 +859,14 @@ class ConvGradKernel final : public Kernel {
     }
     ThreadBudget budget(ctx.num_threads());
     if (dw) {
-      im2col(setup_, taps_, x.as<float>(), col, ctx);
+      im2col(setup_, taps_, x.as<T>(), col, ctx);
       sgemm('T', 'N', out, gs.cols, gs.rows, dyt, out, col, gs.cols, dw->as<float>(), gs.cols,
             where_);
     }
     if (dx) {
       sgemm('N', 'N', gs.rows, gs.cols, out, dyt, out, w.as<float>(), gs.cols, col, gs.cols,
             where_);
-      col2im(setup_, taps_, col, dx->as<float>(), ctx);
+      col2im(setup_, taps_, col, dx->as<T>(), ctx);
     }
   }
 
