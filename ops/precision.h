@@ -1,6 +1,6 @@
 // Mixed precision's facts about the kernels, in one place: which low-precision float types this
-// machine's CPU kernels and a GPU's CUDA kernels run natively (what --precision / passes::autocast asks before it casts
-// Conv/Gemm/MatMul down), and the dtype a convolution computes in when its operands differ
+// machine's CPU kernels and a GPU's CUDA kernels run natively (what --precision /
+// passes::autocast asks before it casts Conv/Gemm/MatMul down), and the dtype a convolution computes in when its operands differ
 // (the rule passes::autocast writes into the graph and the Conv / ConvGrad kernels and shape
 // inference read).
 #pragma once

@@ -236,7 +236,8 @@ struct GeluGradOp {
     if (f.tanh_approx) {
       const T k = T(0.7978845608028654), c = T(0.044715);
       const T t = d_tanh(k * (x + c * x * x * x));
-      return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3) * c * x * x));
+      return dy *
+             (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3) * c * x * x));
     }
     const T pdf = d_exp(T(-0.5) * x * x) * T(0.3989422804014327);  // 1/sqrt(2 pi)
     return dy * (d_normcdf(x) + x * pdf);

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "graph/bfloat16.h"
 #include "ops/cuda/cuda_common.h"
 
 namespace onnxtrain::ops::cuda {
@@ -235,13 +236,14 @@ __host__ __device__ __forceinline__ auto widen(T v) {
     return v;
 }
 
-// A float32 result stored as T: rounded once to nearest even for the low types.
+// A float32 result stored as T: rounded once to nearest even for the low types (bf16 by
+// graph/bfloat16.h, the CPU's rule bit for bit, NaN payloads included).
 template <typename T, typename F>
 __host__ __device__ __forceinline__ T narrow(F v) {
   if constexpr (std::is_same_v<T, __half>)
     return __float2half_rn(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(static_cast<float>(v));
+    return __ushort_as_bfloat16(graph::bf16_from_float(static_cast<float>(v)));
   else
     return static_cast<T>(v);
 }

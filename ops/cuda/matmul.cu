@@ -60,6 +60,10 @@ void row_major_gemm(cudaStream_t s, DataType t, bool ta, bool tb, int64_t m, int
   const cudaDataType_t dt = cublas_dtype(t);
   const cublasComputeType_t ct = compute_type(t);
   cublasHandle_t h = cublas_handle(s);
+  // bf16 / f16: partial sums (split-K) are reduced in float32, not in Y's dtype, which would round
+  // Y more than once (cuBLAS allows that by default); cublas_handle() resets the mode per call.
+  if (t != DataType::kFloat)
+    OT_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   // Column-major view: b is (N,K) [ld N] or, with tb, (K,N) [ld K]; a likewise.

@@ -1,11 +1,11 @@
 // MaxPool, AveragePool, their ai.onnxtrain grads, GlobalAveragePool, GlobalMaxPool and
-// ai.onnxtrain.GlobalMaxPoolGrad on CUDA, float32 (MaxPool, AveragePool and their grads also bf16
-// / f16: mixed precision's follow ops, computed in float32 and rounded once), 1-3 spatial dims. Direct kernels rather than
-// cuDNN pooling, which has no dilations, no unequal begin/end pads and no ceil_mode: these follow
-// the CPU reference (ops/nn/pool.cc) exactly: windows read only taps inside the input,
-// count_include_pad counts the explicit pads but not ceil_mode's extra, MaxPool's gradient goes
-// to the window's first maximum, Indices (storage_order too) as the CPU computes them. Gradients
-// gather per input element (no atomics: deterministic).
+// ai.onnxtrain.GlobalMaxPoolGrad on CUDA, float32 (MaxPool, AveragePool and their grads also bf16 /
+// f16: mixed precision's follow ops, computed in float32 and rounded once), 1-3 spatial dims.
+// Direct kernels rather than cuDNN pooling, which has no dilations, no unequal begin/end pads and
+// no ceil_mode: these follow the CPU reference (ops/nn/pool.cc) exactly: windows read only taps
+// inside the input, count_include_pad counts the explicit pads but not ceil_mode's extra, MaxPool's
+// gradient goes to the window's first maximum, Indices (storage_order too) as the CPU computes
+// them. Gradients gather per input element (no atomics: deterministic).
 #include <cfloat>
 #include <string>
 #include <vector>
@@ -169,7 +169,8 @@ __global__ void pool_backward_kernel(Geom3 g, const T* dy, const T* x, T* dx, bo
             if (window_argmax(g, xp, o) == flat) acc += widen(dyp[o]);
           } else {
             const int64_t count = window_count(g, o, include_pad);
-            if (count) acc += static_cast<double>(widen(dyp[o])) * (1.0 / static_cast<double>(count));
+            if (count)
+              acc += static_cast<double>(widen(dyp[o])) * (1.0 / static_cast<double>(count));
           }
         }
       }
@@ -312,7 +313,8 @@ __global__ void global_max_pool_grad_kernel(const float* dy, const float* x, flo
   }
   const int64_t winner = arg[0] < 0 ? 0 : arg[0];
   float* d = dx + static_cast<int64_t>(blockIdx.x) * size;
-  for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads) d[i] = i == winner ? dy[blockIdx.x] : 0.0f;
+  for (int64_t i = threadIdx.x; i < size; i += kPlaneThreads)
+    d[i] = i == winner ? dy[blockIdx.x] : 0.0f;
 }
 
 // Planes and plane size of x: (N,C,D...); DeviceFallback for what the CPU must run or report.
@@ -358,7 +360,8 @@ class GlobalMaxPoolGradKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    global_max_pool_grad_kernel<<<static_cast<unsigned>(planes_), kPlaneThreads, 0, stream_of(ctx)>>>(
+    const auto blocks = static_cast<unsigned>(planes_);
+    global_max_pool_grad_kernel<<<blocks, kPlaneThreads, 0, stream_of(ctx)>>>(
         ctx.input(0)->as<float>(), ctx.input(1)->as<float>(), ctx.output(0).as<float>(), size_);
     OT_CUDA_CHECK_LAUNCH();
   }

@@ -203,7 +203,8 @@ class SumToShapeOfKernel final : public Kernel {
     const TensorView& dy = need_input(ctx, 0);
     const TensorView& x = need_input(ctx, 1);
     need_dtype(dy.dtype,
-               {DataType::kFloat, DataType::kDouble, DataType::kBFloat16, DataType::kFloat16}, "dY");
+               {DataType::kFloat, DataType::kDouble, DataType::kBFloat16, DataType::kFloat16},
+               "dY");
     dtype_ = dy.dtype;
     if (x.dims.size() > dy.dims.size()) throw DeviceFallback{"x has a higher rank than dY"};
     const size_t lead = dy.dims.size() - x.dims.size();
