@@ -19,10 +19,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from peers_common import (BenchError, describe_rc, emit, emit_na, fmt, header,  # noqa: E402
-                          parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
-                          rotated, run_child, run_main, step_result, summarize_runs, tail,
-                          time_steps)
+from peers_common import (BenchError, child_result, emit, emit_na, fmt, header,  # noqa: E402
+                          print_table, resolve_tool, rotated, run_child, run_main, step_result,
+                          summarize_runs, tail, time_steps)
 
 PRECISIONS = ["fp32", "bf16", "fp16"]
 PEERS = [f"{who}-{p}" for p in PRECISIONS for who in ("onnxtrain", "torch")]
@@ -86,17 +85,8 @@ def one_run(a, peer, model, work):
         if not a.tf32:
             cmd.append("--no-tf32")
     rc, so, se, rss, _ = run_child(cmd, timeout=a.timeout)
-    if rc != 0:
-        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer.startswith("onnxtrain"):
-        try:
-            return read_onnxtrain_metrics(metrics, a.batch), None, rss
-        except (OSError, ValueError, KeyError, BenchError) as e:
-            return None, f"no metrics: {e}\n      {tail(so)}", rss
-    res = parse_result(so)
-    if res is None:
-        return None, f"no RESULT line: {tail(so + se)}", rss
-    return res, None, rss
+    return child_result(rc, so, se, rss, metrics if peer.startswith("onnxtrain") else None,
+                        a.batch)
 
 
 def main(argv):

@@ -18,10 +18,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, add_bf16_run_options, cpu_flags,  # noqa: E402
-                          describe_rc, emit, fmt, header, run_main,
-                          parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
-                          rotated, run_child, step_result, summarize_runs, tail, time_steps,
+from peers_common import (REPO, add_bf16_run_options, BenchError, child_result,  # noqa: E402
+                          cpu_flags, emit, fmt, header, print_table, resolve_tool, rotated,
+                          run_child, run_main, step_result, summarize_runs, tail, time_steps,
                           uptime, versions)
 from train_peers import CLASSES, LR, parse_configs, shape  # noqa: E402
 
@@ -99,17 +98,7 @@ def one_run(a, peer, inp, batch, threads, work, model):
         cmd = [sys.executable, __file__, "--worker", peer, "--input", inp, "--batch", batch,
                "--threads", threads, "--steps", a.steps, "--warmup", a.warmup]
     rc, so, se, rss, _ = run_child(cmd, timeout=a.timeout)
-    if rc != 0:
-        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer.startswith("onnxtrain"):
-        try:
-            return read_onnxtrain_metrics(metrics, batch), None, rss
-        except (OSError, ValueError, KeyError, BenchError) as e:
-            return None, f"no metrics: {e}\n      {tail(so)}", rss
-    res = parse_result(so)
-    if res is None:
-        return None, f"no RESULT line: {tail(so + se)}", rss
-    return res, None, rss
+    return child_result(rc, so, se, rss, metrics if peer.startswith("onnxtrain") else None, batch)
 
 
 def config_label(inp, batch, threads):

@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_common import (REPO, BenchError, add_bf16_run_options, cpu_flags,  # noqa: E402
-                          describe_rc, emit, fmt, header, run_main,
-                          parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
-                          rotated, run_child, step_result, summarize_runs, tail, time_steps,
-                          uptime, versions)
+from peers_common import (REPO, add_bf16_run_options, BenchError, child_result,  # noqa: E402
+                          cpu_flags, describe_rc, emit, fmt, header, parse_result, print_table,
+                          resolve_tool, rotated, run_child, run_main, step_result, summarize_runs,
+                          tail, time_steps, uptime, versions)
 
 PEERS = ["onnxtrain-fp32", "onnxtrain-bf16", "torch", "torch-bf16"]
 PEER_LABEL = {"onnxtrain-fp32": "onnxtrain --precision fp32",
@@ -158,20 +157,12 @@ def one_run(a, peer, work):
         cmd = [sys.executable, __file__, "--worker", peer, "--data", data,
                "--threads", a.threads] + model_args(a)
     rc, so, se, rss, _ = run_child(cmd, timeout=a.timeout)
-    if rc != 0:
-        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer.startswith("onnxtrain"):
-        try:
-            res = read_onnxtrain_metrics(metrics, a.batch)
-            last = [l for l in metrics.read_text().splitlines() if l.strip()][-1]
-            res["loss"] = json.loads(last).get("loss")
-            return res, None, rss
-        except (OSError, ValueError, KeyError, BenchError) as e:
-            return None, f"no metrics: {e}\n      {tail(so)}", rss
-    res = parse_result(so)
-    if res is None:
-        return None, f"no RESULT line: {tail(so + se)}", rss
-    return res, None, rss
+    ours = peer.startswith("onnxtrain")
+    res, err, rss = child_result(rc, so, se, rss, metrics if ours else None, a.batch)
+    if res is not None and ours:  # the last epoch's loss too (read once more: it parsed)
+        last = [l for l in metrics.read_text().splitlines() if l.strip()][-1]
+        res["loss"] = json.loads(last).get("loss")
+    return res, err, rss
 
 
 def positive(text):

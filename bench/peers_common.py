@@ -143,6 +143,23 @@ def read_onnxtrain_metrics(path, images_per_step):
             "first_ms": None}
 
 
+def child_result(rc, so, se, rss, metrics=None, images_per_step=None):
+    """(RESULT dict or None, error text or None, max RSS MiB) of a finished child (run_child's
+    rc, stdout, stderr, RSS): onnxtrain's --metrics-json file when `metrics` is given, else the
+    child's `RESULT {json}` line."""
+    if rc != 0:
+        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
+    if metrics is not None:
+        try:
+            return read_onnxtrain_metrics(metrics, images_per_step), None, rss
+        except (OSError, ValueError, KeyError, BenchError) as e:
+            return None, f"no metrics: {e}\n      {tail(so)}", rss
+    res = parse_result(so)
+    if res is None:
+        return None, f"no RESULT line: {tail(so + se)}", rss
+    return res, None, rss
+
+
 def resolve_tool(bin_dir, name):
     p = Path(bin_dir) / name
     if not p.is_file():

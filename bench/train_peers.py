@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers_common import run_main  # noqa: E402
-from peers_common import (REPO, BenchError, describe_rc, emit, emit_na, fmt, header, median,  # noqa: E402
-                          parse_result, print_table, read_onnxtrain_metrics, resolve_tool,
-                          rotated, run_child, step_result, tail, time_steps, uptime, versions)
+from peers_common import (REPO, BenchError, child_result, emit, emit_na, fmt, header,  # noqa: E402
+                          median, print_table, resolve_tool, rotated, run_child, step_result, tail,
+                          time_steps, uptime, versions)
 
 PEERS = ["onnxtrain", "onnxtrain-winograd", "torch", "torch-cl", "torch-compile", "tensorflow",
          "ort-training"]
@@ -229,17 +229,7 @@ def one_run(a, peer, inp, batch, threads, work, model, artifacts):
         if peer == "tensorflow":
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rc, so, se, rss, _ = run_child(cmd, env=env, timeout=a.timeout)
-    if rc != 0:
-        return None, f"{describe_rc(rc)}: {tail(se or so)}", rss
-    if peer in OURS:
-        try:
-            return read_onnxtrain_metrics(metrics, batch), None, rss
-        except (OSError, ValueError, KeyError, BenchError) as e:
-            return None, f"no metrics: {e}\n      {tail(so)}", rss
-    res = parse_result(so)
-    if res is None:
-        return None, f"no RESULT line: {tail(so + se)}", rss
-    return res, None, rss
+    return child_result(rc, so, se, rss, metrics if peer in OURS else None, batch)
 
 
 def main(argv):
