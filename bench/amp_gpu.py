@@ -32,26 +32,16 @@ def torch_worker(a):
     """One PyTorch run: RESULT with the step times (CUDA synchronized by reading the loss)."""
     try:
         import torch
-        from resnet50_cpu import build_torch_resnet50
     except ImportError as e:
         return emit_na(f"PyTorch is not installed: {e}")
     if not torch.cuda.is_available():
         return emit_na("PyTorch sees no CUDA GPU")
+    from resnet_train_gpu import torch_gpu_setup
+    torch, dev, model, opt, loss_fn, x, y = torch_gpu_setup(a.input, a.batch, a.classes, 1,
+                                                            a.tf32)
     precision = a.worker.split("-", 1)[1]
-    torch.manual_seed(1)
-    torch.backends.cuda.matmul.allow_tf32 = a.tf32
-    torch.backends.cudnn.allow_tf32 = a.tf32
-    torch.backends.cudnn.benchmark = True
-    c, h, w = (int(v) for v in a.input.split("x"))
-    dev = torch.device("cuda")
-    model, _ = build_torch_resnet50(a.classes)
-    model = model.to(dev).train()
-    opt = torch.optim.Adam(model.parameters(), lr=float(LR), eps=1e-7)
-    loss_fn = torch.nn.CrossEntropyLoss()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-    x = torch.randn(a.batch, c, h, w).pin_memory()
-    y = torch.randint(0, a.classes, (a.batch,)).pin_memory()
 
     def step():
         xd, yd = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)

@@ -18,22 +18,30 @@ sys.path.insert(0, str(HERE))
 from resnet_train_cpu import run  # noqa: E402  (parses 'median X ms/step, median CPU Y ms/step')
 
 
-def torch_worker(args):
+def torch_gpu_setup(input_shape, batch, classes, seed, tf32):
+    """(torch, device, model, Adam, loss, x, y): PyTorch's ResNet-50 (bench/resnet50_cpu.py) in
+    training mode on cuda, Adam lr 1e-3, TF32 per `tf32`, cuDNN autotuning, and one pinned host
+    batch (copied each step, as onnxtrain's loader feeds host tensors). Shared with amp_gpu.py."""
     import torch
     from resnet50_cpu import build_torch_resnet50
-    torch.manual_seed(args.seed)
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.manual_seed(seed)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
-    c, h, w = (int(v) for v in args.input.split("x"))
+    c, h, w = (int(v) for v in input_shape.split("x"))
     dev = torch.device("cuda")
-    model, _ = build_torch_resnet50(args.classes)
+    model, _ = build_torch_resnet50(classes)
     model = model.to(dev).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
     loss_fn = torch.nn.CrossEntropyLoss()
-    # Host batches copied each step, as onnxtrain's loader feeds host tensors.
-    x = torch.randn(args.batch, c, h, w).pin_memory()
-    y = torch.randint(0, args.classes, (args.batch,)).pin_memory()
+    x = torch.randn(batch, c, h, w).pin_memory()
+    y = torch.randint(0, classes, (batch,)).pin_memory()
+    return torch, dev, model, opt, loss_fn, x, y
+
+
+def torch_worker(args):
+    torch, dev, model, opt, loss_fn, x, y = torch_gpu_setup(args.input, args.batch, args.classes,
+                                                            args.seed, args.tf32)
     times, cpu = [], []
     for i in range(args.warmup + args.steps):
         torch.cuda.synchronize()
