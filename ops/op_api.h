@@ -276,6 +276,11 @@ struct OpSchema {
   // node and every output a same-sized intermediate. Otherwise the buffers are placed as usual,
   // and the kernel, which compares the pointers, packs a copy itself.
   std::function<bool(const graph::Node& node)> packed_inputs;
+  // True when output 0 holds input 0's elements unchanged and in order (a relabeling of the
+  // shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity) and every kernel of the op skips its
+  // copy when the two buffers are one. The runtime may then place the output over the input (a
+  // view: no copy, one buffer live as long as both values).
+  bool view = false;
 };
 
 // The process-wide registry. Keyed by (domain, op_type, opset range); device kernels attach to

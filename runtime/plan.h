@@ -110,7 +110,10 @@ class Plan {
     size_t bytes = 0;
     int def = 0, last = 0;
   };
-  std::vector<PackedBlock> packed_blocks() const;
+  std::vector<PackedBlock> packed_blocks(const std::vector<char>& taken) const;
+  // OpSchema::view steps whose output plan_memory places over the input: per slot, the slot
+  // whose buffer it shares (the first value of its chain of views), or -1.
+  std::vector<int> view_roots() const;
   // Arena offsets of the static intermediates (memory_plan.h), the arena, and when dynamic
   // buffers are released.
   void plan_memory();

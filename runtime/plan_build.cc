@@ -316,12 +316,38 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   steps_.push_back(std::move(step));
 }
 
-std::vector<Plan::PackedBlock> Plan::packed_blocks() const {
+std::vector<int> Plan::view_roots() const {
+  std::vector<int> root(slots_.size(), -1);
+  // An intermediate the arena holds (not an input, output, constant or state alias).
+  auto arena_slot = [&](int s) {
+    if (s < 0) return false;
+    const Slot& slot = slots_[static_cast<size_t>(s)];
+    return slot.is_static && !slot.is_constant && !slot.is_input && !slot.is_output &&
+           !slot.alias_direct && slot.def_step >= 0;
+  };
+  // Steps run in order and no kernel writes a buffer it does not own as an output (the in-place
+  // exceptions, state aliases and packed blocks, are kept out of views), so a buffer shared by
+  // a chain of views holds the same elements for as long as any of them is live.
+  for (const Step& step : steps_) {
+    if (!step.schema->view || step.dynamic || step.on_host || step.in.empty() || step.out.empty())
+      continue;
+    const int si = step.in[0], so = step.out[0];
+    if (si == so || !arena_slot(si) || !arena_slot(so)) continue;
+    const Slot &in = slots_[static_cast<size_t>(si)], &out = slots_[static_cast<size_t>(so)];
+    if (in.bytes != out.bytes || in.type.dtype != out.type.dtype) continue;
+    int& r = root[static_cast<size_t>(si)];
+    if (r < 0) r = si;
+    root[static_cast<size_t>(so)] = r;
+  }
+  return root;
+}
+
+std::vector<Plan::PackedBlock> Plan::packed_blocks(const std::vector<char>& excluded) const {
   std::vector<PackedBlock> blocks;
   // Host plans only: the CUDA AllReduce packs its own device copy (a device-local copy at
   // device bandwidth), so blocks there would only keep gradients alive longer.
   if (device_mode_) return blocks;
-  std::vector<char> taken(slots_.size(), 0);
+  std::vector<char> taken = excluded;
   // An arena slot this step may place: an intermediate with known dims, not already placed.
   auto placeable = [&](int s) {
     const Slot& slot = slots_[static_cast<size_t>(s)];
@@ -370,8 +396,24 @@ void Plan::plan_memory() {
   // The static intermediates get arena offsets from their live ranges (memory_plan.h). The
   // inputs and outputs of a step whose op packs its inputs (OpSchema::packed_inputs) are one
   // buffer, live from the first input's producer to the last output's reader.
+  // A view (OpSchema::view) shares its input's buffer: one buffer per chain of views, live
+  // from the first value's producer to the last reader of any of them. Values in views take no
+  // part in packed blocks (a block places its members itself and overwrites its inputs in
+  // place: neither may move or change a buffer that other values of the chain still read).
   static_assert(kArenaAlign % ops::kPackedInputAlign == 0);
-  const std::vector<PackedBlock> blocks = packed_blocks();
+  const std::vector<int> roots = view_roots();
+  std::vector<char> in_view(slots_.size(), 0);
+  std::vector<int> view_last(slots_.size(), -1);
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const int r = roots[s];
+    if (r < 0) continue;
+    in_view[s] = 1;
+    const Slot& slot = slots_[s];
+    int& last = view_last[static_cast<size_t>(r)];
+    last = std::max({last, slot.last_use, slot.def_step});
+    if (r != static_cast<int>(s)) ++stats_.view_nodes;
+  }
+  const std::vector<PackedBlock> blocks = packed_blocks(in_view);
   std::vector<char> in_block(slots_.size(), 0);
   for (const PackedBlock& b : blocks)
     for (const PackedBlock::Member& m : b.members) {
@@ -386,8 +428,10 @@ void Plan::plan_memory() {
         !slot.alias_direct) {
       if (slot.last_use < slot.def_step) slot.last_use = slot.def_step;  // unused output
       if (in_block[s]) continue;
+      const int r = roots[s];
+      if (r >= 0 && r != static_cast<int>(s)) continue;  // placed with its chain's first value
       order.push_back(static_cast<int>(s));
-      lives.push_back({slot.bytes, slot.def_step, slot.last_use});
+      lives.push_back({slot.bytes, slot.def_step, r >= 0 ? view_last[s] : slot.last_use});
     }
   }
   for (const PackedBlock& b : blocks) lives.push_back({b.bytes, b.def, b.last});
@@ -411,6 +455,9 @@ void Plan::plan_memory() {
     b.view.data = (device_mode_ ? device_arena_.get() : host_arena()) + slot.arena_offset;
   };
   for (size_t k = 0; k < order.size(); ++k) place(order[k], layout.offsets[k]);
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (roots[s] >= 0 && roots[s] != static_cast<int>(s))
+      place(static_cast<int>(s), slots_[static_cast<size_t>(roots[s])].arena_offset);
   for (size_t k = 0; k < blocks.size(); ++k)
     for (const PackedBlock::Member& m : blocks[k].members) {
       const int64_t offset = layout.offsets[order.size() + k] + m.offset;

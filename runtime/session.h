@@ -51,6 +51,7 @@ struct PlanStats {
   int aliased_in_place = 0;     // output_aliases the producing kernel writes directly
   int aliased_copied = 0;       // output_aliases copied into the input at the end of a run
   int packed_blocks = 0;        // steps whose inputs are placed as one block (packed_inputs)
+  int view_nodes = 0;           // shape relabelings placed over their input (OpSchema::view)
   int device_nodes = 0;         // nodes run by the device's own kernels (0 on the CPU)
   int staged_nodes = 0;         // nodes run by CPU kernels through host copies on a device
 };

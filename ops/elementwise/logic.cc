@@ -133,8 +133,10 @@ ONNXTRAIN_REGISTER_OP(ew_where) {
   return with_gradient(make_schema("Where", infer_where, factory<WhereKernel>(), 9), where_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_identity) {
-  return with_gradient(make_schema("Identity", infer_identity, factory<IdentityKernel>()),
-                       identity_grad);
+  OpSchema s = with_gradient(make_schema("Identity", infer_identity, factory<IdentityKernel>()),
+                             identity_grad);
+  s.view = true;  // the kernel copies only between different buffers
+  return s;
 }
 
 }  // namespace onnxtrain::ops::ew

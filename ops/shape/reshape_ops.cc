@@ -181,6 +181,7 @@ template <ShapeRule rule>
 OpSchema reshape_like(const char* op_type) {
   OpSchema s = make_op(op_type, infer_by_rule(rule), factory_of<ReshapeKernel<rule>>());
   s.gradient = reshape_gradient;
+  s.view = true;  // copy_all does nothing when the output is placed over the input
   return s;
 }
 

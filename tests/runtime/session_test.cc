@@ -520,6 +520,45 @@ TEST(Session, PackedInputsSitBackToBackWithTheOutputsOverThem) {
     }
 }
 
+// Views (OpSchema::view: Identity, Reshape, ...) are placed over their input, so a chain of them
+// is one buffer, live until the last reader of any value in it: x [16] -> a = 2x -> v, w
+// (Identity views of a) -> three fresh [16] buffers made from x (which would take a's space were
+// it freed after the views) -> y = 3w. A view that is a graph output is not placed over its
+// input. (With a's buffer freed after its last own reader, c1 takes its space and y reads 15x:
+// tried.)
+TEST(Session, ViewsShareTheirInputsBufferAndKeepItLive) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", 17);
+  m->set_opset("test", 1);
+  graph::Graph& g = *m->graph;
+  graph::Value* x =
+      g.add_input("x", ValueType::tensor(DataType::kFloat, graph::Shape{graph::Dim::known(16)}));
+  auto scale = [&](graph::Value* in, float k, const std::string& name) {
+    graph::Node* n = g.add_node("Scale", {in}, {name}, "make_" + name, "test");
+    n->set_attr(graph::Attribute::make_float("k", k));
+    return n->output(0);
+  };
+  graph::Value* a = scale(x, 2, "a");
+  graph::Value* v = g.add_node("Identity", {a}, {"v"}, "view_v")->output(0);
+  graph::Value* w = g.add_node("Identity", {v}, {"w"}, "view_w")->output(0);
+  graph::Value* shown = g.add_node("Identity", {a}, {"shown"}, "output_view")->output(0);
+  graph::Value* c = scale(scale(scale(x, 5, "c1"), 1, "c2"), 1, "c3");
+  graph::Value* y = scale(w, 3, "y");
+  for (graph::Value* o : {y, c, shown}) g.add_output(o);
+  InferenceSession s(std::move(m));
+  std::vector<float> in(16);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) + 1;
+  for (int run = 0; run < 2; ++run) {
+    const auto out = s.run({{"x", vec(in)}});
+    EXPECT_EQ(s.last_plan_stats().view_nodes, 2);
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_FLOAT_EQ(out[0].data_as<float>()[i], 6 * in[i]) << "y = 3 w, element " << i;
+      EXPECT_FLOAT_EQ(out[1].data_as<float>()[i], 5 * in[i]) << "c, element " << i;
+      EXPECT_FLOAT_EQ(out[2].data_as<float>()[i], 2 * in[i]) << "shown, element " << i;
+    }
+  }
+}
+
 // Two ranks, one session each, reduce a [3] and b [17] through ai.onnxtrain.AllReduce: in place
 // on the packed gradients, or (a read again after the reduction) through the kernel's own packed
 // copy. Both give the rank-order sum, the same on every rank.
