@@ -27,7 +27,8 @@ namespace onnxtrain::ops {
 // 5: device kernels: KernelContext::host_constant, OpRegistry::add_kernel.
 // 6: KernelContext::collectives, KernelContext::defer_completion (collective ops are op kernels).
 // 7: OpSchema::packed_inputs.
-inline constexpr int kOpApiVersion = 7;
+// 8: OpSchema::view.
+inline constexpr int kOpApiVersion = 8;
 
 // The layout OpSchema::packed_inputs asks for, shared by the runtime that places the buffers and
 // the kernels that use them as one block: present input k starts packed_input_bytes(bytes of
