@@ -277,10 +277,11 @@ struct OpSchema {
   // node and every output a same-sized intermediate. Otherwise the buffers are placed as usual,
   // and the kernel, which compares the pointers, packs a copy itself.
   std::function<bool(const graph::Node& node)> packed_inputs;
-  // True when output 0 holds input 0's elements unchanged and in order (a relabeling of the
-  // shape: Reshape, Flatten, Squeeze, Unsqueeze, Identity) and every kernel of the op skips its
-  // copy when the two buffers are one. The runtime may then place the output over the input (a
-  // view: no copy, one buffer live as long as both values).
+  // True when output 0, whenever it has as many bytes as input 0, holds input 0's elements
+  // unchanged and in order (a relabeling of the shape: Reshape, Flatten, Squeeze, Unsqueeze,
+  // Identity always; SumToShapeOf when nothing is summed), and every kernel of the op then skips
+  // its copy when the two buffers are one. The runtime may place such an output over its input
+  // (a view: no copy, one buffer live as long as both values).
   bool view = false;
 };
 
