@@ -110,6 +110,9 @@ class Plan {
     size_t bytes = 0;
     int def = 0, last = 0;
   };
+  // An intermediate the arena holds: known dims, produced by a step, not an input, output,
+  // constant or state alias (what packed blocks and views may place).
+  bool arena_intermediate(int s) const;
   std::vector<PackedBlock> packed_blocks(const std::vector<char>& taken) const;
   // OpSchema::view steps whose output plan_memory places over the input: per slot, the slot
   // whose buffer it shares (the first value of its chain of views), or -1.

@@ -316,15 +316,15 @@ void Plan::fold_or_schedule(const graph::Node& n) {
   steps_.push_back(std::move(step));
 }
 
+bool Plan::arena_intermediate(int s) const {
+  if (s < 0) return false;
+  const Slot& slot = slots_[static_cast<size_t>(s)];
+  return slot.is_static && !slot.is_constant && !slot.is_input && !slot.is_output &&
+         !slot.alias_direct && slot.def_step >= 0;
+}
+
 std::vector<int> Plan::view_roots() const {
   std::vector<int> root(slots_.size(), -1);
-  // An intermediate the arena holds (not an input, output, constant or state alias).
-  auto arena_slot = [&](int s) {
-    if (s < 0) return false;
-    const Slot& slot = slots_[static_cast<size_t>(s)];
-    return slot.is_static && !slot.is_constant && !slot.is_input && !slot.is_output &&
-           !slot.alias_direct && slot.def_step >= 0;
-  };
   // Steps run in order and no kernel writes a buffer it does not own as an output (the in-place
   // exceptions, state aliases and packed blocks, are kept out of views), so a buffer shared by
   // a chain of views holds the same elements for as long as any of them is live.
@@ -332,7 +332,7 @@ std::vector<int> Plan::view_roots() const {
     if (!step.schema->view || step.dynamic || step.on_host || step.in.empty() || step.out.empty())
       continue;
     const int si = step.in[0], so = step.out[0];
-    if (si == so || !arena_slot(si) || !arena_slot(so)) continue;
+    if (si == so || !arena_intermediate(si) || !arena_intermediate(so)) continue;
     const Slot &in = slots_[static_cast<size_t>(si)], &out = slots_[static_cast<size_t>(so)];
     if (in.bytes != out.bytes || in.type.dtype != out.type.dtype) continue;
     int& r = root[static_cast<size_t>(si)];
@@ -349,11 +349,7 @@ std::vector<Plan::PackedBlock> Plan::packed_blocks(const std::vector<char>& excl
   if (device_mode_) return blocks;
   std::vector<char> taken = excluded;
   // An arena slot this step may place: an intermediate with known dims, not already placed.
-  auto placeable = [&](int s) {
-    const Slot& slot = slots_[static_cast<size_t>(s)];
-    return s >= 0 && !taken[static_cast<size_t>(s)] && slot.is_static && !slot.is_constant &&
-           !slot.is_input && !slot.is_output && !slot.alias_direct && slot.def_step >= 0;
-  };
+  auto placeable = [&](int s) { return arena_intermediate(s) && !taken[static_cast<size_t>(s)]; };
   for (size_t k = 0; k < steps_.size(); ++k) {
     const Step& step = steps_[k];
     if (!step.schema->packed_inputs || step.dynamic || step.on_host ||
