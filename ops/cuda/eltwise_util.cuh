@@ -260,8 +260,8 @@ struct InFloat {
 };
 
 // Elementwise conversion of n elements between float32 / float64 and bf16 / f16 (any pair of
-// those; the CPU Cast's rounding). Defined in cast.cu; the cuDNN kernels use it for a
-// convolution's float32 weight and its gradient.
+// those), rounding to nearest even as narrow() does (not Cast's truncating bf16). Defined in
+// cast.cu; the cuDNN kernels use it for a convolution's float32 weight and its gradient.
 void convert_floats(const void* in, DataType from, void* out, DataType to, int64_t n,
                     cudaStream_t s);
 
