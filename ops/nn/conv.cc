@@ -607,6 +607,7 @@ class ConvGradKernel final : public Kernel {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
       ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
+      warm_gemm_kernels("gemm:jit", dnnl::memory::data_type::f32);  // run_gemm's dnnl_sgemm
       return;
     }
     if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||

@@ -64,6 +64,7 @@ void DnnlWindowPrimitive::bind(const UserDescs& user, const dnnl::primitive_desc
   stream_ = dnnl::stream(cpu_engine());
   impl_ = pd.impl_info_str();
   blocked_ = blocked;
+  warm_gemm_kernels(impl_, user.compute);
 }
 
 void DnnlWindowPrimitive::execute(KernelContext& ctx, const void* x, const void* w, const void* b,
@@ -121,6 +122,11 @@ void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {
   pad_off_ = plan.add(pad_md_.get_size());
   scratch_bytes_ = plan.total();
   prim_ = dnnl::primitive(pd);
+  // The backward primitives' compute dtype is diff_dst's (src_md is empty for backward data).
+  dnnl::memory::desc dy = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_DIFF_DST);
+  if (dy.data_type() == dnnl::memory::data_type::undef)
+    dy = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_SRC);
+  warm_gemm_kernels(pd.impl_info_str(), dy.data_type());
 }
 
 void DnnlRunner::execute(dnnl::stream& s, std::span<void* const> buffers, std::byte* scratch,

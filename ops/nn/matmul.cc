@@ -41,6 +41,7 @@ class DnnlMatmul {
       pad_ = pd.scratchpad_desc();
       prim_ = dnnl::matmul(pd);
       stream_ = dnnl::stream(cpu_engine());
+      warm_gemm_kernels(pd.impl_info_str(), a.data_type());
       return true;
     } catch (const dnnl::error&) {
       prim_.reset();

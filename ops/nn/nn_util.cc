@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "ops/nn/conv_algorithm.h"
 #include "ops/shape_util.h"
@@ -198,6 +199,17 @@ void collect_taps(const WindowGeom& g, int64_t o, bool transposed, std::vector<T
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
+}
+
+void warm_gemm_kernels(std::string_view impl, dnnl::memory::data_type compute) {
+  if (compute != dnnl::memory::data_type::f32 || impl.find("gemm:jit") == std::string_view::npos)
+    return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    constexpr int64_t n = 64;  // past oneDNN's small-matrix paths, into the blocked driver
+    std::vector<float> a(n * n, 1.0f), b(n * n, 1.0f), c(n * n);
+    (void)dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
 }
 
 ThreadBudget::ThreadBudget(int threads) : previous_(omp_get_max_threads()) {

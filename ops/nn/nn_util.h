@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -72,6 +73,14 @@ void collect_taps(const WindowGeom& g, int64_t o, bool transposed, std::vector<T
 // ---------------------------------------------------------------- oneDNN glue
 
 const dnnl::engine& cpu_engine();
+
+// oneDNN's float32 GEMM (dnnl_sgemm, and the "gemm:jit" convolution and matmul implementations
+// built on it) generates its JIT kernels on the first call in the process, not when a primitive
+// is created: ~28 ms on AVX-512 that used to land inside training step 1 (ResNet-50 64² b16:
+// first step 1.2-1.3x a steady one). Kernels call this from prepare() when they will run such a
+// GEMM (`impl`: the primitive's impl_info_str(), or "gemm:jit" for a direct dnnl_sgemm user):
+// the first call runs one tiny sgemm, later ones return at once.
+void warm_gemm_kernels(std::string_view impl, dnnl::memory::data_type compute);
 
 // oneDNN (OpenMP build) sizes its parallel regions from the calling thread's OpenMP ICV
 // (omp_get_max_threads), not from the runtime's intra-op budget. Replica executors each hold a
