@@ -12,8 +12,29 @@ if(NOT ONNXTRAIN_CUDA STREQUAL "OFF")
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
       # sm_90 (H100/H200) machine code plus compute_80 PTX, which the driver JITs for A100,
-      # Ada and newer GPUs. Set before enable_language, which would otherwise pick its own.
-      set(CMAKE_CUDA_ARCHITECTURES "90-real;80-virtual" CACHE STRING "CUDA architectures")
+      # Ada and newer GPUs; plus machine code for each GPU of this machine that nvidia-smi
+      # reports (a T4 or an RTX 20xx, 7.5, would otherwise get no kernel it can load: the
+      # device is refused when opened, ops/cuda_arch.h). Set before enable_language, which
+      # would otherwise pick its own. -DCMAKE_CUDA_ARCHITECTURES=... overrides all of this.
+      set(_onnxtrain_archs "90-real;80-virtual")
+      find_program(ONNXTRAIN_NVIDIA_SMI nvidia-smi)
+      if(ONNXTRAIN_NVIDIA_SMI)
+        execute_process(COMMAND ${ONNXTRAIN_NVIDIA_SMI} --query-gpu=compute_cap
+                                --format=csv,noheader
+                        OUTPUT_VARIABLE _onnxtrain_caps RESULT_VARIABLE _onnxtrain_rc
+                        ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 30)
+        if(_onnxtrain_rc EQUAL 0)
+          string(REPLACE "\n" ";" _onnxtrain_caps "${_onnxtrain_caps}")
+          foreach(_cap IN LISTS _onnxtrain_caps)
+            string(STRIP "${_cap}" _cap)
+            if(_cap MATCHES "^([0-9]+)\\.([0-9])$")
+              list(APPEND _onnxtrain_archs "${CMAKE_MATCH_1}${CMAKE_MATCH_2}-real")
+            endif()
+          endforeach()
+          list(REMOVE_DUPLICATES _onnxtrain_archs)
+        endif()
+      endif()
+      set(CMAKE_CUDA_ARCHITECTURES "${_onnxtrain_archs}" CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
     # C++20 (op_api.h uses std::span). CMake 3.25 does not know nvcc 13's dialect flags.
@@ -44,7 +65,12 @@ if(NOT ONNXTRAIN_CUDA STREQUAL "OFF")
                         "(looked on PATH and in ${ONNXTRAIN_CUDA_ROOT}/bin)")
   endif()
 endif()
-message(STATUS "onnxtrain: CUDA backend ${ONNXTRAIN_CUDA_ENABLED} (ONNXTRAIN_CUDA=${ONNXTRAIN_CUDA})")
+if(ONNXTRAIN_CUDA_ENABLED)
+  message(STATUS "onnxtrain: CUDA backend ON (ONNXTRAIN_CUDA=${ONNXTRAIN_CUDA}), kernels for "
+                 "${CMAKE_CUDA_ARCHITECTURES}")
+else()
+  message(STATUS "onnxtrain: CUDA backend OFF (ONNXTRAIN_CUDA=${ONNXTRAIN_CUDA})")
+endif()
 
 add_library(onnxtrain_config INTERFACE)
 if(ONNXTRAIN_CUDA_ENABLED)

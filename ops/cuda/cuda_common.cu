@@ -1,6 +1,8 @@
 // Shared CUDA plumbing (cuda_common.h).
 #include "ops/cuda/cuda_common.h"
 
+#include "ops/cuda_arch.h"
+
 #include <atomic>
 #include <map>
 #include <string>
@@ -23,6 +25,11 @@ struct ThreadHandles {
 ThreadHandles& handles() {
   thread_local ThreadHandles h;
   return h;
+}
+
+// ops/cuda_arch.h's probe: every kernel of ops/cuda is compiled for the same architectures.
+__global__ void probe_kernel(int* p) {
+  if (p) *p = 0;
 }
 
 int current_device() {
@@ -93,3 +100,20 @@ cudnnDataType_t cudnn_dtype(DataType dtype, const std::string& where) {
 }
 
 }  // namespace onnxtrain::ops::cuda
+
+namespace onnxtrain::ops {
+
+bool cuda_kernels_load(int device) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  const cudaError_t e = cudaFuncGetAttributes(&attr, cuda::probe_kernel);
+  cudaGetLastError();  // a missing image is not sticky; clear it either way
+  cudaSetDevice(previous);
+  return e == cudaSuccess;
+}
+
+}  // namespace onnxtrain::ops

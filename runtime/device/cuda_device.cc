@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/error.h"
+#include "ops/cuda_arch.h"
 #include "ops/precision.h"
 #include "runtime/device/device.h"
 
@@ -28,6 +29,13 @@ class CudaDevice final : public Device {
           "compute capability");
     check(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, index_), name_,
           "compute capability");
+    if (!ops::cuda_kernels_load(index_)) {
+      const std::string cc = std::to_string(cc_major_) + "." + std::to_string(cc_minor_);
+      fail(name_, ": this build's CUDA kernels do not load on this GPU (compute capability ", cc,
+           "; built for ", ops::describe_cuda_archs(ops::cuda_built_archs()),
+           "): rebuild with -DCMAKE_CUDA_ARCHITECTURES=", cc_major_, cc_minor_,
+           " (or =native on this machine), or run with --device cpu");
+    }
   }
   ~CudaDevice() override {
     cudaSetDevice(index_);

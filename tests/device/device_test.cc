@@ -12,6 +12,7 @@
 
 #include "graph/error.h"
 #include "models/zoo.h"
+#include "ops/cuda_arch.h"
 #include "passes/passes.h"
 #include "runtime/data_parallel.h"
 #include "runtime/device/caching_allocator.h"
@@ -121,6 +122,37 @@ std::string error_of(const std::string& spec) {
     return e.what();
   }
   return "";
+}
+
+// Which GPUs a build's kernels load on, from CMake's architecture list (ops/cuda_arch.h): the
+// rule the CUDA device uses to explain a refusal, and the list this build recorded.
+TEST(CudaArchitectures, MachineCodeCoversItsMajorAndPtxEveryNewerGpu) {
+  using ops::cuda_archs_cover;
+  const char* ci = "90-real;80-virtual";  // cmake/cuda.cmake's default without a GPU
+  EXPECT_EQ(cuda_archs_cover(ci, 9, 0), true);   // H100: sm_90
+  EXPECT_EQ(cuda_archs_cover(ci, 8, 0), true);   // A100: PTX
+  EXPECT_EQ(cuda_archs_cover(ci, 8, 9), true);   // Ada: PTX
+  EXPECT_EQ(cuda_archs_cover(ci, 10, 0), true);  // Blackwell: PTX
+  EXPECT_EQ(cuda_archs_cover(ci, 7, 5), false);  // T4: nothing
+  EXPECT_EQ(cuda_archs_cover(ci, 7, 0), false);
+  EXPECT_EQ(cuda_archs_cover("90-real,75-real", 7, 5), true);  // a detected T4 added
+  EXPECT_EQ(cuda_archs_cover("80-real", 8, 6), true);          // same major, later minor
+  EXPECT_EQ(cuda_archs_cover("86-real", 8, 0), false);         // not an earlier minor
+  EXPECT_EQ(cuda_archs_cover("80-real", 9, 0), false);         // machine code: one major only
+  EXPECT_EQ(cuda_archs_cover("75", 8, 0), true);               // plain XY carries PTX too
+  EXPECT_EQ(cuda_archs_cover("native", 8, 0), std::nullopt);   // only loading tells
+  EXPECT_EQ(cuda_archs_cover("90a-real", 9, 0), std::nullopt);
+  EXPECT_EQ(cuda_archs_cover("", 9, 0), std::nullopt);
+  EXPECT_EQ(ops::describe_cuda_archs(ci), "sm_90 machine code, compute_80 PTX");
+  EXPECT_EQ(ops::describe_cuda_archs("75"), "sm_75 machine code, compute_75 PTX");
+#if ONNXTRAIN_WITH_CUDA
+  // The build recorded the list its kernels were compiled for.
+  EXPECT_TRUE(cuda_archs_cover(ops::cuda_built_archs(), 9, 0).value_or(true))
+      << ops::cuda_built_archs();
+  EXPECT_FALSE(ops::cuda_built_archs().empty());
+#else
+  EXPECT_TRUE(ops::cuda_built_archs().empty());
+#endif
 }
 
 TEST(DeviceSpec, ParsesAndRejects) {
