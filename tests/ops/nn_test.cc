@@ -11,8 +11,11 @@
 #include <limits>
 #include <random>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 #include "graph/ir.h"
+#include "ops/nn/batch_norm_relu.h"
+#include "ops/op_api.h"
 #include "runtime/session.h"
 #include "tests/ops/op_test_util.h"
 
@@ -619,6 +622,139 @@ TEST(BatchNorm, LargeOffsetStatisticsForwardAndGrad) {
   const std::vector<Tensor> grads = optest::run_node(g).outputs;
   expect_near(grads[1], {c}, dscale, 1e-5, "bn dscale at offset 1e7");
   expect_near(grads[2], {c}, dbias, 1e-5, "bn dbias at offset 1e7");
+}
+
+// BatchNormalization and its gradient (plain and with the fused Relu) in training mode against
+// float64 loops, over plane sizes on both sides of the kernel's row path (below 64 elements per
+// plane, 64 for bf16 gradients) and the per-plane path, float32 and bf16, with an offset so the
+// shifted sums matter, and a bf16 batch past the row path's 256-image float blocks.
+TEST(BatchNorm, RowAndPlanePathsMatchFloat64) {
+  struct Case {
+    DataType dtype;
+    int64_t n, c;
+    std::vector<int64_t> spatial;
+  };
+  const Case cases[] = {
+      {DataType::kFloat, 3, 5, {1, 1}},  {DataType::kFloat, 2, 7, {2, 2}},
+      {DataType::kFloat, 1, 3, {3, 5}},  {DataType::kFloat, 3, 4, {8, 8}},
+      {DataType::kFloat, 2, 3, {10, 10}}, {DataType::kBFloat16, 3, 6, {2, 2}},
+      {DataType::kBFloat16, 2, 5, {8, 8}}, {DataType::kBFloat16, 2, 3, {9, 9}},
+      {DataType::kBFloat16, 300, 3, {2, 1}},
+  };
+  const double eps = 1e-5, momentum = 0.9;
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (const Case& k : cases) {
+    const int64_t inner = product(k.spatial), m = k.n * inner, total = k.n * k.c * inner;
+    std::vector<int64_t> dims{k.n, k.c};
+    dims.insert(dims.end(), k.spatial.begin(), k.spatial.end());
+    const bool low = k.dtype == DataType::kBFloat16;
+    // Values representable in the dtype; x around an offset of 20.
+    auto value = [&](double offset) {
+      const float f = static_cast<float>(offset + normal(rng()));
+      return low ? graph::bf16_to_float(graph::bf16_from_float(f)) : f;
+    };
+    std::vector<float> x(total), dy(total), scale(k.c), bias(k.c), rmean(k.c, 0.5f),
+        rvar(k.c, 2.0f);
+    for (float& v : x) v = value(20.0);
+    for (float& v : dy) v = value(0.0);
+    for (int64_t ch = 0; ch < k.c; ++ch) {
+      scale[ch] = 0.5f + 0.25f * static_cast<float>(ch);
+      bias[ch] = static_cast<float>(normal(rng()));
+    }
+    auto tensor = [&](const std::vector<float>& v) {
+      if (!low) return optest::f32(dims, v);
+      std::vector<uint16_t> bits(v.size());
+      for (size_t i = 0; i < v.size(); ++i) bits[i] = graph::bf16_from_float(v[i]);
+      return Tensor::from_vector(DataType::kBFloat16, dims, bits);
+    };
+    auto read = [&](const Tensor& t) {
+      if (t.dtype() != DataType::kBFloat16) return optest::values_of(t);
+      std::vector<double> out(static_cast<size_t>(t.numel()));
+      for (size_t i = 0; i < out.size(); ++i)
+        out[i] = graph::bf16_to_float(t.data_as<uint16_t>()[i]);
+      return out;
+    };
+    auto chan = [&](int64_t i) { return (i / inner) % k.c; };
+    std::vector<double> mean(k.c), var(k.c);
+    for (int64_t i = 0; i < total; ++i) mean[chan(i)] += double(x[i]) / double(m);
+    for (int64_t i = 0; i < total; ++i)
+      var[chan(i)] += (x[i] - mean[chan(i)]) * (x[i] - mean[chan(i)]) / double(m);
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << graph::dtype_short_name(k.dtype) << " n=" << k.n
+                                        << " inner=" << inner << (relu ? " fused Relu" : ""));
+      // Forward: y, running mean and variance.
+      std::vector<Attribute> attrs{Attribute::make_float("epsilon", static_cast<float>(eps)),
+                                   Attribute::make_float("momentum", float(momentum)),
+                                   Attribute::make_int("training_mode", 1)};
+      if (relu) attrs.push_back(Attribute::make_int(std::string(ops::kFusedReluAttr), 1));
+      NodeCase fwd{"BatchNormalization",
+                   {tensor(x), optest::f32({k.c}, scale), optest::f32({k.c}, bias),
+                    optest::f32({k.c}, rmean), optest::f32({k.c}, rvar)},
+                   attrs};
+      fwd.opset = 15;
+      fwd.outputs = 3;
+      const std::vector<Tensor> out = run(fwd);
+      std::vector<double> y(total), z(total);
+      double y_max = 0;
+      for (int64_t i = 0; i < total; ++i) {
+        const int64_t ch = chan(i);
+        y[i] = (x[i] - mean[ch]) / std::sqrt(var[ch] + eps) * scale[ch] + bias[ch];
+        if (relu) y[i] = std::max(y[i], 0.0);
+        y_max = std::max(y_max, std::abs(y[i]));
+      }
+      const std::vector<double> got_y = read(out[0]);
+      const double y_tol = low ? y_max / 128 : 1e-5 * y_max;
+      for (int64_t i = 0; i < total; ++i) ASSERT_NEAR(got_y[i], y[i], y_tol) << "y[" << i << "]";
+      const std::vector<double> got_rm = optest::values_of(out[1]),
+                                got_rv = optest::values_of(out[2]);
+      for (int64_t ch = 0; ch < k.c; ++ch) {
+        EXPECT_NEAR(got_rm[ch], momentum * rmean[ch] + (1 - momentum) * mean[ch], 2e-5);
+        EXPECT_NEAR(got_rv[ch], momentum * rvar[ch] + (1 - momentum) * var[ch], 2e-5);
+      }
+      // Gradient: dx, dscale, dbias; with the fused Relu dy is masked by its output z (the
+      // kernel's own y, as training feeds it).
+      std::vector<float> zf(total);
+      for (int64_t i = 0; i < total; ++i) zf[i] = static_cast<float>(got_y[i]);
+      optest::NodeCall g;
+      g.op = "BatchNormalizationGrad";
+      g.domain = ops::kOnnxtrainDomain;
+      g.inputs = {{tensor(dy)}, {tensor(x)}, {optest::f32({k.c}, scale)}};
+      g.attrs = {Attribute::make_float("epsilon", static_cast<float>(eps)),
+                 Attribute::make_int("training_mode", 1)};
+      if (relu) {
+        g.attrs.push_back(Attribute::make_int(std::string(ops::kFusedReluAttr), 1));
+        while (g.inputs.size() < static_cast<size_t>(ops::kBatchNormGradReluOutput))
+          g.inputs.push_back({std::nullopt});
+        g.inputs.push_back({tensor(zf)});
+      }
+      g.outputs = 3;
+      const std::vector<Tensor> grads = optest::run_node(g).outputs;
+      std::vector<double> dbias(k.c), dscale(k.c), d(total);
+      for (int64_t i = 0; i < total; ++i) {
+        d[i] = relu && !(zf[i] > 0) ? 0.0 : dy[i];
+        const int64_t ch = chan(i);
+        dbias[ch] += d[i];
+        dscale[ch] += d[i] * (x[i] - mean[ch]) / std::sqrt(var[ch] + eps);
+      }
+      const std::vector<double> got_dx = read(grads[0]), got_ds = optest::values_of(grads[1]),
+                                got_db = optest::values_of(grads[2]);
+      double dx_max = 0;
+      std::vector<double> dx(total);
+      for (int64_t i = 0; i < total; ++i) {
+        const int64_t ch = chan(i);
+        const double inv = 1.0 / std::sqrt(var[ch] + eps), xhat = (x[i] - mean[ch]) * inv;
+        dx[i] = scale[ch] * inv / double(m) * (double(m) * d[i] - dbias[ch] - xhat * dscale[ch]);
+        dx_max = std::max(dx_max, std::abs(dx[i]));
+      }
+      const double dx_tol = low ? dx_max / 64 : 1e-5 * dx_max;
+      for (int64_t i = 0; i < total; ++i)
+        ASSERT_NEAR(got_dx[i], dx[i], dx_tol) << "dx[" << i << "]";
+      for (int64_t ch = 0; ch < k.c; ++ch) {
+        EXPECT_NEAR(got_db[ch], dbias[ch], 1e-5 * (1 + std::abs(dbias[ch]))) << "dbias " << ch;
+        EXPECT_NEAR(got_ds[ch], dscale[ch], 1e-4 * (1 + std::abs(dscale[ch]))) << "dscale " << ch;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- Gemm / MatMul
