@@ -40,10 +40,11 @@ inline const char* cuda_native_requirement(graph::DataType t) {
 // float32. Each output has its operand's dtype: Y and dX that of X, dW and dB that of W.
 // passes::autocast gives a convolution bf16 activations around its float32 master weight: no
 // weight copy and no Cast of the weight or its gradient (oneDNN writes float32 diff weights).
-// One exception: a ConvGrad over a small map, which runs as float32 GEMMs (ops/nn/
-// conv_algorithm.h's conv_grad_gemm_preferred, e.g. ResNet-50's layer4 at 64x64), reads the
-// float32 weight as it is -- its dX is the float32 result rounded once -- since rounding a
-// weight that outweighs the activations 4x costs more than the whole product.
+// A ConvGrad over a small map runs as GEMMs (ops/nn/conv_algorithm.h's
+// conv_grad_gemm_preferred, e.g. ResNet-50's layer4 at 64x64): for bf16 on a CPU with bf16
+// arithmetic as bf16 matmuls on W rounded to bf16 (nearest even) like the rest; otherwise (f16,
+// or bf16 emulated) as float32 GEMMs that read the float32 weight as it is -- dX is then the
+// float32 result rounded once.
 // Returns the compute dtype, or nullopt when the pair is neither (an unknown dtype, kUndefined,
 // is taken as allowed).
 inline std::optional<graph::DataType> conv_compute_dtype(graph::DataType x, graph::DataType w) {

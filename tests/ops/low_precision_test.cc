@@ -20,6 +20,7 @@
 #include "ops/elementwise/dtypes.h"
 #include "ops/nn/batch_norm_relu.h"
 #include "ops/op_api.h"
+#include "ops/precision.h"
 #include "runtime/session.h"
 #include "tests/ops/one_node_grad.h"
 #include "tests/ops/op_test_util.h"
@@ -405,27 +406,37 @@ TEST(LowPrecisionConv, Bf16ActivationsAroundFloat32Weights) {
 }
 
 // Small-map ConvGrads (weights >= 4x the activations, <= 128 GEMM rows: ops/nn/conv_algorithm.h)
-// run as float32 GEMMs for bf16 activations too, reading the float32 weight as it is: dX is the
-// float32 result on the unrounded W rounded once to bf16, dW and dB float32 (accumulation order
-// only). The oneDNN primitives, which read W rounded to bf16, miss the one-rounding bound on dX
-// here (tried: with the GEMM path off this test fails).
-TEST(LowPrecisionConv, SmallMapGradientsRunAsFloat32GemmsOnTheFloat32Weight) {
-  constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16;
+// run as GEMMs for low-precision activations too. bf16 on a CPU with bf16 arithmetic: bf16
+// matmuls, W rounded to bf16 (nearest even) as the oneDNN convolutions read it; otherwise (f16,
+// or bf16 without the instructions) float32 GEMMs on the unrounded W. Either way dX is the
+// float32 result on that W rounded once, dW and dB float32 (accumulation order only). Rounding W
+// where the float32 path does not (or the reverse) misses the one-rounding bound on dX here.
+TEST(LowPrecisionConv, SmallMapGradientsRunAsGemms) {
+  constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16,
+                     kF16 = DataType::kFloat16;
   const auto pads1 = Attribute::make_ints("pads", {1, 1, 1, 1});
-  for (const MixedConv& c :
-       {MixedConv{{16, 64, 2, 2}, {64, 64, 3, 3}, {pads1}, "3x3 512-style at 2x2"},
-        MixedConv{{4, 128, 2, 2}, {512, 128, 1, 1}, {}, "1x1 expansion at 2x2"}}) {
-    SCOPED_TRACE(c.label);
-    const std::vector<float> x = representable(kBf16, count(c.x), 1), w = uniform(count(c.w), 2);
-    const Tensor y = run_conv(c, tensor(kF32, c.x, x), tensor(kF32, c.w, w));
-    const std::vector<float> dy = representable(kBf16, y.numel(), 4);
-    auto grad = [&](DataType at) {
-      return run_conv_grad(c, tensor(at, y.dims(), dy), tensor(at, c.x, x), tensor(kF32, c.w, w));
-    };
-    const std::vector<Tensor> got = grad(kBf16), ref = grad(kF32);
-    expect_close(got[0], ref[0], kBf16, true, "ConvGrad dX");
-    expect_tight(got[1], ref[1], kF32, "ConvGrad dW");
-    expect_tight(got[2], ref[2], kF32, "ConvGrad dB");
+  for (DataType low : {kBf16, kF16}) {
+    const bool rounds_w = low == kBf16 && ops::cpu_runs_natively(kBf16);
+    for (const MixedConv& c :
+         {MixedConv{{16, 64, 2, 2}, {64, 64, 3, 3}, {pads1}, "3x3 512-style at 2x2"},
+          MixedConv{{4, 128, 2, 2}, {512, 128, 1, 1}, {}, "1x1 expansion at 2x2"}}) {
+      SCOPED_TRACE(::testing::Message() << c.label << " " << graph::dtype_short_name(low)
+                                        << (rounds_w ? " (bf16 GEMMs)" : " (float32 GEMMs)"));
+      const std::vector<float> x = representable(low, count(c.x), 1), w = uniform(count(c.w), 2);
+      std::vector<float> w_read = w;  // what the GEMM reads
+      if (rounds_w)
+        for (float& v : w_read) v = graph::bf16_to_float(graph::bf16_from_float(v));
+      const Tensor y = run_conv(c, tensor(kF32, c.x, x), tensor(kF32, c.w, w));
+      const std::vector<float> dy = representable(low, y.numel(), 4);
+      auto grad = [&](DataType at, const std::vector<float>& wv) {
+        return run_conv_grad(c, tensor(at, y.dims(), dy), tensor(at, c.x, x),
+                             tensor(kF32, c.w, wv));
+      };
+      const std::vector<Tensor> got = grad(low, w), ref = grad(kF32, w_read);
+      expect_close(got[0], ref[0], low, true, "ConvGrad dX");
+      expect_tight(got[1], ref[1], kF32, "ConvGrad dW");
+      expect_tight(got[2], ref[2], kF32, "ConvGrad dB");
+    }
   }
 }
 
