@@ -62,16 +62,17 @@ cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph
   backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training \
   passes_replicate passes_signature passes_dce passes_lower_sequences passes_conv_algorithm passes_fuse_batchnorm_relu op_dnnl_reorder optim dataset comm \
   checkpoint checkpoint_state \
-  nccl_stub plugin device data_parallel sync_bn trainer onnxtrain cli_reliability
+  nccl_stub plugin device data_parallel sync_bn trainer onnxtrain cli_reliability op_low_precision
 # (The ASan build has no CUDA backend: nccl_stub, not nccl, is its NCCL test. Every test labelled
 # unit/hostile/backend must be in this list, or ctest reports it "Not Run".)
 # Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel,
 # sync_bn and trainer (label train): they join the sanitized set by name, as does
-# cli_reliability (what happens to the user's files on NaN, signals, bad paths; issue #17).
+# cli_reliability (what happens to the user's files on NaN, signals, bad paths; issue #17), and
+# op_low_precision (the bf16 kernels' own loops: the small-map bf16 GEMMs' scratch, BN's rows).
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn|trainer|cli_reliability)$"
+  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn|trainer|cli_reliability|op_low_precision)$"
 
 if [ "${FUZZ_SECONDS:-60}" != "0" ]; then
   echo "== libFuzzer on the loader (${FUZZ_SECONDS:-60}s)"
