@@ -4,7 +4,8 @@
 The onnxzoo ResNet-50 (3x224x224, 1000 classes) at batch 1 and 8, T intra-op threads each:
 `onnxrun --bench N` (its printed median), ONNX Runtime (CPUExecutionProvider, ORT_ENABLE_ALL,
 intra_op T, inter_op 1, sequential) on the same file, and torchvision's resnet50 in torch eager
-(inference_mode, NCHW). Each run is its own child process; the peers' order rotates every
+(inference_mode, NCHW); and in mixed precision `onnxrun --precision bf16` against torch eager
+under torch.autocast("cpu", dtype=torch.bfloat16). Each run is its own child process; the peers' order rotates every
 round and the table gives the median over rounds of each run's median. The logits' agreement
 is bench/resnet50_cpu.py's business (--check-only), not this script's.
 Run through bench/infer_peers.sh, which builds the venv (bench/setup_peers.sh) first.
@@ -23,10 +24,12 @@ from peers_common import (REPO, BenchError, describe_rc, emit, header, median, p
                           print_table, resolve_tool, rotated, run_child, tail, time_steps,
                           uptime, versions)
 
-PEERS = ["onnxrun", "onnxrun-winograd", "onnxruntime", "torch"]
-OURS = ("onnxrun", "onnxrun-winograd")
+PEERS = ["onnxrun", "onnxrun-winograd", "onnxrun-bf16", "onnxruntime", "torch", "torch-bf16"]
+OURS = ("onnxrun", "onnxrun-winograd", "onnxrun-bf16")
 PEER_LABEL = {"onnxrun": "onnxrun", "onnxrun-winograd": "onnxrun --conv-algorithm winograd",
-              "onnxruntime": "ONNX Runtime", "torch": "torch eager NCHW"}
+              "onnxrun-bf16": "onnxrun --precision bf16", "onnxruntime": "ONNX Runtime",
+              "torch": "torch eager NCHW",
+              "torch-bf16": "torch eager NCHW, autocast bf16"}
 INPUT = (3, 224, 224)
 
 
@@ -50,8 +53,15 @@ def worker(a):
         torch.set_num_interop_threads(1)
         net = torchvision.models.resnet50(weights=None, num_classes=1000).eval()
         tx = torch.from_numpy(x)
+        if a.worker == "torch-bf16":
+            def step():
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return net(tx)
+        else:
+            def step():
+                return net(tx)
         with torch.inference_mode():
-            times = time_steps(lambda: net(tx), a.warmup, a.runs)
+            times = time_steps(step, a.warmup, a.runs)
     med = statistics.median(times[a.warmup:])
     emit({"median_ms": med, "img_s": a.batch * 1e3 / med})
     return 0
@@ -64,6 +74,8 @@ def one_run(a, peer, batch, work):
                "--bench", a.runs_of[batch]]
         if peer == "onnxrun-winograd":
             cmd += ["--conv-algorithm", "winograd"]
+        if peer == "onnxrun-bf16":
+            cmd += ["--precision", "bf16"]
     else:
         cmd = [sys.executable, __file__, "--worker", peer, "--model", a.model, "--batch", batch,
                "--threads", a.threads, "--runs", a.runs_of[batch], "--warmup", a.warmup]
@@ -145,20 +157,22 @@ def main(argv):
         for b in batches:
             ours = median(got.get(("onnxrun", b), []))
             wino = median(got.get(("onnxrun-winograd", b), []))
+            bf16 = median(got.get(("onnxrun-bf16", b), []))
             for p in peers:
                 ms = median(got.get((p, b), []))
                 if ms is None:
-                    rows.append([PEER_LABEL[p], b, "failed", "", "", "", ""])
+                    rows.append([PEER_LABEL[p], b, "failed", "", "", "", "", ""])
                     continue
-                ratio = f"{ms / ours:.2f}x" if ours else "-"
-                wratio = f"{ms / wino:.2f}x" if wino else "-"
+                ratios = [f"{ms / o:.2f}x" if o else "-" for o in (ours, wino, bf16)]
                 rows.append([PEER_LABEL[p], b, f"{ms:.1f}", f"{b * 1e3 / ms:.2f}",
-                             f"{rss_of[(p, b)]:.0f}", ratio, wratio])
+                             f"{rss_of[(p, b)]:.0f}"] + ratios)
         print()
         print_table(["peer", "batch", "median ms", "img/s", "max RSS MiB", "onnxrun/peer",
-                     "winograd/peer"], rows)
+                     "winograd/peer", "bf16/peer"], rows)
         print("\nonnxrun/peer = onnxrun img/s / peer img/s (> 1: onnxrun is faster); "
-              "winograd/peer the same for onnxrun --conv-algorithm winograd")
+              "winograd/peer and bf16/peer the same for onnxrun --conv-algorithm winograd and "
+              "onnxrun --precision bf16 (mixed precision: compare it with torch's autocast bf16; "
+              "against float32 peers it is a speed-for-precision trade)")
         print(f"uptime after: {uptime()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

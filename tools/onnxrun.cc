@@ -26,6 +26,7 @@ namespace onnxtrain::tools {
 namespace {
 
 namespace fs = std::filesystem;
+using graph::DataType;
 using graph::Tensor;
 
 constexpr const char* kUsage =
@@ -48,6 +49,12 @@ constexpr const char* kUsage =
     "  --custom-op-lib PATH\n"
     "                     load a custom-op library (built against ops/plugin_api.h) before\n"
     "                     the model (repeatable; --list-ops then lists its ops too)\n"
+    "  --precision P      fp32 (default) | bf16 | fp16: mixed precision as onnxtrain's (the\n"
+    "                     convolutions and matmuls in P, the elementwise ops that follow them\n"
+    "                     too, the rest float32; outputs float32; no fused convolutions).\n"
+    "                     Refused where the device has no native P kernels (bf16 on the CPU:\n"
+    "                     AVX512-BF16 or AMX) unless --allow-emulation\n"
+    "  --allow-emulation  run --precision on a device without native kernels (slow)\n"
     "  --no-optimize      run the graph as written (by default Conv+BatchNormalization+Add+Relu\n"
     "                     chains are fused into oneDNN convolutions; results agree to 1e-4)\n"
     "  --conv-algorithm A direct (default) | winograd: oneDNN's Winograd kernels for 3x3\n"
@@ -80,6 +87,8 @@ struct Args {
   bool help = false;
   bool optimize = true;
   passes::ConvAlgorithm conv_algorithm = passes::ConvAlgorithm::kDirect;
+  DataType precision = DataType::kFloat;
+  bool allow_emulation = false;
 };
 
 int parse_count(std::string_view flag, std::string_view text, int min) {
@@ -122,6 +131,13 @@ Args parse_args(int argc, char** argv) {
       a.device = take_value();
     } else if (arg == "--no-optimize") {
       a.optimize = false;
+    } else if (arg == "--precision") {
+      const std::string v = take_value();
+      const std::optional<DataType> t = runtime::parse_precision(v);
+      if (!t) usage_fail(arg, ": expected fp32, bf16 or fp16, got '", v, "'");
+      a.precision = *t;
+    } else if (arg == "--allow-emulation") {
+      a.allow_emulation = true;
     } else if (arg == "--conv-algorithm") {
       const std::string v = take_value();
       const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(v);
@@ -282,8 +298,22 @@ int run(int argc, char** argv) {
   // in training mode (an exported training graph) is left alone by the pass itself.
   runtime::SessionOptions opts;
   opts.device = runtime::make_device(a.device.empty() ? runtime::default_device_spec() : a.device);
-  // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written.
-  if (a.optimize && opts.device->host_memory()) passes::optimize_inference(*model);
+  // Mixed precision (passes::autocast, as onnxtrain --precision: Conv/Gemm/MatMul compute in
+  // bf16 / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32).
+  // The fused convolutions are float32 only, so the graph runs unfused.
+  if (a.precision != DataType::kFloat) {
+    const std::string why = runtime::precision_refusal(*opts.device, a.precision);
+    OT_CHECK(a.allow_emulation || why.empty(), why);
+    passes::infer_shapes(*model);
+    const passes::AutocastInfo info = passes::autocast(*model, a.precision, {});
+    std::printf("precision   %s mixed: %d Conv/Gemm/MatMul and %d following nodes in %s, "
+                "%d casts; unfused\n",
+                runtime::precision_name(a.precision).c_str(), info.low_nodes, info.follow_nodes,
+                runtime::precision_name(a.precision).c_str(), info.casts);
+  } else if (a.optimize && opts.device->host_memory()) {
+    // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written.
+    passes::optimize_inference(*model);
+  }
   if (a.conv_algorithm != passes::ConvAlgorithm::kDirect) {
     passes::infer_shapes(*model);  // the rule needs the weights' shapes and x's dtype
     const passes::ConvAlgorithmStats c = passes::select_conv_algorithm(*model, a.conv_algorithm);

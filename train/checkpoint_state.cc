@@ -36,11 +36,6 @@ constexpr std::array<Named<runtime::LrSchedule::Kind>, 3> kSchedules{{
     {runtime::LrSchedule::Kind::kStep, "step"},
     {runtime::LrSchedule::Kind::kCosine, "cosine"},
 }};
-constexpr std::array<Named<graph::DataType>, 3> kPrecisions{{
-    {graph::DataType::kFloat, "fp32"},
-    {graph::DataType::kBFloat16, "bf16"},
-    {graph::DataType::kFloat16, "fp16"},
-}};
 
 template <typename E, size_t N>
 std::string_view name_in(const std::array<Named<E>, N>& table, E v) {
@@ -137,12 +132,6 @@ std::optional<passes::LossKind> loss_kind_from_name(std::string_view name) {
 }
 std::string loss_kind_names() {
   return names_in(kLosses);
-}
-std::string precision_name(graph::DataType t) {
-  return std::string(name_in(kPrecisions, t));
-}
-std::optional<graph::DataType> parse_precision(std::string_view name) {
-  return value_in(kPrecisions, name);
 }
 std::string_view schedule_kind_name(runtime::LrSchedule::Kind k) {
   return name_in(kSchedules, k);

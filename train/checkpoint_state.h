@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "passes/passes.h"
+#include "runtime/device/device.h"
 #include "runtime/lr_schedule.h"
 
 namespace onnxtrain::train {
@@ -30,9 +31,9 @@ std::string loss_kind_names();
 std::string_view schedule_kind_name(runtime::LrSchedule::Kind k);
 std::optional<runtime::LrSchedule::Kind> schedule_kind_from_name(std::string_view name);
 std::string schedule_kind_names();
-// --precision's names: fp32, bf16, fp16.
-std::string precision_name(graph::DataType t);
-std::optional<graph::DataType> parse_precision(std::string_view name);
+// --precision's names: fp32, bf16, fp16 (runtime/device/device.h, shared with onnxrun).
+using runtime::parse_precision;
+using runtime::precision_name;
 
 // The options that change the math of a run. Two runs with equal identities compute the same
 // bits from the same state, so a checkpoint resumes only under an equal one.

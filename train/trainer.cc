@@ -254,16 +254,10 @@ void check_precision(const ModelOptions& m,
              "--conv-algorithm winograd on ", d->name(),
              ": it selects oneDNN's CPU kernels; on GPUs cuDNN chooses its own convolution "
              "algorithms (use --device cpu, or leave --conv-algorithm out)");
-  if (m.precision == graph::DataType::kFloat) return;
-  const std::string name = precision_name(m.precision);
+  if (m.precision == graph::DataType::kFloat || m.allow_emulation) return;
   for (const auto& d : devices) {
-    const bool cpu = d->kind() == ops::DeviceKind::kCpu;
-    OT_CHECK(m.allow_emulation || d->runs_natively(m.precision), "--precision ", name, ": ",
-             cpu ? std::string("this CPU") : d->name(), " has no native ", name, " ",
-             cpu ? "instructions" : "kernels", " (", d->native_requirement(m.precision), "); ",
-             cpu ? "it would run the reference loops, far slower than fp32"
-                 : "it would run slowly or not at all",
-             " (--allow-emulation runs it anyway)");
+    const std::string why = runtime::precision_refusal(*d, m.precision);
+    OT_CHECK(why.empty(), why);
   }
 }
 

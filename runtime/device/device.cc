@@ -156,4 +156,32 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
   fail("device '", spec, "': expected cpu, cuda or cuda:N");
 }
 
+std::string precision_name(graph::DataType t) {
+  switch (t) {
+    case graph::DataType::kFloat: return "fp32";
+    case graph::DataType::kBFloat16: return "bf16";
+    case graph::DataType::kFloat16: return "fp16";
+    default: return std::string(graph::dtype_short_name(t));
+  }
+}
+
+std::optional<graph::DataType> parse_precision(std::string_view name) {
+  for (graph::DataType t :
+       {graph::DataType::kFloat, graph::DataType::kBFloat16, graph::DataType::kFloat16})
+    if (name == precision_name(t)) return t;
+  return std::nullopt;
+}
+
+std::string precision_refusal(const Device& d, graph::DataType t) {
+  if (d.runs_natively(t)) return "";
+  const bool cpu = d.kind() == ops::DeviceKind::kCpu;
+  const std::string name = precision_name(t);
+  return cat("--precision ", name, ": ", cpu ? std::string("this CPU") : d.name(),
+             " has no native ", name, " ", cpu ? "instructions" : "kernels", " (",
+             d.native_requirement(t), "); ",
+             cpu ? "it would run the reference loops, far slower than fp32"
+                 : "it would run slowly or not at all",
+             " (--allow-emulation runs it anyway)");
+}
+
 }  // namespace onnxtrain::runtime

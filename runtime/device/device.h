@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/dtype.h"
@@ -76,6 +78,14 @@ int cuda_device_count();
 bool cuda_built();
 // The default device spec for tools: "cuda" when a GPU is present, else "cpu".
 std::string default_device_spec();
+
+// --precision's names (fp32, bf16, fp16), for onnxtrain and onnxrun.
+std::string precision_name(graph::DataType t);
+std::optional<graph::DataType> parse_precision(std::string_view name);
+// Why `device` would not compute float type t natively -- the refusal onnxtrain and onnxrun
+// print for --precision without --allow-emulation (a CPU without AVX512-BF16/AMX would run the
+// reference loops, far slower than fp32) -- or "" when it would.
+std::string precision_refusal(const Device& device, graph::DataType t);
 // TF32 tensor-core math for float32 matmul/conv in CUDA kernels (default on); no-op without CUDA.
 void set_cuda_tf32(bool on);
 

@@ -14,6 +14,7 @@
 #include "graph/onnx_io.h"
 #include "models/zoo.h"
 #include "onnx/onnx_pb.h"
+#include "ops/precision.h"
 #include "runtime/npy.h"
 #include "tests/cli/cli_support.h"
 
@@ -166,6 +167,49 @@ TEST_F(OnnxrunCli, ConvAlgorithmWinogradOnRequest) {
     EXPECT_NEAR(wino.data_as<float>()[i], direct.data_as<float>()[i], 1e-5f * scale) << i;
   expect_error({model_path, "--input", "input=" + path("x.npy"), "--conv-algorithm", "fft"}, 2,
                "--conv-algorithm: expected direct or winograd, got 'fft'");
+}
+
+// --precision bf16 (issue #19): onnxrun runs the mixed-precision graph onnxtrain trains with
+// (passes::autocast; unfused), its float32 outputs within bf16's rounding of float32's; fp16 is
+// refused on CPUs (no native kernels) unless --allow-emulation; bad values are usage errors.
+TEST_F(OnnxrunCli, PrecisionBf16RunsTheAutocastGraph) {
+  const std::string model_path = write_resnet18(32, 10, 16, 5, 0.23f);
+  const bool native = ops::cpu_runs_natively(DataType::kBFloat16);
+  auto logits = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args{model_path, "--input", "input=" + path("x.npy"), "--threads",
+                                  "2", "--output-dir", path(name)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 0) << name << ": " << r.err;
+    return std::make_pair(r, runtime::read_npy(path(name + "/logits.npy")));
+  };
+  const auto [r32, f32_logits] = logits("fp32", {});
+  EXPECT_FALSE(cli_test::has_line_matching(r32.out, "^precision ")) << r32.out;
+  std::vector<std::string> bf16_args{"--precision", "bf16"};
+  if (!native) bf16_args.push_back("--allow-emulation");  // the reference loops: slow but exact
+  const auto [r16, bf16_logits] = logits("bf16", bf16_args);
+  // resnet18: 20 convolutions and the classifier's Gemm in bf16; BN, Relu, Add, MaxPool follow.
+  EXPECT_TRUE(cli_test::has_line_matching(
+      r16.out, "^precision   bf16 mixed: 21 Conv/Gemm/MatMul and [0-9]+ following nodes in bf16, "
+               "[0-9]+ casts; unfused$"))
+      << r16.out;
+  ASSERT_EQ(bf16_logits.dtype(), DataType::kFloat);
+  ASSERT_EQ(bf16_logits.dims(), f32_logits.dims());
+  EXPECT_FALSE(bf16_logits.equals(f32_logits)) << "bit-identical to float32: did bf16 run?";
+  float scale = 0;
+  for (int64_t i = 0; i < f32_logits.numel(); ++i)
+    scale = std::max(scale, std::fabs(f32_logits.data_as<float>()[i]));
+  // 18 layers of 8-bit significands: a few percent of the largest logit.
+  for (int64_t i = 0; i < f32_logits.numel(); ++i)
+    EXPECT_NEAR(bf16_logits.data_as<float>()[i], f32_logits.data_as<float>()[i], 0.05f * scale)
+        << i;
+  if (!native)
+    expect_error({model_path, "--input", "input=" + path("x.npy"), "--precision", "bf16"}, 1,
+                 "--precision bf16: this CPU has no native bf16 instructions");
+  expect_error({model_path, "--input", "input=" + path("x.npy"), "--precision", "fp16"}, 1,
+               "--precision fp16: this CPU has no native fp16 instructions");
+  expect_error({model_path, "--input", "input=" + path("x.npy"), "--precision", "int8"}, 2,
+               "--precision: expected fp32, bf16 or fp16, got 'int8'");
 }
 
 TEST_F(OnnxrunCli, SanitizesOutputNamesAndReadsPbInputs) {
