@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "graph/error.h"
+#include "ops/op_api.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -38,7 +39,14 @@ bool moves_data(const Node& n) {
          t == "Flatten" || t == "Identity";
 }
 
+// optimize_inference's Conv [+ BN] [+ Add] [+ Relu] (onnxrun --precision runs that pass first
+// where the fused kernels have the precision natively).
+bool is_fused_conv(const Node& n) {
+  return n.domain == ops::kOnnxtrainDomain && n.op_type == "FusedConv";
+}
+
 Policy policy(const Node& n) {
+  if (is_fused_conv(n)) return Policy::kLow;
   if (!n.domain.empty() && n.domain != "ai.onnx") return Policy::kFloat32;
   const std::string& t = n.op_type;
   if (t == "Conv" || t == "Gemm" || t == "MatMul") return Policy::kLow;
@@ -149,9 +157,11 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
         // low precision (ops/precision.h's conv_compute_dtype), rounding the weight in the
         // reorder into its primitive's layout, and writes dW and dB in float32 -- no weight
         // copy, no Cast of the weight or of its gradient.
-        const size_t low_inputs = n->op_type == "Conv" ? 1 : n->inputs().size();
-        for (size_t i = 0; i < low_inputs && i < n->inputs().size(); ++i)
-          if (Value* v = n->input(i); v && !is_low(v)) n->set_input(i, low_copy(v));
+        // A FusedConv likewise, its residual Z (input 3) in Y's low precision.
+        for (size_t i = 0; i < n->inputs().size(); ++i) {
+          const bool weight = (n->op_type == "Conv" || is_fused_conv(*n)) && i != 0 && i != 3;
+          if (Value* v = n->input(i); v && !weight && !is_low(v)) n->set_input(i, low_copy(v));
+        }
         lower_output(n);
         lowered = true;
       }

@@ -16,6 +16,7 @@
 #include "graph/onnx_io.h"
 #include "ops/op_api.h"
 #include "ops/plugin.h"
+#include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/npy.h"
 #include "runtime/device/device.h"
@@ -51,9 +52,11 @@ constexpr const char* kUsage =
     "                     the model (repeatable; --list-ops then lists its ops too)\n"
     "  --precision P      fp32 (default) | bf16 | fp16: mixed precision as onnxtrain's (the\n"
     "                     convolutions and matmuls in P, the elementwise ops that follow them\n"
-    "                     too, the rest float32; outputs float32; no fused convolutions).\n"
-    "                     Refused where the device has no native P kernels (bf16 on the CPU:\n"
-    "                     AVX512-BF16 or AMX) unless --allow-emulation\n"
+    "                     too, the rest float32; outputs float32). On the CPU with native\n"
+    "                     bf16 the fused convolutions run in bf16 too, their weights rounded\n"
+    "                     to bf16 once. Refused where the device has no native P kernels\n"
+    "                     (bf16 on the CPU: AVX512-BF16 or AMX) unless --allow-emulation\n"
+    "                     (which runs unfused)\n"
     "  --allow-emulation  run --precision on a device without native kernels (slow)\n"
     "  --no-optimize      run the graph as written (by default Conv+BatchNormalization+Add+Relu\n"
     "                     chains are fused into oneDNN convolutions; results agree to 1e-4)\n"
@@ -298,21 +301,24 @@ int run(int argc, char** argv) {
   // in training mode (an exported training graph) is left alone by the pass itself.
   runtime::SessionOptions opts;
   opts.device = runtime::make_device(a.device.empty() ? runtime::default_device_spec() : a.device);
-  // Mixed precision (passes::autocast, as onnxtrain --precision: Conv/Gemm/MatMul compute in
-  // bf16 / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32).
-  // The fused convolutions are float32 only, so the graph runs unfused.
+  // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written. Under
+  // mixed precision (passes::autocast, as onnxtrain --precision: Conv/Gemm/MatMul compute in
+  // bf16 / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32) they
+  // run where the CPU has the precision natively: fused first, then each FusedConv computes in
+  // it like a Conv (its blocked values between FusedConvs stored in it too).
+  const bool fuse = a.optimize && opts.device->host_memory() &&
+                    (a.precision == DataType::kFloat || ops::cpu_runs_natively(a.precision));
+  if (fuse) passes::optimize_inference(*model);
   if (a.precision != DataType::kFloat) {
     const std::string why = runtime::precision_refusal(*opts.device, a.precision);
     OT_CHECK(a.allow_emulation || why.empty(), why);
     passes::infer_shapes(*model);
     const passes::AutocastInfo info = passes::autocast(*model, a.precision, {});
     std::printf("precision   %s mixed: %d Conv/Gemm/MatMul and %d following nodes in %s, "
-                "%d casts; unfused\n",
+                "%d casts; %s\n",
                 runtime::precision_name(a.precision).c_str(), info.low_nodes, info.follow_nodes,
-                runtime::precision_name(a.precision).c_str(), info.casts);
-  } else if (a.optimize && opts.device->host_memory()) {
-    // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written.
-    passes::optimize_inference(*model);
+                runtime::precision_name(a.precision).c_str(), info.casts,
+                fuse ? "fused" : "unfused");
   }
   if (a.conv_algorithm != passes::ConvAlgorithm::kDirect) {
     passes::infer_shapes(*model);  // the rule needs the weights' shapes and x's dtype

@@ -3,6 +3,9 @@
 // and an optional Relu, as one oneDNN primitive (sum and eltwise post-ops) whose weights are
 // packed once per plan. x / y / z may hold oneDNN's blocked channel layout (x_blocked,
 // y_blocked, z_blocked = 1) so consecutive convolutions skip the reorders to plain NCHW.
+// Mixed precision (onnxrun --precision bf16: passes::autocast after optimize_inference): x, z
+// and y bf16 around the float32 weight and bias (ops/precision.h's conv_compute_dtype), the
+// weight rounded to bf16 once, in the packing reorder; oneDNN accumulates in float32.
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -10,6 +13,7 @@
 #include "ops/nn/blocked_layout.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
+#include "ops/precision.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::nn {
@@ -17,16 +21,29 @@ namespace {
 
 using dnnl::memory;
 
+// X and W as ops/precision.h's conv_compute_dtype allows them (one dtype, or bf16 / f16 X
+// around a float32 W), Z in X's dtype (it is added to Y, which has X's); unknown dtypes pass.
+void check_fused_conv_dtypes(const std::string& where, DataType x, DataType w, DataType z) {
+  OT_CHECK(conv_compute_dtype(x, w), where, ": x is ", graph::dtype_short_name(x),
+           ", weight is ", graph::dtype_short_name(w),
+           "; they must match (or x be bf16/f16 around an f32 weight: mixed precision)");
+  OT_CHECK(z == DataType::kUndefined || x == DataType::kUndefined || z == x, where, ": Z is ",
+           graph::dtype_short_name(z), ", x is ", graph::dtype_short_name(x), "; they must match");
+}
+
 // Output (N, M, spatial...) from fully known x and w shapes (the pass only fuses those).
 void infer_fused_conv(InferenceContext& ctx) {
   const std::string where = ctx.where();
   check_float_input(ctx, 0);
   const ValueType& x = tensor_input(ctx, 0);
   const ValueType& w = tensor_input(ctx, 1);
+  check_fused_conv_dtypes(where, x.dtype, w.dtype,
+                          ctx.input_type(3) ? ctx.input_type(3)->dtype : DataType::kUndefined);
   if (!x.shape || !w.shape) {
     set_output(ctx, 0, x.dtype, std::nullopt);
     return;
   }
+
   const size_t rank = x.shape->size();
   OT_CHECK(rank >= 3 && w.shape->size() == rank, where, ": x rank ", rank, " and weight rank ",
            w.shape->size(), " must be equal and >= 3");
@@ -90,15 +107,24 @@ class FusedConvKernel final : public Kernel {
     const TensorView* x = ctx.input(0);
     const TensorView* w = ctx.input(1);
     OT_CHECK(x && w, where_, ": inputs X and W are required");
-    OT_CHECK(x->dtype == DataType::kFloat && w->dtype == DataType::kFloat, where_,
-             ": only f32 is supported, got x ", graph::dtype_short_name(x->dtype), ", w ",
-             graph::dtype_short_name(w->dtype));
+    const TensorView* b = ctx.input(2);
+    const TensorView* z = ctx.input(3);
+    check_fused_conv_dtypes(where_, x->dtype, w->dtype, z ? z->dtype : DataType::kUndefined);
+    const std::optional<memory::data_type> act = dnnl_float_type(x->dtype),
+                                           wt = dnnl_float_type(w->dtype),
+                                           compute = dnnl_float_type(
+                                               *conv_compute_dtype(x->dtype, w->dtype));
+    OT_CHECK(act && wt && compute, where_, ": x is ", graph::dtype_short_name(x->dtype),
+             ", w is ", graph::dtype_short_name(w->dtype), "; FusedConv takes f32, bf16 or f16");
+    OT_CHECK(!b || b->dtype == w->dtype, where_, ": bias is ", graph::dtype_short_name(b->dtype),
+             ", weight is ", graph::dtype_short_name(w->dtype));
+    act_ = *act;
+    wt_ = *wt;
+    compute_ = *compute;
     OT_CHECK(x->rank() == 4 && w->rank() == 4, where_, ": x rank ", x->rank(), ", w rank ",
              w->rank(), "; FusedConv is 2-D only");
     x_dims_ = x->dims;
     w_dims_ = w->dims;
-    const TensorView* b = ctx.input(2);
-    const TensorView* z = ctx.input(3);
     has_bias_ = b != nullptr;
     has_z_ = z != nullptr;
     group_ = ctx.node().attr_int("group", 1);
@@ -177,21 +203,26 @@ class FusedConvKernel final : public Kernel {
   }
 
  private:
-  memory::desc user_desc(std::span<const int64_t> dims, bool blocked) const {
-    return blocked ? memory::desc(to_dnnl(dims), memory::data_type::f32, blocked_tag())
-                   : plain_desc(dims);
+  // x / y / z in the runtime's buffers (dtype t: the activations'), or as the primitive reads
+  // them (the compute dtype) before oneDNN chooses a layout.
+  memory::desc activation_desc(std::span<const int64_t> dims, bool blocked,
+                               memory::data_type t) const {
+    return blocked ? memory::desc(to_dnnl(dims), t, blocked_tag()) : plain_desc(dims, t);
   }
 
   // Tries the caller's layouts for x/y where they are blocked (format `any` for the plain ones,
   // which oneDNN then runs blocked behind reorders), then all-user layouts.
   void init_dnnl(KernelContext& ctx, const TensorView& w) {
-    x_user_md_ = user_desc(x_dims_, x_blocked_);
-    y_user_md_ = user_desc(y_dims_, y_blocked_);
-    z_user_md_ = user_desc(y_dims_, z_blocked_);
+    x_user_md_ = activation_desc(x_dims_, x_blocked_, act_);
+    y_user_md_ = activation_desc(y_dims_, y_blocked_, act_);
+    z_user_md_ = activation_desc(y_dims_, z_blocked_, act_);
+    // The primitive reads x in the compute dtype (a float32 x around a bf16 weight is rounded
+    // by the reorder into scratch) and writes y in x's dtype.
+    const memory::desc x_prim_md = activation_desc(x_dims_, x_blocked_, compute_);
     std::vector<int64_t> wd = w_dims_;
     if (group_ > 1) wd = {group_, w_dims_[0] / group_, w_dims_[1], w_dims_[2], w_dims_[3]};
-    w_user_md_ = plain_desc(wd);
-    b_md_ = plain_desc(std::vector<int64_t>{w_dims_[0]});
+    w_user_md_ = plain_desc(wd, wt_);
+    b_md_ = plain_desc(std::vector<int64_t>{w_dims_[0]}, wt_);
     dnnl::post_ops ops;
     if (has_z_) ops.append_sum(1.0f);
     if (relu_) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -205,7 +236,7 @@ class FusedConvKernel final : public Kernel {
                     dnnl::algorithm alg = dnnl::algorithm::convolution_direct) {
       using dnnl::convolution_forward;
       const auto prop = dnnl::prop_kind::forward_inference;
-      const memory::desc wm = any_layout(w_user_md_);
+      const memory::desc wm = any_layout(plain_desc(wd, compute_));
       auto d =
           has_bias_
               ? convolution_forward::desc(prop, alg, xm, wm, b_md_, ym, strides, dil, pad_l, pad_r)
@@ -223,7 +254,7 @@ class FusedConvKernel final : public Kernel {
     const dnnl::algorithm requested = requested_conv_algorithm(ctx.node());
     if (requested == dnnl::algorithm::convolution_winograd) {
       try {
-        pd = make(pick(x_user_md_, x_blocked_, y_blocked_), pick(y_user_md_, y_blocked_, x_blocked_),
+        pd = make(pick(x_prim_md, x_blocked_, y_blocked_), pick(y_user_md_, y_blocked_, x_blocked_),
                   requested);
       } catch (const dnnl::error&) {
         // no Winograd kernel for this CPU or shape: direct below
@@ -231,10 +262,10 @@ class FusedConvKernel final : public Kernel {
     }
     if (!pd) {
       try {
-        pd = make(pick(x_user_md_, x_blocked_, y_blocked_),
+        pd = make(pick(x_prim_md, x_blocked_, y_blocked_),
                   pick(y_user_md_, y_blocked_, x_blocked_));
       } catch (const dnnl::error&) {
-        pd = make(x_user_md_, y_user_md_);  // throws dnnl::error when oneDNN has nothing at all
+        pd = make(x_prim_md, y_user_md_);  // throws dnnl::error when oneDNN has nothing at all
       }
     }
     const dnnl::engine& eng = cpu_engine();
@@ -292,6 +323,9 @@ class FusedConvKernel final : public Kernel {
   std::string where_;
   bool relu_, x_blocked_, y_blocked_, z_blocked_;
   bool has_bias_ = false, has_z_ = false;
+  // The activations' (x, y, z), the weight's and bias's, and the primitive's dtypes.
+  memory::data_type act_ = memory::data_type::f32, wt_ = memory::data_type::f32,
+                    compute_ = memory::data_type::f32;
   int64_t group_ = 1;
   WindowGeom geom_;
   std::vector<int64_t> x_dims_, w_dims_, y_dims_;

@@ -188,10 +188,14 @@ TEST_F(OnnxrunCli, PrecisionBf16RunsTheAutocastGraph) {
   std::vector<std::string> bf16_args{"--precision", "bf16"};
   if (!native) bf16_args.push_back("--allow-emulation");  // the reference loops: slow but exact
   const auto [r16, bf16_logits] = logits("bf16", bf16_args);
-  // resnet18: 20 convolutions and the classifier's Gemm in bf16; BN, Relu, Add, MaxPool follow.
+  // resnet18: 20 convolutions and the classifier's Gemm in bf16; with native bf16 the
+  // convolutions are FusedConvs (BN, Add, Relu inside) and MaxPool follows; emulated, the graph
+  // runs unfused and BN, Relu, Add, MaxPool follow.
   EXPECT_TRUE(cli_test::has_line_matching(
-      r16.out, "^precision   bf16 mixed: 21 Conv/Gemm/MatMul and [0-9]+ following nodes in bf16, "
-               "[0-9]+ casts; unfused$"))
+      r16.out, native ? "^precision   bf16 mixed: 21 Conv/Gemm/MatMul and 1 following nodes in "
+                        "bf16, 6 casts; fused$"
+                      : "^precision   bf16 mixed: 21 Conv/Gemm/MatMul and [0-9]+ following nodes "
+                        "in bf16, [0-9]+ casts; unfused$"))
       << r16.out;
   ASSERT_EQ(bf16_logits.dtype(), DataType::kFloat);
   ASSERT_EQ(bf16_logits.dims(), f32_logits.dims());
@@ -203,6 +207,13 @@ TEST_F(OnnxrunCli, PrecisionBf16RunsTheAutocastGraph) {
   for (int64_t i = 0; i < f32_logits.numel(); ++i)
     EXPECT_NEAR(bf16_logits.data_as<float>()[i], f32_logits.data_as<float>()[i], 0.05f * scale)
         << i;
+  if (native) {  // --no-optimize: the autocast graph as written, the same logits to bf16 rounding
+    const auto [ru, unfused_logits] = logits("bf16-unfused", {"--precision", "bf16", "--no-optimize"});
+    EXPECT_TRUE(cli_test::has_line_matching(ru.out, "^precision .*; unfused$")) << ru.out;
+    for (int64_t i = 0; i < f32_logits.numel(); ++i)
+      EXPECT_NEAR(unfused_logits.data_as<float>()[i], f32_logits.data_as<float>()[i], 0.05f * scale)
+          << i;
+  }
   if (!native)
     expect_error({model_path, "--input", "input=" + path("x.npy"), "--precision", "bf16"}, 1,
                  "--precision bf16: this CPU has no native bf16 instructions");

@@ -9,6 +9,7 @@
 
 #include "models/zoo.h"
 #include "ops/op_api.h"
+#include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/session.h"
 
@@ -195,6 +196,52 @@ TEST(OptimizeInference, OddChannelCountsStayPlain) {
   Tensor want = run_model(std::move(s.model), "x", in);
   Tensor got = run_model(std::move(optimized), "x", in);
   EXPECT_LT(scaled_max_diff(got, want), 1e-5);
+}
+
+// onnxrun --precision bf16 on a CPU with bf16: optimize_inference, then autocast, which lowers
+// each FusedConv like a Conv (X and Z in bf16, the float32 weight rounded once when packed), so
+// the values between FusedConvs are bf16 in the blocked layout. The logits match the unfused
+// bf16 graph's and float32's to bf16 rounding (a wrong layout or dtype on any of the blocked
+// bf16 values would scramble them).
+TEST(OptimizeInference, Bf16FusedConvsMatchTheUnfusedBf16Graph) {
+  if (!ops::cpu_runs_natively(DataType::kBFloat16)) GTEST_SKIP() << "no native bf16 on this CPU";
+  auto model =
+      models::build_zoo_model("resnet18", {.input_shape = {3, 32, 32}, .classes = 10, .seed = 3});
+  randomize_batchnorms(*model, 200);
+  auto unfused = model->clone(), fused = model->clone();
+  passes::infer_shapes(*unfused);
+  const passes::AutocastInfo plain = passes::autocast(*unfused, DataType::kBFloat16, {});
+  const passes::InferenceStats st = passes::optimize_inference(*fused);
+  ASSERT_EQ(st.fused_convs, 20);
+  passes::infer_shapes(*fused);
+  const passes::AutocastInfo info = passes::autocast(*fused, DataType::kBFloat16, {});
+  EXPECT_EQ(info.low_nodes, 21);  // 20 FusedConvs and the classifier's Gemm
+  EXPECT_EQ(plain.low_nodes, 21);
+  // The input, the global pooling's float32 copy, the Gemm's three inputs and the output.
+  EXPECT_EQ(info.casts, 6);
+  int blocked = 0;
+  for (const auto& n : fused->graph->nodes()) {
+    if (n->op_type != "FusedConv") continue;
+    EXPECT_EQ(n->output(0)->dtype(), DataType::kBFloat16) << n->describe();
+    EXPECT_EQ(n->input(1)->dtype(), DataType::kFloat) << n->describe();  // no weight copies
+    if (n->input(3)) {
+      EXPECT_EQ(n->input(3)->dtype(), DataType::kBFloat16) << n->describe();
+    }
+    blocked += static_cast<int>(n->attr_int("y_blocked", 0));
+  }
+  EXPECT_EQ(blocked, st.blocked_values);
+  EXPECT_EQ(blocked, 8 + 7 + 3);
+
+  Tensor x = random_tensor({4, 3, 32, 32}, 11, -2.f, 2.f);
+  Tensor want = run_model(std::move(model), "input", x);
+  Tensor got_unfused = run_model(std::move(unfused), "input", x);
+  Tensor got = run_model(std::move(fused), "input", x);
+  ASSERT_EQ(got.dtype(), DataType::kFloat);
+  EXPECT_FALSE(got.equals(want)) << "bit-identical to float32: did bf16 run?";
+  // 18 layers of 8-bit significands: 0.36-0.57 % of the largest logit here for either graph.
+  EXPECT_LT(scaled_max_diff(got, want), 0.02);
+  EXPECT_LT(scaled_max_diff(got_unfused, want), 0.02);
+  EXPECT_LT(scaled_max_diff(got, got_unfused), 0.02);
 }
 
 }  // namespace
