@@ -18,7 +18,9 @@
 #include "graph/onnx_io.h"
 #include "graph/tensor.h"
 #include "passes/passes.h"
+#include "runtime/device/device.h"
 #include "runtime/session.h"
+#include "tools/inference_prep.h"
 #include "tools/train_args.h"
 #include "tools/train_loop.h"
 
@@ -116,7 +118,12 @@ py::tuple train(const std::vector<std::string>& args, bool quiet) {
 }
 
 py::dict run(const std::string& path, const py::dict& inputs, int threads,
-             const std::string& conv_algorithm) {
+             const std::string& conv_algorithm, const std::string& precision,
+             bool allow_emulation) {
+  const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(conv_algorithm);
+  OT_CHECK(algo, "conv_algorithm '", conv_algorithm, "': expected direct or winograd");
+  const std::optional<graph::DataType> dtype = runtime::parse_precision(precision);
+  OT_CHECK(dtype, "precision '", precision, "': expected fp32, bf16 or fp16");
   std::map<std::string, Tensor> feeds;
   for (const auto& [k, v] : inputs) {
     const std::string name = py::str(k);
@@ -133,17 +140,13 @@ py::dict run(const std::string& path, const py::dict& inputs, int threads,
       if (!v->has_initializer() && !feeds.count(v->name()))
         missing += cat(missing.empty() ? "" : ", ", "'", v->name(), "'");
     OT_CHECK(missing.empty(), path, ": missing inputs: ", missing);
-    passes::lower_sequences(*model);
-    runtime::require_supported_ops(*model, path);
-    passes::optimize_inference(*model);
-    const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(conv_algorithm);
-    OT_CHECK(algo, "conv_algorithm '", conv_algorithm, "': expected direct or winograd");
-    if (*algo != passes::ConvAlgorithm::kDirect) {
-      passes::infer_shapes(*model);  // the rule reads the weights' shapes and x's dtype
-      passes::select_conv_algorithm(*model, *algo);
-    }
     runtime::SessionOptions opts;
+    opts.device = runtime::cpu_device();
     opts.threads = threads;
+    tools::prepare_inference(*model, *opts.device,
+                             {.precision = *dtype, .allow_emulation = allow_emulation,
+                              .conv_algorithm = *algo},
+                             path);
     runtime::InferenceSession session(std::move(model), opts);
     outs = session.run(feeds);
   }
@@ -173,7 +176,8 @@ PYBIND11_MODULE(_onnxtrain, m) {
   m.doc() = "onnxtrain's C++ runtime (use the onnxtrain package's Trainer and run)";
   m.def("_train", &onnxtrain::python::train, py::arg("args"), py::arg("quiet") = false);
   m.def("_run", &onnxtrain::python::run, py::arg("model"), py::arg("inputs"),
-        py::arg("threads") = 0, py::arg("conv_algorithm") = "direct");
+        py::arg("threads") = 0, py::arg("conv_algorithm") = "direct",
+        py::arg("precision") = "fp32", py::arg("allow_emulation") = false);
   m.def("_inputs", &onnxtrain::python::inputs, py::arg("model"));
   m.attr("usage") = onnxtrain::tools::kTrainUsage;
 #ifdef ONNXTRAIN_VERSION

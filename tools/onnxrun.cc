@@ -16,11 +16,11 @@
 #include "graph/onnx_io.h"
 #include "ops/op_api.h"
 #include "ops/plugin.h"
-#include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/npy.h"
 #include "runtime/device/device.h"
 #include "runtime/session.h"
+#include "tools/inference_prep.h"
 #include "tools/cli_main.h"
 
 namespace onnxtrain::tools {
@@ -294,38 +294,22 @@ int run(int argc, char** argv) {
     graph::check_distinct_files(reads, writes);
     graph::check_writable({"--profile", a.profile});
   }
-  // Sequences with a static structure become tensor ops; the check names any that stay.
-  passes::lower_sequences(*model);
-  runtime::require_supported_ops(*model, a.model);
-  // onnxrun only runs models forward, so the inference rewrite applies; a BatchNormalization
-  // in training mode (an exported training graph) is left alone by the pass itself.
   runtime::SessionOptions opts;
   opts.device = runtime::make_device(a.device.empty() ? runtime::default_device_spec() : a.device);
-  // The fused convolutions are oneDNN (CPU) kernels: on a GPU the graph runs as written. Under
-  // mixed precision (passes::autocast, as onnxtrain --precision: Conv/Gemm/MatMul compute in
-  // bf16 / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32) they
-  // run where the CPU has the precision natively: fused first, then each FusedConv computes in
-  // it like a Conv (its blocked values between FusedConvs stored in it too).
-  const bool fuse = a.optimize && opts.device->host_memory() &&
-                    (a.precision == DataType::kFloat || ops::cpu_runs_natively(a.precision));
-  if (fuse) passes::optimize_inference(*model);
-  if (a.precision != DataType::kFloat) {
-    const std::string why = runtime::precision_refusal(*opts.device, a.precision);
-    OT_CHECK(a.allow_emulation || why.empty(), why);
-    passes::infer_shapes(*model);
-    const passes::AutocastInfo info = passes::autocast(*model, a.precision, {});
+  const tools::InferencePrep prep = tools::prepare_inference(
+      *model, *opts.device,
+      {.optimize = a.optimize, .precision = a.precision, .allow_emulation = a.allow_emulation,
+       .conv_algorithm = a.conv_algorithm},
+      a.model);
+  if (const auto& info = prep.autocast)
     std::printf("precision   %s mixed: %d Conv/Gemm/MatMul and %d following nodes in %s, "
                 "%d casts; %s\n",
-                runtime::precision_name(a.precision).c_str(), info.low_nodes, info.follow_nodes,
-                runtime::precision_name(a.precision).c_str(), info.casts,
-                fuse ? "fused" : "unfused");
-  }
-  if (a.conv_algorithm != passes::ConvAlgorithm::kDirect) {
-    passes::infer_shapes(*model);  // the rule needs the weights' shapes and x's dtype
-    const passes::ConvAlgorithmStats c = passes::select_conv_algorithm(*model, a.conv_algorithm);
-    std::printf("convolution winograd on %d of %d convolutions\n", c.winograd_forward,
-                 c.forward);
-  }
+                runtime::precision_name(a.precision).c_str(), info->low_nodes, info->follow_nodes,
+                runtime::precision_name(a.precision).c_str(), info->casts,
+                prep.fused ? "fused" : "unfused");
+  if (const auto& c = prep.conv)
+    std::printf("convolution winograd on %d of %d convolutions\n", c->winograd_forward,
+                c->forward);
   opts.threads = a.threads;
   opts.profile_path = a.profile;
   runtime::InferenceSession session(std::move(model), opts);

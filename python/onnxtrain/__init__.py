@@ -136,12 +136,17 @@ class Trainer:
             raise
 
 
-def run(model, inputs, threads=0, conv_algorithm="direct"):
+def run(model, inputs, threads=0, conv_algorithm="direct", precision="fp32",
+        allow_emulation=False):
     """The model's outputs on NumPy inputs ({input name: array}; one array for a one-input
     model), as onnxrun computes them: {output name: ndarray}. conv_algorithm="winograd" is
-    onnxrun's --conv-algorithm winograd (3x3 stride-1 convolutions over maps >= 7x7)."""
+    onnxrun's --conv-algorithm winograd (3x3 stride-1 convolutions over maps >= 7x7);
+    precision="bf16" / "fp16" its --precision (convolutions and matmuls in that precision,
+    outputs float32; refused on a CPU without native kernels for it unless allow_emulation)."""
     if conv_algorithm not in ("direct", "winograd"):
         raise ValueError(f"conv_algorithm: expected 'direct' or 'winograd', got {conv_algorithm!r}")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision: expected 'fp32', 'bf16' or 'fp16', got {precision!r}")
     model = os.fspath(model)
     if not isinstance(inputs, dict):
         names = [name for name, _, _ in _inputs(model)]
@@ -149,4 +154,4 @@ def run(model, inputs, threads=0, conv_algorithm="direct"):
             raise ValueError(f"the model has inputs {names}: pass a dict of arrays by input name")
         inputs = {names[0]: inputs}
     return _run(model, {k: np.ascontiguousarray(v) for k, v in inputs.items()}, threads,
-                conv_algorithm)
+                conv_algorithm, precision, allow_emulation)

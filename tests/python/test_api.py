@@ -126,6 +126,29 @@ def test_conv_algorithm_winograd(tmp_path):
         onnxtrain.Trainer(path, conv_algorithm="fft").fit((xs, y), verbose=0)
 
 
+def test_run_precision_bf16(tmp_path):
+    # precision= is onnxrun's --precision (tools/inference_prep.h, shared): a resnet18's logits
+    # in bf16 within bf16 rounding of float32's, not bit-identical; fp16 has no CPU kernels
+    # here and is refused with onnxrun's message; an unknown name is a ValueError.
+    path = str(tmp_path / "r18.onnx")
+    subprocess.run([os.path.join(BIN, "onnxzoo"), "resnet18", "--input", "3x32x32", "--width", "16",
+                    "--classes", "10", "-o", path], check=True, capture_output=True)
+    x = np.random.default_rng(8).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    f32 = onnxtrain.run(path, x)["logits"]
+    try:
+        bf16 = onnxtrain.run(path, x, precision="bf16")["logits"]
+    except RuntimeError as e:  # a CPU without AVX512-BF16 / AMX: the refusal, then emulation
+        assert "no native bf16 instructions" in str(e)
+        bf16 = onnxtrain.run(path, x, precision="bf16", allow_emulation=True)["logits"]
+    assert bf16.dtype == np.float32 and bf16.shape == f32.shape
+    assert np.abs(bf16 - f32).max() < 0.05 * np.abs(f32).max()
+    assert not np.array_equal(bf16, f32), "bit-identical to float32: did bf16 run?"
+    with pytest.raises(RuntimeError, match="--precision fp16: this CPU has no native fp16"):
+        onnxtrain.run(path, x, precision="fp16")
+    with pytest.raises(ValueError, match="precision"):
+        onnxtrain.run(path, x, precision="int8")
+
+
 def test_second_fit_continues(mlp):
     x, y = separable(1024, 5)
     t = onnxtrain.Trainer(mlp, lr=1e-2)
