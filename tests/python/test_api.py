@@ -103,14 +103,19 @@ def test_save_runs_in_onnxruntime_like_run(mlp, tmp_path):
     assert not np.allclose(ours["logits"], onnxtrain.run(mlp, x[:8])["logits"])
 
 
+def zoo_resnet18(tmp_path, seed):
+    """(path, batch): onnxzoo's resnet18 at 32x32, width 16, 10 classes; 4 random images."""
+    path = str(tmp_path / "r18.onnx")
+    subprocess.run([os.path.join(BIN, "onnxzoo"), "resnet18", "--input", "3x32x32", "--width", "16",
+                    "--classes", "10", "-o", path], check=True, capture_output=True)
+    return path, np.random.default_rng(seed).standard_normal((4, 3, 32, 32)).astype(np.float32)
+
+
 def test_conv_algorithm_winograd(tmp_path):
     # --conv-algorithm as a keyword (Trainer) and an argument (run): a resnet18 at 32x32 has 4
     # Winograd-eligible convolutions (stage 1's 3x3 on 8x8 maps); Winograd rounds differently
     # but stays within float32 noise of direct.
-    path = str(tmp_path / "r18.onnx")
-    subprocess.run([os.path.join(BIN, "onnxzoo"), "resnet18", "--input", "3x32x32", "--width", "16",
-                    "--classes", "10", "-o", path], check=True, capture_output=True)
-    x = np.random.default_rng(5).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    path, x = zoo_resnet18(tmp_path, 5)
     direct = onnxtrain.run(path, x)["logits"]
     wino = onnxtrain.run(path, x, conv_algorithm="winograd")["logits"]
     assert np.allclose(wino, direct, rtol=1e-4, atol=1e-5 * np.abs(direct).max())
@@ -130,10 +135,7 @@ def test_run_precision_bf16(tmp_path):
     # precision= is onnxrun's --precision (tools/inference_prep.h, shared): a resnet18's logits
     # in bf16 within bf16 rounding of float32's, not bit-identical; fp16 has no CPU kernels
     # here and is refused with onnxrun's message; an unknown name is a ValueError.
-    path = str(tmp_path / "r18.onnx")
-    subprocess.run([os.path.join(BIN, "onnxzoo"), "resnet18", "--input", "3x32x32", "--width", "16",
-                    "--classes", "10", "-o", path], check=True, capture_output=True)
-    x = np.random.default_rng(8).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    path, x = zoo_resnet18(tmp_path, 8)
     f32 = onnxtrain.run(path, x)["logits"]
     try:
         bf16 = onnxtrain.run(path, x, precision="bf16")["logits"]
