@@ -20,9 +20,9 @@ InferencePrep prepare_inference(graph::Model& model, const runtime::Device& devi
   }
   // Models run forward only, so the inference rewrite applies; a BatchNormalization in
   // training mode (an exported training graph) is left alone by the pass itself.
-  prep.fused = options.optimize && device.host_memory() &&
-               (options.precision == DataType::kFloat || ops::cpu_runs_natively(options.precision));
-  if (prep.fused) passes::optimize_inference(model);
+  if (options.optimize && device.host_memory() &&
+      (options.precision == DataType::kFloat || ops::cpu_runs_natively(options.precision)))
+    prep.fusion = passes::optimize_inference(model);
   // Mixed precision as onnxtrain --precision: Conv/Gemm/MatMul (and FusedConv) compute in bf16
   // / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32.
   if (options.precision != DataType::kFloat) {

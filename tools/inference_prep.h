@@ -21,7 +21,7 @@ struct InferencePrepOptions {
 };
 
 struct InferencePrep {
-  bool fused = false;                              // optimize_inference rewrote the graph
+  std::optional<passes::InferenceStats> fusion;    // set when optimize_inference ran
   std::optional<passes::AutocastInfo> autocast;    // set when precision is not float32
   std::optional<passes::ConvAlgorithmStats> conv;  // set when the algorithm is not direct
 };

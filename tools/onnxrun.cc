@@ -306,7 +306,8 @@ int run(int argc, char** argv) {
                 "%d casts; %s\n",
                 runtime::precision_name(a.precision).c_str(), info->low_nodes, info->follow_nodes,
                 runtime::precision_name(a.precision).c_str(), info->casts,
-                prep.fused ? "fused" : "unfused");
+                prep.fusion ? cat(prep.fusion->fused_convs, " convolutions fused").c_str()
+                            : "unfused");
   if (const auto& c = prep.conv)
     std::printf("convolution winograd on %d of %d convolutions\n", c->winograd_forward,
                 c->forward);

@@ -43,7 +43,6 @@ void infer_fused_conv(InferenceContext& ctx) {
     set_output(ctx, 0, x.dtype, std::nullopt);
     return;
   }
-
   const size_t rank = x.shape->size();
   OT_CHECK(rank >= 3 && w.shape->size() == rank, where, ": x rank ", rank, " and weight rank ",
            w.shape->size(), " must be equal and >= 3");
