@@ -208,7 +208,8 @@ TEST_F(OnnxrunCli, PrecisionBf16RunsTheAutocastGraph) {
     EXPECT_NEAR(bf16_logits.data_as<float>()[i], f32_logits.data_as<float>()[i], 0.05f * scale)
         << i;
   if (native) {  // --no-optimize: the autocast graph as written, the same logits to bf16 rounding
-    const auto [ru, unfused_logits] = logits("bf16-unfused", {"--precision", "bf16", "--no-optimize"});
+    const auto [ru, unfused_logits] =
+        logits("bf16-unfused", {"--precision", "bf16", "--no-optimize"});
     EXPECT_TRUE(cli_test::has_line_matching(ru.out, "^precision .*; unfused$")) << ru.out;
     for (int64_t i = 0; i < f32_logits.numel(); ++i)
       EXPECT_NEAR(unfused_logits.data_as<float>()[i], f32_logits.data_as<float>()[i], 0.05f * scale)
