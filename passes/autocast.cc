@@ -17,8 +17,8 @@ using graph::Value;
 
 // What autocast does with a node, torch.autocast's classes:
 //  - kLow: convolutions and matrix products, whose cost is arithmetic ("lower_precision_fp"):
-//    every float input (a Conv's X only) is read in the low precision, and the output is
-//    written in it.
+//    every float input (a Conv's X only; a FusedConv's X and Z) is read in the low precision,
+//    and the output is written in it.
 //  - kFollow: memory-bound ops with low-precision kernels that compute in float32 and store in
 //    the input's dtype (BN, Relu, Gelu, Add, Mul, Sum, pooling), and the ops that only move
 //    data (Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Identity): their activation inputs

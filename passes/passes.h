@@ -152,7 +152,8 @@ struct AutocastInfo {
 //    weight copy, recorded in TrainingSignature::copies -- and every Conv one of its X, keeping
 //    its float32 weight and bias (ops/precision.h's conv_compute_dtype: it computes in X's
 //    dtype and writes dW and dB in float32); each writes a low-precision output, renamed
-//    `<name>.bf16`;
+//    `<name>.bf16`. An ai.onnxtrain.FusedConv (onnxrun runs optimize_inference first where the
+//    CPU has the precision natively) is lowered like a Conv, its residual Z read in bf16 too;
 //  - BatchNormalization, Relu, Add, Sum, MaxPool and AveragePool whose activation inputs are all
 //    low-precision write a low-precision output too (their kernels compute in float32 and store
 //    bf16; BN's parameters and statistics stay float32), so a ResNet's activations stay bf16
