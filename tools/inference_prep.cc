@@ -23,16 +23,15 @@ InferencePrep prepare_inference(graph::Model& model, const runtime::Device& devi
   if (options.optimize && device.host_memory() &&
       (options.precision == DataType::kFloat || ops::cpu_runs_natively(options.precision)))
     prep.fusion = passes::optimize_inference(model);
+  // Both passes below read types: autocast the dtypes, the Winograd rule the weights' shapes
+  // and x's dtype (autocast types the Casts it adds, so one inference serves both).
+  const bool winograd = options.conv_algorithm != passes::ConvAlgorithm::kDirect;
+  if (options.precision != DataType::kFloat || winograd) passes::infer_shapes(model);
   // Mixed precision as onnxtrain --precision: Conv/Gemm/MatMul (and FusedConv) compute in bf16
   // / f16, BatchNormalization, Relu, Add and pooling follow, the rest reads float32.
-  if (options.precision != DataType::kFloat) {
-    passes::infer_shapes(model);
+  if (options.precision != DataType::kFloat)
     prep.autocast = passes::autocast(model, options.precision, {});
-  }
-  if (options.conv_algorithm != passes::ConvAlgorithm::kDirect) {
-    passes::infer_shapes(model);  // the rule needs the weights' shapes and x's dtype
-    prep.conv = passes::select_conv_algorithm(model, options.conv_algorithm);
-  }
+  if (winograd) prep.conv = passes::select_conv_algorithm(model, options.conv_algorithm);
   return prep;
 }
 
