@@ -1,7 +1,10 @@
-// The rule for FusedConv's blocked channel layout (x_blocked / y_blocked / z_blocked = 1):
-// oneDNN's nChw16c or nChw8c, which holds exactly the plain tensor's elements only when the
-// tensor's own channel count divides into the larger block. passes/optimize_inference blocks a
-// value only under this rule; the FusedConv kernel checks it per tensor.
+// The rule for oneDNN's blocked channel layout between kernels: FusedConv's x_blocked /
+// y_blocked / z_blocked (passes/optimize_inference), and the training graph's Conv / ConvGrad
+// ports and BatchNormalization(Grad) (passes/block_layout). A blocked (N, C, H, W) tensor is
+// nChw16c (AVX-512) or nChw8c (AVX2): element (n, c, h, w) sits at
+//   ((n * C/B + c/B) * H*W + h*W + w) * B + c % B,   B = channel_block(),
+// which holds exactly the plain tensor's elements only when C divides into the larger block, so
+// the passes block a value only when can_block_channels; kernels check it per tensor.
 #pragma once
 
 #include <cstdint>
@@ -13,5 +16,10 @@ inline constexpr int64_t kBlockedChannelMultiple = 16;
 inline bool can_block_channels(int64_t channels) {
   return channels > 0 && channels % kBlockedChannelMultiple == 0;
 }
+
+// B above: the channel block oneDNN picks for a typical f32 3x3 convolution on this CPU (16 with
+// AVX-512, 8 with AVX2; 16 where oneDNN has none). Any other choice by a primitive still
+// computes correctly, through reorders.
+int64_t channel_block();
 
 }  // namespace onnxtrain::ops

@@ -61,33 +61,6 @@ void infer_fused_conv(InferenceContext& ctx) {
   set_output(ctx, 0, x.dtype, out);
 }
 
-// The blocked layout the x/y/z flags mean: the one oneDNN picks for a typical f32 3x3
-// convolution on this CPU (nChw16c with AVX-512, nChw8c with AVX2). The pass only blocks
-// C % 16 == 0, so either has the plain size. Any other choice still computes correctly, with
-// reorders around each primitive.
-memory::format_tag pick_blocked_tag() {
-  using dnnl::convolution_forward;
-  const memory::dims x{1, 64, 28, 28}, w{64, 64, 3, 3}, one{1, 1}, zero{0, 0};
-  const memory::desc any_x(x, memory::data_type::f32, memory::format_tag::any);
-  const memory::desc any_w(w, memory::data_type::f32, memory::format_tag::any);
-  try {
-    convolution_forward::desc d(dnnl::prop_kind::forward_inference,
-                                dnnl::algorithm::convolution_direct, any_x, any_w, any_x, one, zero,
-                                one, one);
-    const memory::desc dst = convolution_forward::primitive_desc(d, cpu_engine()).dst_desc();
-    for (memory::format_tag t : {memory::format_tag::nChw16c, memory::format_tag::nChw8c})
-      if (dst == memory::desc(x, memory::data_type::f32, t)) return t;
-  } catch (const dnnl::error&) {
-    // no implementation: fall through to the AVX-512 layout
-  }
-  return memory::format_tag::nChw16c;
-}
-
-memory::format_tag blocked_tag() {
-  static const memory::format_tag tag = pick_blocked_tag();
-  return tag;
-}
-
 // x: (N,C,H,W), w: (M,C/g,R,S), b: (M), z: (N,M,P,Q) -> y = act(conv(x, w) + b + z): (N,M,P,Q)
 class FusedConvKernel final : public Kernel {
  public:
@@ -202,13 +175,6 @@ class FusedConvKernel final : public Kernel {
   }
 
  private:
-  // x / y / z in the runtime's buffers (dtype t: the activations'), or as the primitive reads
-  // them (the compute dtype) before oneDNN chooses a layout.
-  memory::desc activation_desc(std::span<const int64_t> dims, bool blocked,
-                               memory::data_type t) const {
-    return blocked ? memory::desc(to_dnnl(dims), t, blocked_tag()) : plain_desc(dims, t);
-  }
-
   // Tries the caller's layouts for x/y where they are blocked (format `any` for the plain ones,
   // which oneDNN then runs blocked behind reorders), then all-user layouts.
   void init_dnnl(KernelContext& ctx, const TensorView& w) {

@@ -101,6 +101,10 @@ dnnl::memory::dims to_dnnl(std::span<const int64_t> v);
 // f32 (or `type`) memory desc with the given dims and row-major strides.
 dnnl::memory::desc plain_desc(std::span<const int64_t> dims,
                               dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+// An (N, C, H, W) activation in the runtime's buffer: plain, or blocked by
+// ops/nn/blocked_layout.h's rule (nChw16c / nChw8c, channel_block()).
+dnnl::memory::desc activation_desc(std::span<const int64_t> dims, bool blocked,
+                                   dnnl::memory::data_type type);
 dnnl::memory::desc strided_desc(std::span<const int64_t> dims, std::span<const int64_t> strides);
 std::vector<int64_t> row_major_strides(std::span<const int64_t> dims);
 
