@@ -198,10 +198,10 @@ class InferenceOptimizer {
       for (const graph::Use& u : y->uses())
         blocked = blocked && is_fused(u.node) && (u.input_index == 0 || u.input_index == 3);
       if (!blocked) continue;
-      n->set_attr(graph::Attribute::make_int("y_blocked", 1));
+      n->set_attr(graph::Attribute::make_int(ops::kYBlockedAttr, 1));
       for (const graph::Use& u : y->uses())
         u.node->set_attr(
-            graph::Attribute::make_int(u.input_index == 0 ? "x_blocked" : "z_blocked", 1));
+            graph::Attribute::make_int(u.input_index == 0 ? ops::kXBlockedAttr : ops::kZBlockedAttr, 1));
       ++stats_.blocked_values;
     }
   }

@@ -340,6 +340,25 @@ struct BatchNormReluStats {
 // graph computes is bit-identical to the unfused graph's.
 BatchNormReluStats fuse_batchnorm_relu(graph::Model& model);
 
+// ---- block_layout.cc
+struct BlockLayoutStats {
+  int blocked_values = 0;  // activations kept in the blocked channel layout
+  int convolutions = 0;    // Conv / ConvGrad nodes with a blocked port
+  int batchnorms = 0;      // BatchNormalization(Grad) nodes marked blocked
+};
+// Training graphs whose kernels run on the CPU (ops/nn/blocked_layout.h; the Trainer turns it
+// off for CUDA devices), after fuse_batchnorm_relu and dce: activations passed between
+// convolutions keep oneDNN's blocked channel layout instead of being reordered from and to
+// plain NCHW around every Conv / ConvGrad primitive. Values joined by elementwise nodes over
+// one shape (Relu, Add, Sum, Cast, ReluGrad) or by a training-mode BatchNormalization(Grad)
+// share a layout; such a set is blocked when each value is a 4-D float32 / bf16 activation with
+// channels % 16 == 0, no graph input, output or initializer, and every other node touching it
+// does so through a port: Conv x / y, ConvGrad dy / x / dx (marked x_blocked, y_blocked,
+// dy_blocked, dx_blocked = 1); BatchNormalization(Grad) nodes of a blocked set get blocked = 1
+// (ops/nn/batch_norm_relu.h). Elementwise nodes carry no mark: they compute the same in either
+// layout. What the graph computes is unchanged up to float summation order.
+BlockLayoutStats block_layout(graph::Model& model);
+
 // ---- pipeline.cc
 struct TrainingOptions {
   TrainableOptions trainable;
@@ -365,6 +384,9 @@ struct TrainingOptions {
   // BatchNormalization nodes only). Callers placing the graph on CUDA devices turn it off (the
   // Trainer does): those kernels do not implement the marks.
   bool fuse_batchnorm_relu = true;
+  // block_layout after dce, with the same conditions as fuse_batchnorm_relu (CPU kernels only;
+  // replicate's SyncBatchNormalization reads plain values).
+  bool block_layout = true;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
 // resolved one).
@@ -385,10 +407,12 @@ struct TrainingGraphInfo {
   AutocastInfo autocast;  // zeros without mixed precision
   ConvAlgorithmStats conv_algorithm;
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
+  BlockLayoutStats block_layout;      // zeros when not run
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
-// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer -> dce (-> replicate ->
+// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer -> dce (-> block_layout)
+// (-> replicate ->
 // bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 

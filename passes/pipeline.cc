@@ -42,6 +42,10 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_optimizer");
   dce(model);
   stage("dce");
+  if (opts.block_layout && !opts.sync_batchnorm) {
+    info.block_layout = block_layout(model);
+    stage("block_layout");
+  }
   if (opts.replicas > 1 || opts.collectives) {
     replicate(model, {.replicas = opts.replicas,
                       .devices = opts.devices,

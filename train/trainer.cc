@@ -365,8 +365,12 @@ void Trainer::build() {
   // Placement for people reading the graph (partitions follow the recorded replica index).
   for (const auto& d : devices_) {
     topts.devices.push_back(d->name());
-    // The CUDA BatchNormalization kernels do not implement fuse_batchnorm_relu's marks.
-    if (d->kind() == ops::DeviceKind::kCuda) topts.fuse_batchnorm_relu = false;
+    // The CUDA kernels implement neither fuse_batchnorm_relu's marks nor block_layout's
+    // (oneDNN's blocked layouts are CPU-only).
+    if (d->kind() == ops::DeviceKind::kCuda) {
+      topts.fuse_batchnorm_relu = false;
+      topts.block_layout = false;
+    }
   }
   topts.bucket_mb = p.bucket_mb;
   topts.reduce_dtype = p.reduce_precision;

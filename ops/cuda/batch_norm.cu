@@ -321,14 +321,17 @@ class BatchNormGradKernel final : public Kernel {
 
 }  // namespace
 
-// passes::fuse_batchnorm_relu's marks (ops/nn/batch_norm_relu.h) are not implemented here: such
-// nodes run the CPU kernels on host copies (the pass does not fuse for CUDA devices).
+// passes::fuse_batchnorm_relu's and passes::block_layout's marks (ops/nn/batch_norm_relu.h) are
+// not implemented here: such nodes run the CPU kernels on host copies (the passes do not run for
+// CUDA devices).
 ONNXTRAIN_REGISTER_KERNEL(batch_norm_cuda, "", "BatchNormalization", kCuda) {
   if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
+  if (n.attr_int(kBlockedAttr, 0)) throw DeviceFallback{n.describe() + ": blocked layout"};
   return std::make_unique<BatchNormKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(batch_norm_grad_cuda, "ai.onnxtrain", "BatchNormalizationGrad", kCuda) {
   if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
+  if (n.attr_int(kBlockedAttr, 0)) throw DeviceFallback{n.describe() + ": blocked layout"};
   return std::make_unique<BatchNormGradKernel>(n);
 }
 

@@ -22,6 +22,7 @@
 #include "ops/cuda/dnn_geometry.h"
 #include "ops/cuda/dnn_util.cuh"
 #include "ops/cuda/eltwise_util.cuh"
+#include "ops/nn/blocked_layout.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -553,10 +554,22 @@ class ConvGradKernel final : public Kernel {
 
 }  // namespace
 
+// passes::block_layout's port marks (ops/nn/blocked_layout.h: oneDNN's CPU layouts) are not
+// implemented here: such nodes run the CPU kernels on host copies (the pass does not run for
+// CUDA devices).
+namespace {
+void refuse_blocked_ports(const graph::Node& n) {
+  for (const char* a : {kXBlockedAttr, kYBlockedAttr, kDyBlockedAttr, kDxBlockedAttr})
+    if (n.attr_int(a, 0)) throw DeviceFallback{n.describe() + ": blocked layout (" + a + ")"};
+}
+}  // namespace
+
 ONNXTRAIN_REGISTER_KERNEL(conv_cuda, "", "Conv", kCuda) {
+  refuse_blocked_ports(n);
   return std::make_unique<ConvKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(conv_grad_cuda, "ai.onnxtrain", "ConvGrad", kCuda) {
+  refuse_blocked_ports(n);
   return std::make_unique<ConvGradKernel>(n);
 }
 

@@ -13,6 +13,14 @@ namespace onnxtrain::ops {
 
 inline constexpr int64_t kBlockedChannelMultiple = 16;
 
+// The port marks (int attributes, 1 = blocked): FusedConv's x / y / z, Conv's x / y, ConvGrad's
+// dy / x (inputs) and dx (output 0).
+inline constexpr const char* kXBlockedAttr = "x_blocked";
+inline constexpr const char* kYBlockedAttr = "y_blocked";
+inline constexpr const char* kZBlockedAttr = "z_blocked";
+inline constexpr const char* kDyBlockedAttr = "dy_blocked";
+inline constexpr const char* kDxBlockedAttr = "dx_blocked";
+
 inline bool can_block_channels(int64_t channels) {
   return channels > 0 && channels % kBlockedChannelMultiple == 0;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graph/bfloat16.h"
+#include "ops/nn/blocked_layout.h"
 #include "ops/nn/conv_algorithm.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
@@ -157,6 +158,19 @@ ConvSetup conv_setup(const graph::Node& node, const TensorView& x, const TensorV
   return s;
 }
 
+// A blocked X (and dX) needs X's channels, a blocked Y (dY) the output's, to divide into blocks,
+// over 2-D maps (ops/nn/blocked_layout.h).
+void check_blocked_ports(const std::string& where, bool x_blocked, bool y_blocked,
+                         const TensorView& x, const ConvSetup& s) {
+  if (!x_blocked && !y_blocked) return;
+  OT_CHECK(x.rank() == 4, where, ": blocked layouts are for 2-D convolutions, x has rank ",
+           x.rank());
+  OT_CHECK(!x_blocked || can_block_channels(s.c), where, ": blocked x needs channels divisible by ",
+           kBlockedChannelMultiple, ", got ", s.c);
+  OT_CHECK(!y_blocked || can_block_channels(s.m), where,
+           ": blocked y needs channels divisible by ", kBlockedChannelMultiple, ", got ", s.m);
+}
+
 // Reference: y[n,m,o] = b[m] + sum_{c<C/g, k} x[n, (m/(M/g))*C/g + c, o*s - p + k*d] * w[m,c,k],
 // accumulated in double. Used for f64, ConvInteger (int32, exact), spatial ranks oneDNN lacks,
 // and empty tensors.
@@ -218,12 +232,28 @@ GemmShape gemm_shape(const ConvSetup& s) {
   return {s.n * s.geom.out_size, s.c * s.geom.kernel_size, s.m};
 }
 
+// Where element (n, ch, p) of an (N, C, pixels) activation sits in its buffer: plain, or blocked
+// by ops/nn/blocked_layout.h's rule (block = channel_block()), so the GEMM path reads and writes
+// the blocked ports of a ConvGrad directly.
+struct ActLayout {
+  int64_t c = 0, pixels = 0, block = 1;  // block 1: plain
+  int64_t plane(int64_t n, int64_t ch) const {  // offset of (n, ch, 0)
+    return block == 1 ? (n * c + ch) * pixels
+                      : (n * (c / block) + ch / block) * pixels * block + ch % block;
+  }
+  // Between consecutive pixels of a plane: `block`.
+};
+
+ActLayout act_layout(int64_t channels, int64_t pixels, bool blocked) {
+  return {channels, pixels, blocked ? channel_block() : 1};
+}
+
 // col[(n,o), (c,k)] = x[n, c, tap(o,k)] (0 in the padding); taps = all_taps(s.geom, false).
 // T: float, or bf16 / f16 widened exactly.
 // U: float (T widened exactly), or T itself (bf16 columns for the bf16 GEMMs).
 template <typename T, typename U = float>
-void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const T* x, U* col,
-            const KernelContext& ctx) {
+void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const T* x,
+            const ActLayout& xl, U* col, const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t rows = s.n * g.out_size, cols = s.c * g.kernel_size;
   ctx.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
@@ -231,11 +261,10 @@ void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const
       const int64_t n = r / g.out_size, o = r % g.out_size;
       U* row = col + r * cols;
       std::fill(row, row + cols, U{});
-      const T* xn = x + n * s.c * g.in_size;
       for (int64_t c = 0; c < s.c; ++c) {
-        const T* xc = xn + c * g.in_size;
+        const T* xc = x + xl.plane(n, c);
         U* rc = row + c * g.kernel_size;
-        for (const Tap& t : taps[o]) rc[t.k] = static_cast<U>(xc[t.i]);
+        for (const Tap& t : taps[o]) rc[t.k] = static_cast<U>(xc[t.i * xl.block]);
       }
     }
   });
@@ -246,16 +275,18 @@ void im2col(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const
 // float32, then rounded once to nearest even).
 template <typename T>
 void col2im(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const float* dcol,
-            T* dx, const KernelContext& ctx) {
+            T* dx, const ActLayout& dl, const KernelContext& ctx) {
   const WindowGeom& g = s.geom;
   const int64_t cols = s.c * g.kernel_size;
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  const bool direct = kFloat && dl.block == 1;  // sums straight into a plain float32 plane
   ctx.parallel_for(s.n * s.c, 4, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(std::is_same_v<T, float> ? 0 : static_cast<size_t>(g.in_size));
+    std::vector<float> sums(direct ? 0 : static_cast<size_t>(g.in_size));
     for (int64_t nc = begin; nc < end; ++nc) {
       const int64_t n = nc / s.c, c = nc % s.c;
       float* plane = nullptr;
-      if constexpr (std::is_same_v<T, float>)
-        plane = dx + nc * g.in_size;
+      if constexpr (kFloat)
+        plane = direct ? dx + nc * g.in_size : sums.data();
       else
         plane = sums.data();
       std::fill(plane, plane + g.in_size, 0.0f);
@@ -263,8 +294,10 @@ void col2im(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const
         const float* rc = dcol + (n * g.out_size + o) * cols + c * g.kernel_size;
         for (const Tap& t : taps[o]) plane[t.i] += rc[t.k];
       }
-      if constexpr (!std::is_same_v<T, float>)
-        std::copy(plane, plane + g.in_size, dx + nc * g.in_size);  // rounds to nearest even
+      if (!direct) {  // rounds to nearest even (bf16 / f16)
+        T* out = dx + dl.plane(n, c);
+        for (int64_t i = 0; i < g.in_size; ++i) out[i * dl.block] = static_cast<T>(plane[i]);
+      }
     }
   });
 }
@@ -336,7 +369,10 @@ void write_as(std::span<const float> v, TensorView& out) {
 // x: (N,C,D...), w: (M,C/g,K...), b: (M) -> y: (N,M,O...)
 class ConvKernel final : public Kernel {
  public:
-  explicit ConvKernel(const graph::Node& node) : where_(node.describe()) {}
+  explicit ConvKernel(const graph::Node& node)
+      : where_(node.describe()),
+        x_blocked_(node.attr_int(kXBlockedAttr, 0) != 0),
+        y_blocked_(node.attr_int(kYBlockedAttr, 0) != 0) {}
 
   void prepare(KernelContext& ctx) override {
     const TensorView* x = ctx.input(0);
@@ -350,11 +386,16 @@ class ConvKernel final : public Kernel {
     dnnl_.reset();
     const size_t spatial = setup_.geom.in.size();
     bool empty = product(setup_.y_dims) == 0 || x->numel() == 0 || w->numel() == 0;
+    check_blocked_ports(where_, x_blocked_, y_blocked_, *x, setup_);
     if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||
-        !dnnl_float_type(setup_.compute) || spatial > 3 || empty)
+        !dnnl_float_type(setup_.compute) || spatial > 3 || empty) {
+      OT_CHECK(!x_blocked_ && !y_blocked_, where_, ": blocked x / y need oneDNN's kernels");
       return;
+    }
     init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype),
               *dnnl_float_type(w->dtype));
+    OT_CHECK(dnnl_.ready() || (!x_blocked_ && !y_blocked_), where_,
+             ": oneDNN has no kernel for this convolution, and x / y are blocked");
     if (dnnl_.ready() && dnnl_.scratch_bytes()) ctx.scratch(dnnl_.scratch_bytes());  // sizes it
   }
 
@@ -392,8 +433,8 @@ class ConvKernel final : public Kernel {
                  memory::data_type wt) {
     const WindowGeom& g = setup_.geom;
     UserDescs u;
-    u.x = plain_desc(x_dims_, act);
-    u.y = plain_desc(setup_.y_dims, act);
+    u.x = activation_desc(x_dims_, x_blocked_, act);
+    u.y = activation_desc(setup_.y_dims, y_blocked_, act);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
@@ -428,7 +469,8 @@ class ConvKernel final : public Kernel {
     // save (8x256x56x56 -> 64: 3.8 ms plain vs 4.3 + 3.0 ms blocked) -- unless strided: a
     // strided 1x1 conv on plain layouts gathers im2col columns (ResNet-50's downsample
     // 1024 -> 2048 s2, batch 16, 1 thread: 24 ms plain).
-    bool prefer_blocked = prefer_blocked_layout(g);
+    // A blocked x or y (passes::block_layout) has no reorder to save: blocked.
+    bool prefer_blocked = prefer_blocked_layout(g) || x_blocked_ || y_blocked_;
     ThreadBudget budget(ctx.num_threads());
     // Winograd when the node asks for it and oneDNN has it (blocked layouts only), else direct.
     const dnnl::algorithm alg = requested_conv_algorithm(ctx.node());
@@ -437,6 +479,7 @@ class ConvKernel final : public Kernel {
   }
 
   std::string where_;
+  bool x_blocked_, y_blocked_;  // ops/nn/blocked_layout.h
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
   bool has_bias_ = false;
@@ -584,7 +627,11 @@ void infer_conv_grad(InferenceContext& ctx) {
 // backward-data / backward-weights primitives, everything else through the reference.
 class ConvGradKernel final : public Kernel {
  public:
-  explicit ConvGradKernel(const graph::Node& node) : where_(node.describe()) {}
+  explicit ConvGradKernel(const graph::Node& node)
+      : where_(node.describe()),
+        dy_blocked_(node.attr_int(kDyBlockedAttr, 0) != 0),
+        x_blocked_(node.attr_int(kXBlockedAttr, 0) != 0),
+        dx_blocked_(node.attr_int(kDxBlockedAttr, 0) != 0) {}
 
   void prepare(KernelContext& ctx) override {
     const TensorView* dy = ctx.input(0);
@@ -596,6 +643,7 @@ class ConvGradKernel final : public Kernel {
     setup_ = conv_setup(ctx.node(), *x, *w, nullptr, where_);  // checks X and W
     OT_CHECK(dy->dims == setup_.y_dims, where_, ": dY has shape (", join_dims(dy->dims),
              "), the convolution gives (", join_dims(setup_.y_dims), ")");
+    check_blocked_ports(where_, x_blocked_ || dx_blocked_, dy_blocked_, *x, setup_);
     x_dims_ = x->dims;
     w_dims_ = w->dims;
     want_dx_ = ctx.has_output(0);
@@ -629,12 +677,17 @@ class ConvGradKernel final : public Kernel {
       }
       return;
     }
+    const bool any_blocked = dy_blocked_ || x_blocked_ || dx_blocked_;
     if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||
-        !dnnl_float_type(setup_.compute) || setup_.geom.in.size() > 3 || empty)
+        !dnnl_float_type(setup_.compute) || setup_.geom.in.size() > 3 || empty) {
+      OT_CHECK(!any_blocked, where_, ": blocked dy / x / dx need oneDNN's kernels or the GEMM path");
       return;
+    }
     elem_bytes_ = static_cast<size_t>(graph::dtype_bits(w->dtype) / 8);
     init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype),
               *dnnl_float_type(w->dtype));
+    OT_CHECK(dnnl_ready() || !any_blocked, where_,
+             ": oneDNN has no kernel for this convolution's gradient, and dy / x / dx are blocked");
     if (!dnnl_ready()) return;
     const bool dw = ctx.num_outputs() > 1 && ctx.has_output(1);
     const bool db = ctx.num_outputs() > 2 && ctx.has_output(2);
@@ -694,8 +747,11 @@ class ConvGradKernel final : public Kernel {
                  memory::data_type wt) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
-    const memory::desc x_md = plain_desc(x_dims_, act), y_md = plain_desc(setup_.y_dims, act);
-    const memory::desc x_low = retyped(x_md, type), y_low = retyped(y_md, type);
+    const memory::desc x_md = activation_desc(x_dims_, x_blocked_, act),
+                       y_md = activation_desc(setup_.y_dims, dy_blocked_, act),
+                       dx_user = activation_desc(x_dims_, dx_blocked_, act);
+    const memory::desc x_low = retyped(x_md, type), y_low = retyped(y_md, type),
+                       dx_low = retyped(dx_user, type);
     std::vector<int64_t> wd = w_dims_;
     if (setup_.group > 1) {
       wd = {setup_.group, setup_.m / setup_.group, setup_.c / setup_.group};
@@ -722,7 +778,7 @@ class ConvGradKernel final : public Kernel {
     auto init_data = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
       // dX in X's dtype first (no reorder back), else in the compute dtype.
-      for (const memory::desc& dx_md : {x_md, x_low}) {
+      for (const memory::desc& dx_md : {dx_user, dx_low}) {
         try {
           convolution_backward_data::desc dd(alg, pick(dx_md), pick(w_low), pick(y_low),
                                              strides, dil, pad_l, pad_r);
@@ -730,10 +786,10 @@ class ConvGradKernel final : public Kernel {
               convolution_backward_data::primitive_desc(dd, attr, eng, hint(blocked, alg)),
               {{DNNL_ARG_DIFF_DST, y_md, false},
                {DNNL_ARG_WEIGHTS, w_md, false},
-               {DNNL_ARG_DIFF_SRC, x_md, true}});
+               {DNNL_ARG_DIFF_SRC, dx_user, true}});
           return;
         } catch (const dnnl::error&) {
-          if (dx_md == x_low) throw;
+          if (dx_md == dx_low) throw;
         }
       }
     };
@@ -785,11 +841,13 @@ class ConvGradKernel final : public Kernel {
     // there (ResNet-50 224² b8, 2 threads: the 16 plain 1x1 backward-weights took 108 ms per
     // step in bf16, 104 in float32, while the 20 blocked ones went from 95 to 50 ms); forward and
     // backward data stay plain (bf16 GEMM 46 and 40 ms vs float32 78 and 69).
+    // Blocked ports (passes::block_layout) have no reorders to save: blocked.
+    const bool ports_blocked = dy_blocked_ || x_blocked_ || dx_blocked_;
     const bool spatial_kernel = prefer_blocked_layout(g);
     const bool low_precision = type != memory::data_type::f32;
     ThreadBudget budget(ctx.num_threads());
-    if (want_dx_) try_both(spatial_kernel && setup_.c >= 8, init_data);
-    if (want_dwb_) try_both(spatial_kernel || low_precision, init_weights);
+    if (want_dx_) try_both((spatial_kernel && setup_.c >= 8) || ports_blocked, init_data);
+    if (want_dwb_) try_both(spatial_kernel || low_precision || ports_blocked, init_weights);
     stream_ = stream(eng);
   }
 
@@ -864,13 +922,14 @@ class ConvGradKernel final : public Kernel {
     float* dyt = col + gs.col_floats();
     const int64_t pixels = setup_.geom.out_size, out = gs.out;
     const T* dyv = dy.as<T>();
+    const ActLayout yl = act_layout(out, pixels, dy_blocked_);
     // dYt[(n,p), o] = dy[n, o, p]
     ctx.parallel_for(setup_.n * pixels, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t n = r / pixels, p = r % pixels;
-        const T* src = dyv + n * out * pixels + p;
         float* dst = dyt + r * out;
-        for (int64_t o = 0; o < out; ++o) dst[o] = static_cast<float>(src[o * pixels]);
+        for (int64_t o = 0; o < out; ++o)
+          dst[o] = static_cast<float>(dyv[yl.plane(n, o) + p * yl.block]);
       }
     });
     if (db) {
@@ -885,14 +944,14 @@ class ConvGradKernel final : public Kernel {
     }
     ThreadBudget budget(ctx.num_threads());
     if (dw) {
-      im2col(setup_, taps_, x.as<T>(), col, ctx);
+      im2col(setup_, taps_, x.as<T>(), x_layout(x_blocked_), col, ctx);
       sgemm('T', 'N', out, gs.cols, gs.rows, dyt, out, col, gs.cols, dw->as<float>(), gs.cols,
             where_);
     }
     if (dx) {
       sgemm('N', 'N', gs.rows, gs.cols, out, dyt, out, w.as<float>(), gs.cols, col, gs.cols,
             where_);
-      col2im(setup_, taps_, col, dx->as<T>(), ctx);
+      col2im(setup_, taps_, col, dx->as<T>(), x_layout(dx_blocked_), ctx);
     }
   }
 
@@ -950,12 +1009,12 @@ class ConvGradKernel final : public Kernel {
     auto* scratch = static_cast<std::byte*>(ctx.scratch(g.scratch_bytes));
     auto* dyt = reinterpret_cast<ew::BFloat16*>(scratch + g.dyt);
     const int64_t pixels = setup_.geom.out_size, out = gs.out;
+    const ActLayout yl = act_layout(out, pixels, dy_blocked_);
     // dYt[(n,p), o] = dy[n, o, p]
     ctx.parallel_for(setup_.n * pixels, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t n = r / pixels, p = r % pixels;
-        const ew::BFloat16* src = dyv + n * out * pixels + p;
-        for (int64_t o = 0; o < out; ++o) dyt[r * out + o] = src[o * pixels];
+        for (int64_t o = 0; o < out; ++o) dyt[r * out + o] = dyv[yl.plane(n, o) + p * yl.block];
       }
     });
     if (db) {
@@ -973,7 +1032,7 @@ class ConvGradKernel final : public Kernel {
     using dnnl::memory;
     if (dw) {
       auto* col = reinterpret_cast<ew::BFloat16*>(scratch + g.col);
-      im2col<ew::BFloat16, ew::BFloat16>(setup_, taps_, xv, col, ctx);
+      im2col<ew::BFloat16, ew::BFloat16>(setup_, taps_, xv, x_layout(x_blocked_), col, ctx);
       g.dw.execute(stream, {{DNNL_ARG_SRC, memory(g.dw_a, eng, dyt)},
                             {DNNL_ARG_WEIGHTS, memory(g.dw_b, eng, col)},
                             {DNNL_ARG_DST, memory(g.dw_c, eng, dw)},
@@ -990,12 +1049,17 @@ class ConvGradKernel final : public Kernel {
                             {DNNL_ARG_DST, memory(g.dx_c, eng, dcol)},
                             {DNNL_ARG_SCRATCHPAD, memory(g.dx_pad, eng, scratch + g.pad_dx)}});
       stream.wait();
-      col2im(setup_, taps_, dcol, dx, ctx);
+      col2im(setup_, taps_, dcol, dx, x_layout(dx_blocked_), ctx);
     }
     stream.wait();
   }
 
+  ActLayout x_layout(bool blocked) const {
+    return act_layout(setup_.c, setup_.geom.in_size, blocked);
+  }
+
   std::string where_;
+  bool dy_blocked_, x_blocked_, dx_blocked_;  // ops/nn/blocked_layout.h
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
   std::optional<Bf16Gemms> bf16_gemm_;

@@ -98,12 +98,16 @@ dnnl::memory::desc any_layout(const dnnl::memory::desc& d) {
 
 dnnl::memory::desc retyped(const dnnl::memory::desc& d, dnnl::memory::data_type t) {
   if (d.data_type() == t) return d;
-  const dnnl_memory_desc_t& c = d.data;
-  OT_CHECK(c.format_kind == dnnl_blocked && c.format_desc.blocking.inner_nblks == 0,
-           "retyped: only plain (strided) descs change dtype");
-  const dnnl::memory::dims strides(c.format_desc.blocking.strides,
-                                  c.format_desc.blocking.strides + c.ndims);
-  return dnnl::memory::desc(d.dims(), t, strides);
+  dnnl_memory_desc_t c = d.data;
+  // Strides and blocks count elements, so a dense layout (plain or blocked, no padding or extra
+  // flags) holds the same elements in any dtype.
+  OT_CHECK(c.format_kind == dnnl_blocked && c.extra.flags == 0,
+           "retyped: only dense plain or blocked descs change dtype");
+  for (int i = 0; i < c.ndims; ++i)
+    OT_CHECK(c.padded_dims[i] == c.dims[i] && c.padded_offsets[i] == 0,
+             "retyped: only unpadded descs change dtype");
+  c.data_type = static_cast<dnnl_data_type_t>(t);
+  return dnnl::memory::desc(c);
 }
 
 void DnnlRunner::init(const dnnl::primitive_desc& pd, std::vector<Arg> args) {

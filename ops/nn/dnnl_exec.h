@@ -99,7 +99,7 @@ class DnnlRunner {
 
 // Format `any` twin of a desc (lets oneDNN pick blocked layouts).
 dnnl::memory::desc any_layout(const dnnl::memory::desc& d);
-// The same plain (strided) layout in dtype t.
+// The same layout (plain strided, or blocked without padding) in dtype t.
 dnnl::memory::desc retyped(const dnnl::memory::desc& d, dnnl::memory::data_type t);
 
 }  // namespace onnxtrain::ops::nn

@@ -67,9 +67,9 @@ class FusedConvKernel final : public Kernel {
   explicit FusedConvKernel(const graph::Node& node)
       : where_(node.describe()),
         relu_(node.attr_string("activation", "") == "Relu"),
-        x_blocked_(node.attr_int("x_blocked", 0) != 0),
-        y_blocked_(node.attr_int("y_blocked", 0) != 0),
-        z_blocked_(node.attr_int("z_blocked", 0) != 0) {
+        x_blocked_(node.attr_int(kXBlockedAttr, 0) != 0),
+        y_blocked_(node.attr_int(kYBlockedAttr, 0) != 0),
+        z_blocked_(node.attr_int(kZBlockedAttr, 0) != 0) {
     const std::string act = node.attr_string("activation", "");
     OT_CHECK(act.empty() || act == "Relu", where_, ": activation '", act,
              "' not supported (expected \"\" or \"Relu\")");
