@@ -93,6 +93,9 @@ model and optimizer:
                           stride-1 float32 convolutions over maps of at least 7x7 (forward
                           and backward), 1.2-2.7x faster on AVX-512 CPUs at a ~5x larger
                           rounding error per conv (still ~1e-6 relative); the rest stay direct
+  --plain-layout          keep every activation in plain NCHW; by default those passed between
+                          CPU convolutions stay in oneDNN's blocked channel layout (nChw16c),
+                          which saves a reorder around each convolution (for comparisons)
   --loss-scale S          fp16: the initial loss scale, a power of two (default 65536)
   --loss-scale-growth-interval N
                           fp16: double the scale after N overflow-free steps (default 2000)
@@ -324,6 +327,9 @@ Args parse_train_args(int argc, const char* const* argv) {
       const std::optional<passes::ConvAlgorithm> algo = passes::parse_conv_algorithm(v);
       if (!algo) usage_fail(arg, ": expected direct or winograd, got '", v, "'");
       c.train.model.conv_algorithm = *algo;
+    } else if (arg == "--plain-layout") {
+      no_value();
+      c.train.model.blocked_layout = false;
     } else if (arg == "--allow-emulation") {
       no_value();
       c.train.model.allow_emulation = true;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/error.h"
+#include "ops/nn/blocked_layout.h"
 #include "train/checkpoint_state.h"
 
 namespace onnxtrain::tools {
@@ -127,6 +128,11 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     std::fprintf(f, "fused       Relu into %d of %d BatchNormalization nodes and %d of their "
                  "gradients\n", p.info.batchnorm_relu.fused, p.info.batchnorm_relu.batchnorms,
                  p.info.batchnorm_relu.fused_grads);
+  if (p.info.block_layout.blocked_values > 0)
+    std::fprintf(f, "layout      nChw%lldc blocked: %d activations between convolutions, read "
+                 "without reorders by %d Conv/ConvGrad and %d BatchNormalization(Grad) nodes\n",
+                 static_cast<long long>(ops::channel_block()), p.info.block_layout.blocked_values,
+                 p.info.block_layout.convolutions, p.info.block_layout.batchnorms);
   std::fprintf(f, "device      %s\n", p.devices.c_str());
   std::fprintf(f, "threads     %d per replica\n", p.threads_per_replica);
   if (p.memory.total() > 0)

@@ -39,6 +39,9 @@ struct ModelOptions {
   // --conv-algorithm (passes::select_conv_algorithm): direct, or winograd for the 3x3 stride-1
   // convolutions of the training and validation graphs (CPU kernels).
   passes::ConvAlgorithm conv_algorithm = passes::ConvAlgorithm::kDirect;
+  // --plain-layout turns it off: passes::block_layout keeps the activations between CPU
+  // convolutions in oneDNN's blocked channel layout.
+  bool blocked_layout = true;
   LossScalerOptions loss_scaler;
 };
 

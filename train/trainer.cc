@@ -146,6 +146,7 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.optimizer = o.optimizer;
   t.precision = o.model.precision;
   t.conv_algorithm = o.model.conv_algorithm;
+  t.block_layout = o.model.blocked_layout;
   return t;
 }
 
