@@ -1,8 +1,9 @@
 // BatchNormalization, inference and training mode (batch statistics plus updated running
 // statistics). A plain loop rather than oneDNN: per channel it is one affine map (plus one
 // statistics pass in training), memory-bound, and the loop covers f64 and mixed parameter
-// dtypes (opset 15's T/T1/T2) on inputs of any rank. BatchNormalizationGrad (both modes) sits
-// below the forward.
+// dtypes (opset 15's T/T1/T2) on inputs of any rank. Training-mode nodes marked blocked = 1
+// take and give their activations in oneDNN's blocked channel layout (the blocked section).
+// BatchNormalizationGrad (both modes) sits below the forward.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <type_traits>
 
 #include "ops/nn/batch_norm_relu.h"
+#include "ops/nn/blocked_layout.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape_util.h"
 #include "ops/simd_clones.h"
@@ -279,6 +281,162 @@ void for_each_segment(int64_t n, int64_t stride, int64_t base, int64_t len, F f)
     for (int64_t p = 0; p < n; ++p) f(p * stride + base + j, j, std::min(kSegment, len - j));
 }
 
+// ---------------------------------------------------------------- blocked channel layout
+
+// blocked = 1 (kBlockedAttr, passes::block_layout): x and y -- the gradient's dy, x, z and dx --
+// hold ops/nn/blocked_layout.h's layout, each (image, channel block) a slab of `inner` rows of B
+// channels. The loops run along a row's B channels, one lane per channel, so they vectorize
+// without gathers and keep per-channel accumulators: the statistics are channel_sums' shifted
+// double sums (bf16 / f16 through float partials, kLowRows), y and dx the plain loops' formulas;
+// only the summation order differs from the plain layout's.
+
+// The cases the blocked path covers (the ones the pass marks); anything else fails here rather
+// than reading a blocked tensor as plain.
+void check_blocked(const std::string& where, bool training, bool spatial, const TensorView& x) {
+  std::string why;
+  if (!training)
+    why = "inference mode";
+  else if (!spatial)
+    why = "per-activation statistics (spatial = 0)";
+  else if (x.rank() != 4)
+    why = cat("X of rank ", x.rank());
+  else if (!can_block_channels(x.dims[1]))
+    why = cat("X with ", x.dims[1], " channels");
+  OT_CHECK(why.empty(), where, ": ", kBlockedAttr,
+           " = 1 covers training mode with spatial statistics on a rank-4 X whose channels divide "
+           "by ",
+           kBlockedChannelMultiple, "; got ", why);
+}
+
+// Calls f(std::integral_constant<int, B>) for the machine's channel_block(), 8 or 16: the lane
+// loops below need B at compile time to become whole vectors.
+template <typename F>
+void with_channel_block(F&& f) {
+  if (channel_block() == 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    f(std::integral_constant<int, 16>{});
+}
+
+// bf16 / f16 rows summed in float per lane before the double sums: at most 64 terms per float
+// partial, between channel_sums' 16 and the row path's up to 256 (a float sum of 64 terms is
+// within ~4e-6 of the magnitudes summed, far below the inputs' own rounding). Against 16, the
+// fewer partials make the bf16 gradient 4-7% faster (ResNet-50 shapes, 1 thread).
+constexpr int64_t kLowRows = 64;
+
+// Adds channel l's shifted sums over `images` slabs of `rows` rows, `stride` elements apart, to
+// sums[q * kB + l] (q: s1, s2 [, sy, sxy] of channel_sums); shift: the kB channels' K. The loops
+// are shaped for GCC to vectorize them across the lanes with the sums in registers: double sums
+// run over all the slabs, bf16 / f16's float partials over stretches of kLowRows rows, each
+// stretch with partials of its own (partials kept across stretches, or a branch in the row loop,
+// leave that loop scalar).
+template <typename T, int kB, bool kWithDy, bool kRelu>
+OT_SIMD_CLONES void blocked_sums(const T* x, const T* dy, const T* z, int64_t images,
+                                 int64_t stride, int64_t rows, const double* shift,
+                                 double* sums) {
+  using C = ew::compute_t<T>;
+  using A = std::conditional_t<sizeof(T) == 2, float, double>;
+  A k[kB];
+  for (int l = 0; l < kB; ++l) k[l] = static_cast<A>(shift[l]);
+  // Rows [r0, r1) of image p into a, b [, g, h].
+  auto add_rows = [&](int64_t p, int64_t r0, int64_t r1, A* a, A* b, A* g, A* h) {
+    const T* xp = x + p * stride;
+    const T* dyp = kWithDy ? dy + p * stride : nullptr;
+    const T* zp = kRelu ? z + p * stride : nullptr;
+    for (int64_t r = r0 * kB; r < r1 * kB; r += kB)
+      for (int l = 0; l < kB; ++l) {
+        const A v = static_cast<A>(static_cast<C>(xp[r + l])) - k[l];
+        a[l] += v;
+        b[l] += v * v;
+        if constexpr (kWithDy) {
+          T dv = dyp[r + l];
+          if constexpr (kRelu) dv = relu_grad_select(dv, zp[r + l]);
+          const A d = static_cast<A>(static_cast<C>(dv));
+          g[l] += d;
+          h[l] += d * v;
+        }
+      }
+  };
+  auto add_to_sums = [&](const A* a, const A* b, const A* g, const A* h) {
+    for (int l = 0; l < kB; ++l) {
+      sums[l] += a[l];
+      sums[kB + l] += b[l];
+      if constexpr (kWithDy) {
+        sums[2 * kB + l] += g[l];
+        sums[3 * kB + l] += h[l];
+      }
+    }
+  };
+  if constexpr (sizeof(T) == 2) {
+    for (int64_t p = 0; p < images; ++p)
+      for (int64_t r0 = 0; r0 < rows; r0 += kLowRows) {
+        A a[kB] = {}, b[kB] = {}, g[kB] = {}, h[kB] = {};
+        add_rows(p, r0, std::min(rows, r0 + kLowRows), a, b, g, h);
+        add_to_sums(a, b, g, h);
+      }
+  } else {
+    A a[kB] = {}, b[kB] = {}, g[kB] = {}, h[kB] = {};
+    for (int64_t p = 0; p < images; ++p) add_rows(p, 0, rows, a, b, g, h);
+    add_to_sums(a, b, g, h);
+  }
+}
+
+// Images per statistics task of the blocked path: a channel block's images split into ranges
+// when the blocks alone make fewer than 64 tasks, each range at least ~16K elements. The split
+// depends on the shape only, so the summation order, and the result, not on the thread count.
+int64_t blocked_images_per_task(int64_t n, int64_t blocks, int64_t slab) {
+  const int64_t want = (64 + blocks - 1) / blocks;
+  const int64_t most = std::max<int64_t>(1, n * slab / 16384);
+  const int64_t ranges = std::clamp<int64_t>(std::min(want, most), 1, n);
+  return (n + ranges - 1) / ranges;
+}
+
+// channel_sums for every channel of a blocked x (dy, z): a task per channel block and image
+// range, the ranges' sums added in order.
+template <typename T, int kB, bool kWithDy, bool kRelu = false>
+std::vector<ChannelSums> blocked_channel_sums(const T* x, const T* dy, const T* z, int64_t n,
+                                              int64_t channels, int64_t inner,
+                                              const KernelContext& ctx) {
+  std::vector<ChannelSums> out(static_cast<size_t>(channels));
+  if (n * inner == 0) return out;
+  const int64_t blocks = channels / kB, slab = inner * kB, stride = blocks * slab;
+  const int64_t per = blocked_images_per_task(n, blocks, slab), ranges = (n + per - 1) / per;
+  std::vector<double> shift(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c)
+    shift[c] = static_cast<double>(static_cast<ew::compute_t<T>>(x[c / kB * slab + c % kB]));
+  std::vector<double> parts(static_cast<size_t>(blocks * ranges * 4 * kB), 0.0);
+  ctx.parallel_for(blocks * ranges, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t cb = t / ranges, p0 = t % ranges * per, p1 = std::min(n, p0 + per);
+      const int64_t o = p0 * stride + cb * slab;
+      blocked_sums<T, kB, kWithDy, kRelu>(x + o, kWithDy ? dy + o : nullptr,
+                                          kRelu ? z + o : nullptr, p1 - p0, stride, inner,
+                                          shift.data() + cb * kB, parts.data() + t * 4 * kB);
+    }
+  });
+  const double m = static_cast<double>(n * inner);
+  for (int64_t c = 0; c < channels; ++c) {
+    double t[4] = {};
+    for (int64_t r = 0; r < ranges; ++r)
+      for (int q = 0; q < 4; ++q) t[q] += parts[((c / kB * ranges + r) * 4 + q) * kB + c % kB];
+    out[c] = finish_sums(shift[c], m, t[0], t[1], t[2], t[3]);
+  }
+  return out;
+}
+
+// Lanes a step of the blocked elementwise loops (affine_blocked, batch_norm_grad_blocked_slabs):
+// a row, and for bf16 / f16 two -- one row of 16 is a 256-bit vector, which GCC computes in
+// 256-bit float halves; two rows fill 512-bit float vectors (the plain loops' width). (The
+// statistics loop is faster with one row a step.)
+template <typename T, int kB>
+inline constexpr int blocked_step = sizeof(T) == 2 ? 2 * kB : kB;
+
+// Slabs (image, channel block) per elementwise task of the blocked path: ~16K elements, as the
+// plain path's planes.
+int64_t blocked_grain(int64_t slab) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(slab, 1));
+}
+
 double read(const TensorView& v, int64_t i) {
   return v.dtype == DataType::kDouble ? v.as<double>()[i] : v.as<float>()[i];
 }
@@ -298,7 +456,8 @@ class BatchNormKernel final : public Kernel {
       : where_(node.describe()),
         epsilon_(node.attr_float("epsilon", 1e-5f)),
         momentum_(node.attr_float("momentum", 0.9f)),
-        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0) {}
+        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0),
+        blocked_(node.attr_int(kBlockedAttr, 0) != 0) {}
 
   void run(KernelContext& ctx) override {
     const TensorView* x = ctx.input(0);
@@ -307,6 +466,7 @@ class BatchNormKernel final : public Kernel {
     bool stats_requested = false;
     for (int i = 1; i < ctx.num_outputs(); ++i) stats_requested |= ctx.has_output(i);
     const bool training = is_training(node, ctx.opset(), stats_requested);
+    if (blocked_) check_blocked(where_, training, !per_activation(node, ctx.opset()), *x);
     const int64_t n = x->dims[0];
     int64_t channels = x->dims[1];
     int64_t inner = x->numel() / std::max<int64_t>(n * channels, 1);
@@ -344,11 +504,23 @@ class BatchNormKernel final : public Kernel {
  private:
   // Mean and biased variance over (N, D...) per channel: one shifted pass (channel_sums).
   template <typename T>
-  static void batch_stats(const T* x, int64_t n, int64_t channels, int64_t inner,
-                          std::vector<double>& mean, std::vector<double>& var,
-                          const KernelContext& ctx) {
+  void batch_stats(const T* x, int64_t n, int64_t channels, int64_t inner,
+                   std::vector<double>& mean, std::vector<double>& var,
+                   const KernelContext& ctx) const {
     mean.assign(channels, 0.0);
     var.assign(channels, 0.0);
+    if (blocked_) {
+      with_channel_block([&](auto block) {
+        const std::vector<ChannelSums> sums =
+            blocked_channel_sums<T, decltype(block)::value, false>(x, nullptr, nullptr, n, channels,
+                                                                   inner, ctx);
+        for (int64_t c = 0; c < channels; ++c) {
+          mean[c] = sums[c].mean;
+          var[c] = sums[c].var;
+        }
+      });
+      return;
+    }
     if (use_rows(n, inner, sizeof(T), false)) {
       ctx.parallel_for(channels, row_channels(inner), [&](int64_t begin, int64_t end) {
         std::vector<ChannelSums> sums(static_cast<size_t>(end - begin));
@@ -382,6 +554,20 @@ class BatchNormKernel final : public Kernel {
       const double inv = 1.0 / std::sqrt(var[c] + static_cast<double>(epsilon_));
       a[c] = static_cast<C>(scale[c] * inv);
       b[c] = static_cast<C>(bias[c] - mean[c] * scale[c] * inv);
+    }
+    if (blocked_) {
+      // Each task a range of (image, channel block) slabs.
+      with_channel_block([&](auto block) {
+        constexpr int kB = decltype(block)::value;
+        const int64_t blocks = channels / kB;
+        ctx.parallel_for(n * blocks, blocked_grain(inner * kB), [&](int64_t begin, int64_t end) {
+          if (fused_relu_)
+            affine_blocked<T, kB, true>(x, y, begin, end, blocks, inner, a.data(), b.data());
+          else
+            affine_blocked<T, kB, false>(x, y, begin, end, blocks, inner, a.data(), b.data());
+        });
+      });
+      return;
     }
     if (use_rows(n, inner, sizeof(T), false)) {
       // Row path: each task a channel range of every image, its constants in rows.
@@ -440,6 +626,35 @@ class BatchNormKernel final : public Kernel {
     }
   }
 
+  // affine_plane over the blocked slabs [s0, s1) (image s / blocks, channel block s % blocks) of
+  // `rows` rows each, a lane's a and b its channel's, blocked_step<T, kB> lanes a step.
+  template <typename T, int kB, bool kRelu, typename C>
+  OT_SIMD_CLONES static void affine_blocked(const T* x, T* __restrict y, int64_t s0, int64_t s1,
+                                            int64_t blocks, int64_t rows, const C* a,
+                                            const C* b) {
+    constexpr int kL = blocked_step<T, kB>;
+    auto lane = [&](int64_t i, C ai, C bi) {
+      if constexpr (kRelu)
+        y[i] = static_cast<T>(relu_select(static_cast<C>(x[i]) * ai + bi));
+      else
+        y[i] = static_cast<T>(static_cast<C>(x[i]) * ai + bi);
+    };
+    for (int64_t s = s0; s < s1; ++s) {
+      C ak[kL], bk[kL];
+      for (int h = 0; h < kL; h += kB)
+        for (int l = 0; l < kB; ++l) {
+          ak[h + l] = a[s % blocks * kB + l];
+          bk[h + l] = b[s % blocks * kB + l];
+        }
+      const int64_t end = (s + 1) * rows * kB;
+      int64_t i = s * rows * kB;
+      for (; i + kL <= end; i += kL)
+        for (int l = 0; l < kL; ++l) lane(i + l, ak[l], bk[l]);
+      for (; i < end; i += kB)
+        for (int l = 0; l < kB; ++l) lane(i + l, ak[l], bk[l]);
+    }
+  }
+
   void write_stats(KernelContext& ctx, const std::vector<double>& running_mean,
                    const std::vector<double>& running_var, const std::vector<double>& batch_mean,
                    const std::vector<double>& batch_var) const {
@@ -464,6 +679,7 @@ class BatchNormKernel final : public Kernel {
   std::string where_;
   float epsilon_, momentum_;
   bool fused_relu_;  // passes::fuse_batchnorm_relu: writes max(0, y)
+  bool blocked_;     // kBlockedAttr: x and y in the blocked channel layout
 };
 
 // ---------------------------------------------------------------- BatchNormalizationGrad
@@ -611,6 +827,82 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
   });
 }
 
+// batch_norm_grad_plane's training dx over the blocked slabs [s0, s1) of `rows` rows each, as
+// affine_blocked; consts: the rows tk, t0, tm, ti, t1 of blocks * kB channels each.
+template <typename T, int kB, bool kRelu, typename C>
+OT_SIMD_CLONES void batch_norm_grad_blocked_slabs(const T* x, const T* dy, const T* z,
+                                                  T* __restrict dx, int64_t s0, int64_t s1,
+                                                  int64_t blocks, int64_t rows, const C* consts) {
+  constexpr int kL = blocked_step<T, kB>;
+  const int64_t channels = blocks * kB;
+  C tk[kL], t0[kL], tm[kL], ti[kL], t1[kL];
+  auto lane = [&](int64_t i, int l) {
+    T dt = dy[i];
+    if constexpr (kRelu) dt = relu_grad_select(dt, z[i]);
+    const C d = static_cast<C>(dt);
+    dx[i] = static_cast<T>(tk[l] * d - t0[l] - (static_cast<C>(x[i]) - tm[l]) * ti[l] * t1[l]);
+  };
+  for (int64_t s = s0; s < s1; ++s) {
+    const C* t = consts + s % blocks * kB;
+    for (int h = 0; h < kL; h += kB)
+      for (int l = 0; l < kB; ++l) {
+        tk[h + l] = t[l];
+        t0[h + l] = t[channels + l];
+        tm[h + l] = t[2 * channels + l];
+        ti[h + l] = t[3 * channels + l];
+        t1[h + l] = t[4 * channels + l];
+      }
+    const int64_t end = (s + 1) * rows * kB;
+    int64_t i = s * rows * kB;
+    for (; i + kL <= end; i += kL)
+      for (int l = 0; l < kL; ++l) lane(i + l, l);
+    for (; i < end; i += kB)
+      for (int l = 0; l < kB; ++l) lane(i + l, l);
+  }
+}
+
+// batch_norm_grad in training mode on blocked dy, x, relu_out and dx (kBlockedAttr): the sums
+// per channel block and image range, then dx per (image, channel block) slab.
+template <typename T, int kB>
+void batch_norm_grad_blocked(const T* dy, const T* x, int64_t n, int64_t channels, int64_t inner,
+                             double epsilon, const std::vector<double>& scale, T* dx,
+                             std::vector<double>& dscale, std::vector<double>& dbias,
+                             const KernelContext& ctx, const T* relu_out) {
+  const std::vector<ChannelSums> sums =
+      relu_out ? blocked_channel_sums<T, kB, true, true>(x, dy, relu_out, n, channels, inner, ctx)
+               : blocked_channel_sums<T, kB, true>(x, dy, nullptr, n, channels, inner, ctx);
+  using C = ew::compute_t<T>;
+  std::vector<C> consts(static_cast<size_t>(5 * channels));
+  C *tk = consts.data(), *t0 = tk + channels, *tm = t0 + channels, *ti = tm + channels,
+    *t1 = ti + channels;
+  const double count = static_cast<double>(n * inner);
+  dscale.assign(channels, 0.0);
+  dbias.assign(channels, 0.0);
+  for (int64_t c = 0; c < channels; ++c) {
+    const ChannelSums& cs = sums[c];
+    const double inv = 1.0 / std::sqrt(cs.var + epsilon);
+    const double sum_dy_xhat = cs.sum_dy_xc * inv;
+    dbias[c] = cs.sum_dy;
+    dscale[c] = sum_dy_xhat;
+    const double k = scale[c] * inv, a = k / count;
+    tk[c] = static_cast<C>(k);
+    t0[c] = static_cast<C>(a * cs.sum_dy);
+    tm[c] = static_cast<C>(cs.mean);
+    ti[c] = static_cast<C>(inv);
+    t1[c] = static_cast<C>(a * sum_dy_xhat);
+  }
+  if (!dx) return;
+  const int64_t blocks = channels / kB;
+  ctx.parallel_for(n * blocks, blocked_grain(inner * kB), [&](int64_t begin, int64_t end) {
+    if (relu_out)
+      batch_norm_grad_blocked_slabs<T, kB, true>(x, dy, relu_out, dx, begin, end, blocks, inner,
+                                                 consts.data());
+    else
+      batch_norm_grad_blocked_slabs<T, kB, false>(x, dy, nullptr, dx, begin, end, blocks, inner,
+                                                  consts.data());
+  });
+}
+
 void infer_batch_norm_grad(InferenceContext& ctx) {
   check_float_input(ctx, 0);
   check_float_input(ctx, 1);
@@ -631,7 +923,8 @@ class BatchNormGradKernel final : public Kernel {
         epsilon_(node.attr_float("epsilon", 1e-5f)),
         training_(node.attr_int("training_mode", 1) != 0),
         spatial_(node.attr_int("spatial", 1) != 0),
-        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0) {}
+        fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0),
+        blocked_(node.attr_int(kBlockedAttr, 0) != 0) {}
 
   void run(KernelContext& ctx) override {
     const TensorView* dy = ctx.input(0);
@@ -643,6 +936,7 @@ class BatchNormGradKernel final : public Kernel {
     OT_CHECK(!fused_relu_ || (z && z->dims == x->dims && z->dtype == x->dtype), where_,
              ": fused_relu needs the fused output Z (input ", kBatchNormGradReluOutput,
              ") shaped and typed like X");
+    if (blocked_) check_blocked(where_, training_, spatial_, *x);
     const int64_t n = x->dims[0];
     int64_t channels = x->dims[1];
     int64_t inner = x->numel() / std::max<int64_t>(n * channels, 1);
@@ -672,6 +966,14 @@ class BatchNormGradKernel final : public Kernel {
     std::vector<double> dscale, dbias;
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
+      if (blocked_) {
+        with_channel_block([&](auto block) {
+          batch_norm_grad_blocked<T, decltype(block)::value>(
+              dy->as<T>(), x->as<T>(), n, channels, inner, epsilon_, scale,
+              dx ? dx->as<T>() : nullptr, dscale, dbias, ctx, z ? z->as<T>() : nullptr);
+        });
+        return;
+      }
       batch_norm_grad<T>(dy->as<T>(), x->as<T>(), n, channels, inner, training_, epsilon_, scale,
                          mean, var, dx ? dx->as<T>() : nullptr, dscale, dbias, ctx,
                          z ? z->as<T>() : nullptr);
@@ -690,6 +992,7 @@ class BatchNormGradKernel final : public Kernel {
   std::string where_;
   double epsilon_;
   bool training_, spatial_, fused_relu_;
+  bool blocked_;  // kBlockedAttr: dy, x, z and dx in the blocked channel layout
 };
 
 // dX, dScale, dB through one BatchNormalizationGrad node; the mode is resolved here (it depends

@@ -11,6 +11,12 @@
 namespace onnxtrain::ops {
 
 inline constexpr std::string_view kFusedReluAttr = "fused_relu";
+// blocked = 1 (passes::block_layout, training graphs): BatchNormalization's X and Y, and its
+// BatchNormalizationGrad's dY, X, Z and dX, hold ops/nn/blocked_layout.h's channel-blocked
+// layout, so the Conv / ConvGrad around them skip their reorders; the parameters, statistics,
+// dScale and dB stay plain. The CPU kernels cover training mode with spatial statistics on a
+// rank-4 X whose channels divide into blocks, and fail naming the node otherwise.
+inline constexpr std::string_view kBlockedAttr = "blocked";
 // After dY, X, scale and the inference-mode mean and var (empty slots in training mode).
 inline constexpr int kBatchNormGradReluOutput = 5;
 
