@@ -24,15 +24,18 @@ from peers_common import (REPO, add_bf16_run_options, BenchError, child_result, 
                           uptime, versions)
 from train_peers import CLASSES, LR, parse_configs, shape  # noqa: E402
 
-PEERS = ["onnxtrain-fp32", "onnxtrain-bf16", "torch", "torch-bf16", "torch-cl", "torch-cl-bf16"]
+PEERS = ["onnxtrain-fp32", "onnxtrain-bf16", "onnxtrain-bf16-plain", "torch", "torch-bf16",
+         "torch-cl", "torch-cl-bf16"]
 PEER_LABEL = {"onnxtrain-fp32": "onnxtrain --precision fp32",
               "onnxtrain-bf16": "onnxtrain --precision bf16",
+              "onnxtrain-bf16-plain": "onnxtrain --precision bf16 --plain-layout",
               "torch": "torch eager NCHW fp32",
               "torch-bf16": "torch eager NCHW autocast bf16",
               "torch-cl": "torch channels_last fp32",
               "torch-cl-bf16": "torch channels_last autocast bf16"}
 # (numerator, denominator, label): img/s of one over the other's, > 1: the numerator is faster.
 RATIOS = [("onnxtrain-bf16", "onnxtrain-fp32", "onnxtrain bf16 / onnxtrain fp32"),
+          ("onnxtrain-bf16", "onnxtrain-bf16-plain", "onnxtrain bf16 blocked / plain layout"),
           ("onnxtrain-bf16", "torch-bf16", "onnxtrain bf16 / torch autocast bf16"),
           ("torch-bf16", "torch", "torch autocast bf16 / torch fp32"),
           ("onnxtrain-bf16", "torch-cl-bf16", "onnxtrain bf16 / torch channels_last autocast bf16"),
@@ -87,13 +90,15 @@ def one_run(a, peer, inp, batch, threads, work, model):
     if peer.startswith("onnxtrain"):
         metrics = work / "metrics.json"
         metrics.unlink(missing_ok=True)
-        precision = peer.split("-", 1)[1]
+        precision = peer.split("-")[1]
         cmd = [a.onnxtrain, model, "--data", f"synthetic:{batch * (a.warmup + a.steps)}",
                "--val-data", "none", "--epochs", "1", "--batch-size", batch, "--replicas", "1",
                "--threads", threads, "--optimizer", "adam", "--lr", LR,
                "--precision", precision, "--metrics-json", metrics]
         if precision == "bf16" and a.allow_emulation:
             cmd.append("--allow-emulation")
+        if peer.endswith("-plain"):
+            cmd.append("--plain-layout")
     else:
         cmd = [sys.executable, __file__, "--worker", peer, "--input", inp, "--batch", batch,
                "--threads", threads, "--steps", a.steps, "--warmup", a.warmup]
