@@ -60,19 +60,21 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training \
-  passes_replicate passes_signature passes_dce passes_lower_sequences passes_conv_algorithm passes_fuse_batchnorm_relu op_dnnl_reorder optim dataset comm \
+  passes_replicate passes_signature passes_dce passes_lower_sequences passes_conv_algorithm passes_fuse_batchnorm_relu passes_block_layout op_dnnl_reorder optim dataset comm \
   checkpoint checkpoint_state \
-  nccl_stub plugin device data_parallel sync_bn trainer onnxtrain cli_reliability op_low_precision
+  nccl_stub plugin device data_parallel sync_bn trainer onnxtrain cli_reliability op_low_precision \
+  op_batch_norm_blocked
 # (The ASan build has no CUDA backend: nccl_stub, not nccl, is its NCCL test. Every test labelled
 # unit/hostile/backend must be in this list, or ctest reports it "Not Run".)
 # Replica threads, the asynchronous AllReduce and in-place state updates run in data_parallel,
 # sync_bn and trainer (label train): they join the sanitized set by name, as does
 # cli_reliability (what happens to the user's files on NaN, signals, bad paths; issue #17), and
-# op_low_precision (the bf16 kernels' own loops: the small-map bf16 GEMMs' scratch, BN's rows).
+# op_low_precision (the bf16 kernels' own loops: the small-map bf16 GEMMs' scratch, BN's rows),
+# and op_batch_norm_blocked (BN's loops over the blocked channel layout).
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -L "hostile|unit|backend" -E cuda_switch
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn|trainer|cli_reliability|op_low_precision)$"
+  ctest --test-dir build-asan --output-on-failure -R "^(data_parallel|sync_bn|trainer|cli_reliability|op_low_precision|op_batch_norm_blocked)$"
 
 if [ "${FUZZ_SECONDS:-60}" != "0" ]; then
   echo "== libFuzzer on the loader (${FUZZ_SECONDS:-60}s)"
