@@ -13,6 +13,7 @@
 #include "ops/nn/batch_norm_relu.h"
 #include "ops/nn/blocked_layout.h"
 #include "ops/op_api.h"
+#include "passes/pass_util.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -39,14 +40,6 @@ bool blockable(const Value* v, const std::unordered_set<const Value*>& captured)
          (v->dtype() == DataType::kFloat || v->dtype() == DataType::kBFloat16);
 }
 
-// Static shapes equal dim by dim (known or the same named symbol): no broadcasting.
-bool same_shape(const Value* a, const Value* b) {
-  if (!a->shape() || !b->shape() || *a->shape() != *b->shape()) return false;
-  for (const graph::Dim& d : *a->shape())
-    if (!d.is_known() && d.param.empty()) return false;
-  return true;
-}
-
 // The activations a node reads and writes in one layout (all blocked or all plain), or an empty
 // list when the node is no such join. BatchNormalization(Grad) in training mode over 4-D
 // activations; elementwise ops over one shape.
@@ -69,7 +62,7 @@ std::vector<Value*> joined_operands(const Node* n) {
     return {};
   }
   for (const Value* v : vs)
-    if (!v || !same_shape(v, vs[0])) return {};
+    if (!v || !same_static_shape(v, vs[0])) return {};
   return vs;
 }
 
@@ -107,11 +100,7 @@ class Sets {
 
 BlockLayoutStats block_layout(graph::Model& model) {
   graph::Graph& g = *model.graph;
-  std::unordered_set<const Value*> captured;
-  for (const auto& n : g.nodes())
-    for (const graph::Attribute& a : n->attributes)
-      if (a.type == graph::AttrType::kGraph)
-        for (const Value* v : a.g().captured_values()) captured.insert(v);
+  const std::unordered_set<const Value*> captured = captured_by_subgraphs(g);
 
   // Join the operands of each join node; remember which nodes joined.
   Sets sets;

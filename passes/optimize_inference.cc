@@ -6,6 +6,7 @@
 
 #include "ops/nn/blocked_layout.h"
 #include "ops/op_api.h"
+#include "passes/pass_util.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -17,24 +18,6 @@ using graph::Value;
 
 bool is_onnx(const Node* n, const char* op) {
   return n && (n->domain.empty() || n->domain == "ai.onnx") && n->op_type == op;
-}
-
-// Values that nodes inside subgraphs (If / Loop / Scan bodies) read from `g`.
-std::unordered_set<const Value*> captured_by_subgraphs(const graph::Graph& g) {
-  std::unordered_set<const Value*> captured;
-  for (const auto& n : g.nodes())
-    for (const graph::Attribute& a : n->attributes)
-      if (a.type == graph::AttrType::kGraph)
-        for (const Value* v : a.g().captured_values()) captured.insert(v);
-  return captured;
-}
-
-// Shapes equal dim by dim, each dim known or a named symbol (so no broadcasting hides).
-bool same_static_shape(const Value* a, const Value* b) {
-  if (!a->shape() || !b->shape() || *a->shape() != *b->shape()) return false;
-  for (const graph::Dim& d : *a->shape())
-    if (!d.is_known() && d.param.empty()) return false;
-  return a->dtype() == b->dtype();
 }
 
 class InferenceOptimizer {
@@ -152,7 +135,8 @@ class InferenceOptimizer {
         shapes_known_ && is_onnx(add, "Add") && add->inputs().size() == 2) {
       Value* other = add->input(add->input(0) == out ? 1 : 0);
       if (other && other != out && same_static_shape(other, out) &&
-          same_static_shape(add->output(0), out)) {
+          other->dtype() == out->dtype() && same_static_shape(add->output(0), out) &&
+          add->output(0)->dtype() == out->dtype()) {
         z = other;
         chain.push_back(add);
         out = add->output(0);
