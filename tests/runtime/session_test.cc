@@ -3,7 +3,9 @@
 // outputs written over inputs (training state in place) and deferred (asynchronous) kernels.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -21,8 +23,15 @@ using graph::DataType;
 using graph::Tensor;
 using graph::ValueType;
 
-int g_scale_runs = 0;
+// Kernels of sessions running in several threads (the AllReduce test) log here: under a lock.
+std::atomic<int> g_scale_runs = 0;
+std::mutex g_log_mutex;
 std::vector<std::string> g_log;  // kernel events in execution order
+
+void log_event(std::string event) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log.push_back(std::move(event));
+}
 
 // test.Scale<k>(x) = k * x, float32, same shape.
 class ScaleKernel : public ops::Kernel {
@@ -30,7 +39,7 @@ class ScaleKernel : public ops::Kernel {
   explicit ScaleKernel(const graph::Node& n) : k_(n.attr_float("k", 1.f)) {}
   void run(ops::KernelContext& ctx) override {
     ++g_scale_runs;
-    g_log.push_back("scale " + ctx.node().name);
+    log_event("scale " + ctx.node().name);
     const ops::TensorView& x = *ctx.input(0);
     ops::TensorView& y = ctx.output(0);
     ctx.parallel_for(x.numel(), 1024, [&](int64_t b, int64_t e) {
@@ -67,12 +76,12 @@ ONNXTRAIN_REGISTER_OP(test_scale_in_place) {
 class AddOneLaterKernel : public ops::Kernel {
  public:
   void run(ops::KernelContext& ctx) override {
-    g_log.push_back("start " + ctx.node().name);
+    log_event("start " + ctx.node().name);
     const ops::TensorView& x = *ctx.input(0);
     std::vector<float> v(x.as<float>(), x.as<float>() + x.numel());
     float* y = ctx.output(0).as<float>();
     ctx.defer_completion([v, y, name = ctx.node().name] {
-      g_log.push_back("finish " + name);
+      log_event("finish " + name);
       for (size_t i = 0; i < v.size(); ++i) y[i] = v[i] + 1;
     });
   }
