@@ -5,7 +5,8 @@
 // share it, and BatchNormalization(Grad) marked `blocked` reads and writes all its activations
 // blocked. Those nodes join their operands into one set (union-find); a set is blocked when
 // every member can be and every other node touching it reads or writes it through a port that
-// takes the layout (Conv x / y, ConvGrad dy / x / dx). Everything else sees plain values.
+// takes the layout (Conv x / y, ConvGrad dy / x / dx) or reads only its shape or dtype (Shape,
+// Size, CastLike's target). Everything else sees plain values.
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
@@ -80,6 +81,13 @@ const char* port(const Node* n, int i, int o) {
   return nullptr;
 }
 
+// Reads only the metadata of input i (its shape or dtype), never its elements: Shape, Size, and
+// CastLike's target (torch's dynamo exporter reads activations so, for their dtype). Such a use
+// does not care about the layout.
+bool reads_metadata_only(const Node* n, int i) {
+  return is_op(n, "", "Shape") || is_op(n, "", "Size") || (is_op(n, "", "CastLike") && i == 1);
+}
+
 class Sets {
  public:
   int find(int a) { return parent_[a] == a ? a : parent_[a] = find(parent_[a]); }
@@ -129,7 +137,8 @@ BlockLayoutStats block_layout(graph::Model& model) {
     const Node* p = v->producer();
     if (good && !joins.count(p) && !port(p, -1, v->producer_output())) good = false;
     for (const graph::Use& u : v->uses())
-      if (good && !joins.count(u.node) && !port(u.node, static_cast<int>(u.input_index), -1))
+      if (good && !joins.count(u.node) && !port(u.node, static_cast<int>(u.input_index), -1) &&
+          !reads_metadata_only(u.node, static_cast<int>(u.input_index)))
         good = false;
     auto [it, fresh] = ok.emplace(root, good);
     if (!fresh) it->second = it->second && good;

@@ -354,7 +354,8 @@ struct BlockLayoutStats {
 // share a layout; such a set is blocked when each value is a 4-D float32 / bf16 activation with
 // channels % 16 == 0, no graph input, output or initializer, and every other node touching it
 // does so through a port: Conv x / y, ConvGrad dy / x / dx (marked x_blocked, y_blocked,
-// dy_blocked, dx_blocked = 1); BatchNormalization(Grad) nodes of a blocked set get blocked = 1
+// dy_blocked, dx_blocked = 1), or reads only its shape or dtype (Shape, Size, CastLike's target:
+// torch's dynamo exporter reads activations so); BatchNormalization(Grad) nodes of a blocked set get blocked = 1
 // (ops/nn/batch_norm_relu.h). Elementwise nodes carry no mark: they compute the same in either
 // layout. What the graph computes is unchanged up to float summation order.
 BlockLayoutStats block_layout(graph::Model& model);
