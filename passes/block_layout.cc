@@ -7,7 +7,6 @@
 // every member can be and every other node touching it reads or writes it through a port that
 // takes the layout (Conv x / y, ConvGrad dy / x / dx) or reads only its shape or dtype (Shape,
 // Size, CastLike's target). Everything else sees plain values.
-#include <numeric>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -23,12 +22,6 @@ namespace {
 using graph::DataType;
 using graph::Node;
 using graph::Value;
-
-bool is_op(const Node* n, const char* domain, const char* op) {
-  const bool onnx = domain[0] == '\0';
-  return n->op_type == op &&
-         (onnx ? (n->domain.empty() || n->domain == "ai.onnx") : n->domain == domain);
-}
 
 // A value that may live blocked: an (N, C, H, W) activation with C dividing into blocks, in a
 // dtype the blocked kernels take, computed by a node of this graph and not seen from outside.
@@ -46,8 +39,8 @@ bool blockable(const Value* v, const std::unordered_set<const Value*>& captured)
 // activations; elementwise ops over one shape.
 std::vector<Value*> joined_operands(const Node* n) {
   std::vector<Value*> vs;
-  const bool bn = is_op(n, "", "BatchNormalization") && n->attr_int("training_mode", 0) != 0;
-  const bool bn_grad = is_op(n, ops::kOnnxtrainDomain, "BatchNormalizationGrad") &&
+  const bool bn = is_op(*n, "", "BatchNormalization") && n->attr_int("training_mode", 0) != 0;
+  const bool bn_grad = is_op(*n, ops::kOnnxtrainDomain, "BatchNormalizationGrad") &&
                        n->attr_int("training_mode", 0) != 0 && n->attr_int("spatial", 1) != 0;
   if (bn) {
     vs = {n->input(0), n->output(0)};
@@ -55,8 +48,8 @@ std::vector<Value*> joined_operands(const Node* n) {
     vs = {n->input(0), n->input(1), n->output(0)};
     if (n->attr_int(std::string(ops::kFusedReluAttr), 0) != 0)
       vs.push_back(n->input(ops::kBatchNormGradReluOutput));
-  } else if (is_op(n, "", "Relu") || is_op(n, "", "Add") || is_op(n, "", "Sum") ||
-             is_op(n, "", "Cast") || is_op(n, ops::kOnnxtrainDomain, "ReluGrad")) {
+  } else if (is_op(*n, "", "Relu") || is_op(*n, "", "Add") || is_op(*n, "", "Sum") ||
+             is_op(*n, "", "Cast") || is_op(*n, ops::kOnnxtrainDomain, "ReluGrad")) {
     vs = n->inputs();
     vs.insert(vs.end(), n->outputs().begin(), n->outputs().end());
   } else {
@@ -70,10 +63,10 @@ std::vector<Value*> joined_operands(const Node* n) {
 // The port attribute through which `n` reads input `i` (output `o` when i < 0) in any layout,
 // or nullptr. Conv and ConvGrad over 2-D maps only (what their blocked kernels cover).
 const char* port(const Node* n, int i, int o) {
-  if (is_op(n, "", "Conv")) {
+  if (is_op(*n, "", "Conv")) {
     if (i == 0) return ops::kXBlockedAttr;
     if (o == 0) return ops::kYBlockedAttr;
-  } else if (is_op(n, ops::kOnnxtrainDomain, "ConvGrad")) {
+  } else if (is_op(*n, ops::kOnnxtrainDomain, "ConvGrad")) {
     if (i == 0) return ops::kDyBlockedAttr;
     if (i == 1) return ops::kXBlockedAttr;
     if (o == 0) return ops::kDxBlockedAttr;
@@ -85,7 +78,7 @@ const char* port(const Node* n, int i, int o) {
 // CastLike's target (torch's dynamo exporter reads activations so, for their dtype). Such a use
 // does not care about the layout.
 bool reads_metadata_only(const Node* n, int i) {
-  return is_op(n, "", "Shape") || is_op(n, "", "Size") || (is_op(n, "", "CastLike") && i == 1);
+  return is_op(*n, "", "Shape") || is_op(*n, "", "Size") || (is_op(*n, "", "CastLike") && i == 1);
 }
 
 class Sets {
@@ -157,8 +150,8 @@ BlockLayoutStats block_layout(graph::Model& model) {
     if (j != joins.end()) {
       if (!blocked(j->second[0])) continue;
       // Elementwise joins compute the same in any layout and carry no mark.
-      if (is_op(n, "", "BatchNormalization") ||
-          is_op(n, ops::kOnnxtrainDomain, "BatchNormalizationGrad")) {
+      if (is_op(*n, "", "BatchNormalization") ||
+          is_op(*n, ops::kOnnxtrainDomain, "BatchNormalizationGrad")) {
         n->set_attr(graph::Attribute::make_int(std::string(ops::kBlockedAttr), 1));
         ++stats.batchnorms;
       }

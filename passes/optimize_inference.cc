@@ -16,9 +16,7 @@ using graph::DataType;
 using graph::Node;
 using graph::Value;
 
-bool is_onnx(const Node* n, const char* op) {
-  return n && (n->domain.empty() || n->domain == "ai.onnx") && n->op_type == op;
-}
+bool is_onnx(const Node* n, const char* op) { return n && is_op(*n, "", op); }
 
 class InferenceOptimizer {
  public:

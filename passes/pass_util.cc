@@ -2,6 +2,11 @@
 
 namespace onnxtrain::passes {
 
+bool is_op(const graph::Node& n, std::string_view domain, std::string_view op) {
+  if (n.op_type != op) return false;
+  return domain.empty() ? n.domain.empty() || n.domain == "ai.onnx" : n.domain == domain;
+}
+
 std::unordered_set<const graph::Value*> captured_by_subgraphs(const graph::Graph& g) {
   std::unordered_set<const graph::Value*> captured;
   for (const auto& n : g.nodes())

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "graph/error.h"
+#include "passes/pass_util.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -50,9 +51,7 @@ bool is_fixed_input(const Node& n, size_t input) {
   });
 }
 
-bool is_onnx(const Node& n, const char* op_type) {
-  return n.op_type == op_type && (n.domain.empty() || n.domain == "ai.onnx");
-}
+bool is_onnx(const Node& n, const char* op_type) { return is_op(n, "", op_type); }
 
 std::string where(const Model& m) {
   return m.source_path.empty() ? "prepare_training: " : m.source_path + ": prepare_training: ";

@@ -236,12 +236,12 @@ GemmShape gemm_shape(const ConvSetup& s) {
 // by ops/nn/blocked_layout.h's rule (block = channel_block()), so the GEMM path reads and writes
 // the blocked ports of a ConvGrad directly.
 struct ActLayout {
-  int64_t c = 0, pixels = 0, block = 1;  // block 1: plain
+  int64_t c = 0, pixels = 0;
+  int64_t block = 1;  // 1: plain; also the stride between consecutive pixels of a plane
   int64_t plane(int64_t n, int64_t ch) const {  // offset of (n, ch, 0)
     return block == 1 ? (n * c + ch) * pixels
                       : (n * (c / block) + ch / block) * pixels * block + ch % block;
   }
-  // Between consecutive pixels of a plane: `block`.
 };
 
 ActLayout act_layout(int64_t channels, int64_t pixels, bool blocked) {
