@@ -44,6 +44,8 @@ std::vector<Value*> joined_operands(const Node* n) {
                        n->attr_int("training_mode", 0) != 0 && n->attr_int("spatial", 1) != 0;
   if (bn) {
     vs = {n->input(0), n->output(0)};
+    if (n->attr_int(std::string(ops::kFusedAddAttr), 0) != 0)
+      vs.push_back(n->input(ops::kBatchNormResidualInput));
   } else if (bn_grad) {
     vs = {n->input(0), n->input(1), n->output(0)};
     if (n->attr_int(std::string(ops::kFusedReluAttr), 0) != 0)

@@ -329,12 +329,15 @@ ConvAlgorithmStats select_conv_algorithm(graph::Model& model, ConvAlgorithm algo
 struct BatchNormReluStats {
   int batchnorms = 0;   // ai.onnx BatchNormalization nodes
   int fused = 0;        // of those, computing their Relu (fused_relu = 1)
+  int fused_residual = 0;  // of those, also the residual Add before it (fused_add = 1)
   int fused_grads = 0;  // BatchNormalizationGrad nodes that absorbed the ReluGrad
 };
 // After autodiff, for CPU kernels (ops/nn/batch_norm_relu.h; the CUDA kernels leave marked nodes
 // to the CPU ones, so the Trainer turns it off for CUDA devices): each ai.onnx
 // BatchNormalization whose output is read only by one Relu writes the Relu's output itself
-// (fused_relu = 1; the value keeps the Relu output's name), and each ReluGrad(dZ, Z) of such a
+// (fused_relu = 1; the value keeps the Relu output's name), or only by one Add(., R) -- same
+// shape and dtype, no broadcast -- whose output only one Relu reads, writes that Relu's output
+// with R as its residual input (fused_add = 1 too), and each ReluGrad(dZ, Z) of such a
 // Z whose result is only that BatchNormalization's BatchNormalizationGrad dY is folded into it
 // (dZ in slot 0, Z in slot ops::kBatchNormGradReluOutput, fused_relu = 1). Every value the
 // graph computes is bit-identical to the unfused graph's.

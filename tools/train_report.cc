@@ -125,9 +125,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                  c.winograd_forward, c.forward, c.winograd_backward, c.backward);
   }
   if (p.info.batchnorm_relu.fused > 0)
-    std::fprintf(f, "fused       Relu into %d of %d BatchNormalization nodes and %d of their "
-                 "gradients\n", p.info.batchnorm_relu.fused, p.info.batchnorm_relu.batchnorms,
-                 p.info.batchnorm_relu.fused_grads);
+    std::fprintf(f, "fused       Relu into %d of %d BatchNormalization nodes (%d with the "
+                 "residual Add before it) and %d of their gradients\n",
+                 p.info.batchnorm_relu.fused, p.info.batchnorm_relu.batchnorms,
+                 p.info.batchnorm_relu.fused_residual, p.info.batchnorm_relu.fused_grads);
   if (p.info.block_layout.blocked_values > 0)
     std::fprintf(f, "layout      nChw%lldc blocked: %d activations between convolutions, read "
                  "without reorders by %d Conv/ConvGrad and %d BatchNormalization(Grad) nodes\n",

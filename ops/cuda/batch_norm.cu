@@ -326,6 +326,7 @@ class BatchNormGradKernel final : public Kernel {
 // CUDA devices).
 ONNXTRAIN_REGISTER_KERNEL(batch_norm_cuda, "", "BatchNormalization", kCuda) {
   if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
+  if (n.attr_int(kFusedAddAttr, 0)) throw DeviceFallback{n.describe() + ": fused_add"};
   if (n.attr_int(kBlockedAttr, 0)) throw DeviceFallback{n.describe() + ": blocked layout"};
   return std::make_unique<BatchNormKernel>(n);
 }

@@ -457,11 +457,17 @@ class BatchNormKernel final : public Kernel {
         epsilon_(node.attr_float("epsilon", 1e-5f)),
         momentum_(node.attr_float("momentum", 0.9f)),
         fused_relu_(node.attr_int(kFusedReluAttr, 0) != 0),
+        fused_add_(node.attr_int(kFusedAddAttr, 0) != 0),
         blocked_(node.attr_int(kBlockedAttr, 0) != 0) {}
 
   void run(KernelContext& ctx) override {
     const TensorView* x = ctx.input(0);
     OT_CHECK(x && x->rank() >= 2, where_, ": x must have rank >= 2");
+    const TensorView* residual = fused_add_ ? ctx.input(kBatchNormResidualInput) : nullptr;
+    if (fused_add_)
+      OT_CHECK(residual && residual->dims == x->dims && residual->dtype == x->dtype, where_,
+               ": fused_add needs the residual (input ", kBatchNormResidualInput,
+               ") in x's shape and dtype");
     const graph::Node& node = ctx.node();
     bool stats_requested = false;
     for (int i = 1; i < ctx.num_outputs(); ++i) stats_requested |= ctx.has_output(i);
@@ -490,13 +496,14 @@ class BatchNormKernel final : public Kernel {
     dispatch_float_or_low(x->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
       std::vector<double> batch_mean, batch_var;
+      const T* r = residual ? residual->as<T>() : nullptr;
       if (training) {
         batch_stats<T>(x->as<T>(), n, channels, inner, batch_mean, batch_var, ctx);
-        apply<T>(x->as<T>(), y.as<T>(), n, channels, inner, scale, bias, batch_mean, batch_var,
+        apply<T>(x->as<T>(), r, y.as<T>(), n, channels, inner, scale, bias, batch_mean, batch_var,
                  ctx);
         write_stats(ctx, mean, var, batch_mean, batch_var);
       } else {
-        apply<T>(x->as<T>(), y.as<T>(), n, channels, inner, scale, bias, mean, var, ctx);
+        apply<T>(x->as<T>(), r, y.as<T>(), n, channels, inner, scale, bias, mean, var, ctx);
       }
     });
   }
@@ -542,9 +549,25 @@ class BatchNormKernel final : public Kernel {
     });
   }
 
-  // bf16 / f16 x and y (mixed precision's activations) are computed in float.
+  // Calls f(relu, add) with the node's marks as std::bool_constant values.
+  template <typename F>
+  void with_marks(bool add, F&& f) const {
+    auto relu = [&](auto add_c) {
+      if (fused_relu_)
+        f(std::true_type{}, add_c);
+      else
+        f(std::false_type{}, add_c);
+    };
+    if (add)
+      relu(std::true_type{});
+    else
+      relu(std::false_type{});
+  }
+
+  // bf16 / f16 x and y (mixed precision's activations) are computed in float. r: the fused
+  // residual (kFusedAddAttr) or nullptr.
   template <typename T>
-  void apply(const T* x, T* y, int64_t n, int64_t channels, int64_t inner,
+  void apply(const T* x, const T* r, T* y, int64_t n, int64_t channels, int64_t inner,
              const std::vector<double>& scale, const std::vector<double>& bias,
              const std::vector<double>& mean, const std::vector<double>& var,
              const KernelContext& ctx) const {
@@ -561,10 +584,10 @@ class BatchNormKernel final : public Kernel {
         constexpr int kB = decltype(block)::value;
         const int64_t blocks = channels / kB;
         ctx.parallel_for(n * blocks, blocked_grain(inner * kB), [&](int64_t begin, int64_t end) {
-          if (fused_relu_)
-            affine_blocked<T, kB, true>(x, y, begin, end, blocks, inner, a.data(), b.data());
-          else
-            affine_blocked<T, kB, false>(x, y, begin, end, blocks, inner, a.data(), b.data());
+          with_marks(r != nullptr, [&](auto relu, auto add) {
+            affine_blocked<T, kB, decltype(relu)::value, decltype(add)::value>(
+                x, r, y, begin, end, blocks, inner, a.data(), b.data());
+          });
         });
       });
       return;
@@ -578,15 +601,13 @@ class BatchNormKernel final : public Kernel {
           std::fill_n(ar.data() + (c - c0) * inner, inner, a[c]);
           std::fill_n(br.data() + (c - c0) * inner, inner, b[c]);
         }
-        for_each_segment(n, channels * inner, c0 * inner, len,
-                         [&](int64_t off, int64_t j, int64_t seg) {
-                           if (fused_relu_)
-                             affine_row<T, true>(x + off, y + off, seg, ar.data() + j,
-                                                 br.data() + j);
-                           else
-                             affine_row<T, false>(x + off, y + off, seg, ar.data() + j,
-                                                  br.data() + j);
-                         });
+        for_each_segment(
+            n, channels * inner, c0 * inner, len, [&](int64_t off, int64_t j, int64_t seg) {
+              with_marks(r != nullptr, [&](auto relu, auto add) {
+                affine_row<T, decltype(relu)::value, decltype(add)::value>(
+                    x + off, r ? r + off : nullptr, y + off, seg, ar.data() + j, br.data() + j);
+              });
+            });
       });
       return;
     }
@@ -595,49 +616,57 @@ class BatchNormKernel final : public Kernel {
     ctx.parallel_for(planes, grain, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
         const C ac = a[p % channels], bc = b[p % channels];
-        if (fused_relu_)
-          affine_plane<T, true>(x + p * inner, y + p * inner, inner, ac, bc);
-        else
-          affine_plane<T, false>(x + p * inner, y + p * inner, inner, ac, bc);
+        with_marks(r != nullptr, [&](auto relu, auto add) {
+          affine_plane<T, decltype(relu)::value, decltype(add)::value>(
+              x + p * inner, r ? r + p * inner : nullptr, y + p * inner, inner, ac, bc);
+        });
       }
     });
   }
 
-  // y = x a + b over one plane [then max(0, y)], in the CPU's widest vectors.
-  template <typename T, bool kRelu, typename C>
-  OT_SIMD_CLONES static void affine_plane(const T* x, T* y, int64_t count, C a, C b) {
-    for (int64_t i = 0; i < count; ++i) {
-      if constexpr (kRelu)
-        y[i] = static_cast<T>(relu_select(static_cast<C>(x[i]) * a + b));
-      else
-        y[i] = static_cast<T>(static_cast<C>(x[i]) * a + b);
-    }
+  // One output element: x a + b [rounded to T, plus the residual r] [then max(0, .)]. The
+  // rounding is the unfused BatchNormalization's output; the sum is Add's, in C, so the fused
+  // node writes the bits of BatchNormalization -> Add -> Relu.
+  template <typename T, bool kRelu, bool kAdd, typename C>
+  static T affine_one(T x, T r, C a, C b) {
+    C v = static_cast<C>(x) * a + b;
+    if constexpr (kAdd) v = static_cast<C>(static_cast<T>(v)) + static_cast<C>(r);
+    if constexpr (kRelu) v = relu_select(v);
+    return static_cast<T>(v);
+  }
+  // r[i], read only with kAdd (r is null otherwise).
+  template <bool kAdd, typename T>
+  static T residual_at(const T* r, int64_t i) {
+    if constexpr (kAdd)
+      return r[i];
+    else
+      return T{};
+  }
+
+  // y = x a + b [+ r] over one plane [then max(0, y)], in the CPU's widest vectors.
+  template <typename T, bool kRelu, bool kAdd, typename C>
+  OT_SIMD_CLONES static void affine_plane(const T* x, const T* r, T* y, int64_t count, C a, C b) {
+    for (int64_t i = 0; i < count; ++i)
+      y[i] = affine_one<T, kRelu, kAdd>(x[i], residual_at<kAdd>(r, i), a, b);
   }
 
   // affine_plane with per-element a and b (the row path).
-  template <typename T, bool kRelu, typename C>
-  OT_SIMD_CLONES static void affine_row(const T* x, T* y, int64_t count, const C* a,
+  template <typename T, bool kRelu, bool kAdd, typename C>
+  OT_SIMD_CLONES static void affine_row(const T* x, const T* r, T* y, int64_t count, const C* a,
                                         const C* b) {
-    for (int64_t i = 0; i < count; ++i) {
-      if constexpr (kRelu)
-        y[i] = static_cast<T>(relu_select(static_cast<C>(x[i]) * a[i] + b[i]));
-      else
-        y[i] = static_cast<T>(static_cast<C>(x[i]) * a[i] + b[i]);
-    }
+    for (int64_t i = 0; i < count; ++i)
+      y[i] = affine_one<T, kRelu, kAdd>(x[i], residual_at<kAdd>(r, i), a[i], b[i]);
   }
 
   // affine_plane over the blocked slabs [s0, s1) (image s / blocks, channel block s % blocks) of
   // `rows` rows each, a lane's a and b its channel's, blocked_step<T, kB> lanes a step.
-  template <typename T, int kB, bool kRelu, typename C>
-  OT_SIMD_CLONES static void affine_blocked(const T* x, T* __restrict y, int64_t s0, int64_t s1,
-                                            int64_t blocks, int64_t rows, const C* a,
+  template <typename T, int kB, bool kRelu, bool kAdd, typename C>
+  OT_SIMD_CLONES static void affine_blocked(const T* x, const T* r, T* __restrict y, int64_t s0,
+                                            int64_t s1, int64_t blocks, int64_t rows, const C* a,
                                             const C* b) {
     constexpr int kL = blocked_step<T, kB>;
     auto lane = [&](int64_t i, C ai, C bi) {
-      if constexpr (kRelu)
-        y[i] = static_cast<T>(relu_select(static_cast<C>(x[i]) * ai + bi));
-      else
-        y[i] = static_cast<T>(static_cast<C>(x[i]) * ai + bi);
+      y[i] = affine_one<T, kRelu, kAdd>(x[i], residual_at<kAdd>(r, i), ai, bi);
     };
     for (int64_t s = s0; s < s1; ++s) {
       C ak[kL], bk[kL];
@@ -679,7 +708,8 @@ class BatchNormKernel final : public Kernel {
   std::string where_;
   float epsilon_, momentum_;
   bool fused_relu_;  // passes::fuse_batchnorm_relu: writes max(0, y)
-  bool blocked_;     // kBlockedAttr: x and y in the blocked channel layout
+  bool fused_add_;   // kFusedAddAttr: adds the residual input before the Relu
+  bool blocked_;     // kBlockedAttr: x, the residual and y in the blocked channel layout
 };
 
 // ---------------------------------------------------------------- BatchNormalizationGrad
@@ -689,8 +719,8 @@ class BatchNormKernel final : public Kernel {
 // with kRelu, dy is masked by the fused output z first. C is T's compute type (float for
 // bf16 / f16 storage).
 template <typename T, bool kTraining, bool kRelu, typename C>
-OT_SIMD_CLONES void batch_norm_grad_plane(const T* x, const T* dy, const T* z, T* dx,
-                                          int64_t count, C tk, C t0, C tm, C ti, C t1) {
+OT_SIMD_CLONES void batch_norm_grad_plane(const T* x, const T* dy, const T* z, T* dx, int64_t count,
+                                          C tk, C t0, C tm, C ti, C t1) {
   for (int64_t i = 0; i < count; ++i) {
     T dt = dy[i];
     if constexpr (kRelu) dt = relu_grad_select(dt, z[i]);
@@ -757,17 +787,15 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
         std::fill_n(r1 + o, inner, static_cast<C>(a * sum_dy_xhat));
       }
       if (!dx) return;
-      for_each_segment(n, channels * inner, begin * inner, len,
-                       [&](int64_t off, int64_t j, int64_t seg) {
-                         if (relu_out)
-                           batch_norm_grad_row<T, true>(x + off, dy + off, relu_out + off,
-                                                        dx + off, seg, rk + j, r0 + j, rm + j,
-                                                        ri + j, r1 + j);
-                         else
-                           batch_norm_grad_row<T, false>(x + off, dy + off, nullptr, dx + off,
-                                                         seg, rk + j, r0 + j, rm + j, ri + j,
-                                                         r1 + j);
-                       });
+      for_each_segment(
+          n, channels * inner, begin * inner, len, [&](int64_t off, int64_t j, int64_t seg) {
+            if (relu_out)
+              batch_norm_grad_row<T, true>(x + off, dy + off, relu_out + off, dx + off, seg, rk + j,
+                                           r0 + j, rm + j, ri + j, r1 + j);
+            else
+              batch_norm_grad_row<T, false>(x + off, dy + off, nullptr, dx + off, seg, rk + j,
+                                            r0 + j, rm + j, ri + j, r1 + j);
+          });
     });
     return;
   }
@@ -930,8 +958,8 @@ class BatchNormGradKernel final : public Kernel {
     const TensorView* dy = ctx.input(0);
     const TensorView* x = ctx.input(1);
     OT_CHECK(dy && x && x->rank() >= 2, where_, ": inputs dY and X (rank >= 2) are required");
-    OT_CHECK(dy->dims == x->dims && dy->dtype == x->dtype, where_, ": dY (",
-             join_dims(dy->dims), ") must match X (", join_dims(x->dims), ") in shape and dtype");
+    OT_CHECK(dy->dims == x->dims && dy->dtype == x->dtype, where_, ": dY (", join_dims(dy->dims),
+             ") must match X (", join_dims(x->dims), ") in shape and dtype");
     const TensorView* z = fused_relu_ ? ctx.input(kBatchNormGradReluOutput) : nullptr;
     OT_CHECK(!fused_relu_ || (z && z->dims == x->dims && z->dtype == x->dtype), where_,
              ": fused_relu needs the fused output Z (input ", kBatchNormGradReluOutput,
@@ -982,8 +1010,8 @@ class BatchNormGradKernel final : public Kernel {
     for (int i = 1; i <= 2; ++i) {
       if (ctx.num_outputs() <= i || !ctx.has_output(i)) continue;
       TensorView& out = ctx.output(i, ctx.input(2)->dims);
-      OT_CHECK(out.dtype == DataType::kFloat || out.dtype == DataType::kDouble, where_,
-               ": output ", i, " dtype ", graph::dtype_short_name(out.dtype), " not supported");
+      OT_CHECK(out.dtype == DataType::kFloat || out.dtype == DataType::kDouble, where_, ": output ",
+               i, " dtype ", graph::dtype_short_name(out.dtype), " not supported");
       for (int64_t c = 0; c < channels; ++c) write(out, c, (*sums[i - 1])[c]);
     }
   }

@@ -4,6 +4,10 @@
 // input 0 and that fused output Z as input kBatchNormGradReluOutput, and uses dZ where Z > 0
 // (ReluGrad's rule) as its dY. The pass writes these marks and the CPU kernels read them; the
 // CUDA kernels, which do not implement them, leave such nodes to the CPU kernels.
+// A residual BatchNormalization -> Add(., R) -> Relu (ResNet's block output) is one node too: the
+// BatchNormalization carries fused_relu = 1 and fused_add = 1, takes R as input
+// kBatchNormResidualInput (same shape and dtype as X) and writes max(0, T(y) + R), rounding y to
+// X's dtype first as the unfused node would, so the values stay bit-identical.
 #pragma once
 
 #include <string_view>
@@ -11,6 +15,9 @@
 namespace onnxtrain::ops {
 
 inline constexpr std::string_view kFusedReluAttr = "fused_relu";
+inline constexpr std::string_view kFusedAddAttr = "fused_add";
+// After X, scale, B, input_mean and input_var.
+inline constexpr int kBatchNormResidualInput = 5;
 // blocked = 1 (passes::block_layout, training graphs): BatchNormalization's X and Y, and its
 // BatchNormalizationGrad's dY, X, Z and dX, hold ops/nn/blocked_layout.h's channel-blocked
 // layout, so the Conv / ConvGrad around them skip their reorders; the parameters, statistics,

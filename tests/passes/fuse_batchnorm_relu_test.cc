@@ -1,7 +1,8 @@
-// passes::fuse_batchnorm_relu: which BatchNormalization -> Relu and ReluGrad ->
-// BatchNormalizationGrad pairs become one node (the marks of ops/nn/batch_norm_relu.h), that a
-// fused training graph trains bit for bit like the unfused one, that sync_batchnorm graphs are
-// left alone, and that the CUDA kernels hand marked nodes to the CPU ones.
+// passes::fuse_batchnorm_relu: which BatchNormalization -> Relu pairs, BatchNormalization ->
+// Add -> Relu residual triples and ReluGrad -> BatchNormalizationGrad pairs become one node (the
+// marks of ops/nn/batch_norm_relu.h), that a fused training graph trains bit for bit like the
+// unfused one (float32 and bf16), that sync_batchnorm graphs are left alone, and that the CUDA
+// kernels hand marked nodes to the CPU ones.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -14,6 +15,7 @@
 #include "models/zoo.h"
 #include "ops/nn/batch_norm_relu.h"
 #include "ops/op_api.h"
+#include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/training_session.h"
 
@@ -46,31 +48,63 @@ int pairs_in(const graph::Model& m) {
   return n;
 }
 
+// Add -> Relu of an unfused training graph whose Add reads a BatchNormalization output that
+// nothing else reads (a residual block's output), the Add's output read only by the Relu.
+int residual_triples_in(const graph::Model& m) {
+  int n = 0;
+  for (const auto& node : m.graph->nodes()) {
+    if (node->op_type != "Add") continue;
+    const graph::Value* s = node->output(0);
+    if (s->uses().size() != 1 || s->uses()[0].node->op_type != "Relu") continue;
+    bool bn_input = false;
+    for (const graph::Value* v : node->inputs())
+      bn_input |= v->producer() && v->producer()->op_type == "BatchNormalization" &&
+                  v->uses().size() == 1;
+    n += bn_input;
+  }
+  return n;
+}
+
 TEST(FuseBatchNormRelu, ResNetPairsBecomeOneNodeEach) {
   auto plain = resnet(), fused = resnet();
   TrainingOptions off;
   off.fuse_batchnorm_relu = false;
   const TrainingGraphInfo none = build_training_graph(*plain, off);
   EXPECT_EQ(none.batchnorm_relu.fused, 0);
-  const int pairs = pairs_in(*plain);
+  const int pairs = pairs_in(*plain), triples = residual_triples_in(*plain);
   // resnet18: 20 BatchNormalization nodes; a Relu follows the stem's and each block's first
-  // (9), the others feed the residual Add.
+  // (9), each block's last feeds the residual Add -> Relu (8; the 3 downsampling blocks add
+  // two BN outputs, fused into one of them).
   EXPECT_EQ(count_ops(*plain, "BatchNormalization"), 20);
   EXPECT_EQ(pairs, 9);
+  EXPECT_EQ(triples, 8);
 
   const TrainingGraphInfo info = build_training_graph(*fused, TrainingOptions{});
   EXPECT_EQ(info.batchnorm_relu.batchnorms, 20);
-  EXPECT_EQ(info.batchnorm_relu.fused, pairs);
+  EXPECT_EQ(info.batchnorm_relu.fused, pairs + triples);
+  EXPECT_EQ(info.batchnorm_relu.fused_residual, triples);
+  // A residual Relu's gradient also flows to the block input: its ReluGrad stays.
   EXPECT_EQ(info.batchnorm_relu.fused_grads, pairs);
-  EXPECT_EQ(count_ops(*fused, "Relu"), count_ops(*plain, "Relu") - pairs);
+  EXPECT_EQ(count_ops(*fused, "Relu"), count_ops(*plain, "Relu") - pairs - triples);
+  EXPECT_EQ(count_ops(*fused, "Add"), count_ops(*plain, "Add") - triples);
   EXPECT_EQ(count_ops(*fused, "ReluGrad"), count_ops(*plain, "ReluGrad") - pairs);
-  int marked = 0, marked_grads = 0;
+  int marked = 0, marked_residual = 0, marked_grads = 0;
   for (const auto& n : fused->graph->nodes()) {
     if (n->attr_int(ops::kFusedReluAttr, 0) == 0) continue;
     if (n->op_type == "BatchNormalization") {
       ++marked;
       for (const graph::Use& u : n->output(0)->uses())
         EXPECT_NE(u.node->op_type, "Relu") << n->describe();
+      if (n->attr_int(ops::kFusedAddAttr, 0) == 0) {
+        EXPECT_EQ(n->inputs().size(), 5u) << n->describe();
+        continue;
+      }
+      ++marked_residual;
+      // The residual: the block input or the downsampling BN's output, in X's shape.
+      ASSERT_EQ(n->inputs().size(), 6u) << n->describe();
+      const graph::Value* r = n->input(ops::kBatchNormResidualInput);
+      ASSERT_NE(r, nullptr) << n->describe();
+      EXPECT_EQ(*r->shape(), *n->input(0)->shape()) << n->describe();
     } else {
       ASSERT_EQ(n->op_type, "BatchNormalizationGrad");
       ++marked_grads;
@@ -83,7 +117,8 @@ TEST(FuseBatchNormRelu, ResNetPairsBecomeOneNodeEach) {
       EXPECT_EQ(n->input(1), z->producer()->input(0));
     }
   }
-  EXPECT_EQ(marked, pairs);
+  EXPECT_EQ(marked, pairs + triples);
+  EXPECT_EQ(marked_residual, triples);
   EXPECT_EQ(marked_grads, pairs);
 }
 
@@ -98,15 +133,18 @@ std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
           {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
 }
 
-// Same values as Relu and ReluGrad around the unfused nodes, so the same bits: three Adam
+// Same values as Relu, Add and ReluGrad around the unfused nodes, so the same bits: three Adam
 // steps (2 threads) give equal losses and bit-equal state (weights, moments, BN statistics).
-TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {
+void trains_bit_for_bit(DataType precision) {
   auto plain = resnet(), fused = resnet();
   TrainingOptions off, on;
   off.fuse_batchnorm_relu = false;
   off.optimizer.kind = on.optimizer.kind = OptimizerKind::kAdam;
+  off.precision = on.precision = precision;
   build_training_graph(*plain, off);
-  ASSERT_GT(build_training_graph(*fused, on).batchnorm_relu.fused_grads, 0);
+  const TrainingGraphInfo info = build_training_graph(*fused, on);
+  ASSERT_GT(info.batchnorm_relu.fused_grads, 0);
+  ASSERT_GT(info.batchnorm_relu.fused_residual, 0);
   runtime::SessionOptions so;
   so.threads = 2;
   runtime::TrainingSession a(std::move(plain), so), b(std::move(fused), so);
@@ -119,6 +157,17 @@ TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {
     for (const std::string& name : a.state_names())
       ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
   }
+}
+
+TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {
+  trains_bit_for_bit(DataType::kFloat);
+}
+
+// bf16 activations: the fused node rounds the BN output to bf16 before adding the residual, as
+// the unfused BatchNormalization's output is, so the bits still match.
+TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraphInBf16) {
+  if (!ops::cpu_runs_natively(DataType::kBFloat16)) GTEST_SKIP() << "no native bf16 on this CPU";
+  trains_bit_for_bit(DataType::kBFloat16);
 }
 
 // replicate's sync_batchnorm rewrites unfused nodes only: no fusion with sync_batchnorm.
@@ -148,7 +197,7 @@ TEST(FuseBatchNormRelu, CudaKernelsFallBackOnMarkedNodes) {
     EXPECT_THROW(s->cuda_kernel(*n), ops::DeviceFallback) << n->describe();
     ++checked;
   }
-  EXPECT_EQ(checked, 2 * 9);
+  EXPECT_EQ(checked, 9 + 8 + 9);  // BN -> Relu, residual BN -> Add -> Relu, their gradients
 }
 
 }  // namespace
