@@ -97,6 +97,29 @@ BatchNormReluStats fuse_batchnorm_relu(graph::Model& model) {
     ++stats.fused_grads;
   }
   for (graph::Node* rg : relu_grads) g.remove_node(rg);
+  // The residual stream's gradient: each remaining ReluGrad(Sum(a, b), Y) whose Sum only it
+  // reads, all of one static shape, reads a and b itself (ReluGrad(a, Y, b), ops::ew's
+  // GradKernel): one pass instead of two.
+  std::vector<graph::Node*> sums;
+  for (const auto& up : g.nodes()) {
+    graph::Node* rg = up.get();
+    if (rg->op_type != "ReluGrad" || rg->domain != ops::kOnnxtrainDomain ||
+        rg->inputs().size() != 2 || !rg->output(0))
+      continue;
+    graph::Value* s = rg->input(0);
+    graph::Node* sum = s ? s->producer() : nullptr;
+    if (!sum || sum->op_type != "Sum" || !sum->domain.empty() || sum->inputs().size() != 2 ||
+        s->is_graph_output() || s->uses().size() != 1 || rg->input(1) == s)
+      continue;
+    bool same = same_static_shape(rg->input(1), s) && same_static_shape(rg->output(0), s);
+    for (graph::Value* v : sum->inputs()) same = same && v && same_static_shape(v, s);
+    if (!same) continue;
+    rg->set_input(0, sum->input(0));
+    rg->set_input(2, sum->input(1));
+    sums.push_back(sum);
+    ++stats.fused_sums;
+  }
+  for (graph::Node* sum : sums) g.remove_node(sum);
   return stats;
 }
 

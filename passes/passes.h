@@ -331,6 +331,7 @@ struct BatchNormReluStats {
   int fused = 0;        // of those, computing their Relu (fused_relu = 1)
   int fused_residual = 0;  // of those, also the residual Add before it (fused_add = 1)
   int fused_grads = 0;  // BatchNormalizationGrad nodes that absorbed the ReluGrad
+  int fused_sums = 0;   // ReluGrad nodes that absorbed the Sum of their dY (ReluGrad(a, Y, b))
 };
 // After autodiff, for CPU kernels (ops/nn/batch_norm_relu.h; the CUDA kernels leave marked nodes
 // to the CPU ones, so the Trainer turns it off for CUDA devices): each ai.onnx
@@ -339,8 +340,9 @@ struct BatchNormReluStats {
 // shape and dtype, no broadcast -- whose output only one Relu reads, writes that Relu's output
 // with R as its residual input (fused_add = 1 too), and each ReluGrad(dZ, Z) of such a
 // Z whose result is only that BatchNormalization's BatchNormalizationGrad dY is folded into it
-// (dZ in slot 0, Z in slot ops::kBatchNormGradReluOutput, fused_relu = 1). Every value the
-// graph computes is bit-identical to the unfused graph's.
+// (dZ in slot 0, Z in slot ops::kBatchNormGradReluOutput, fused_relu = 1). Then each other
+// ReluGrad(Sum(a, b), Y) whose Sum only it reads (one static shape) becomes ReluGrad(a, Y, b).
+// Every value the graph computes is bit-identical to the unfused graph's.
 BatchNormReluStats fuse_batchnorm_relu(graph::Model& model);
 
 // ---- block_layout.cc

@@ -26,6 +26,9 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   infer_shapes(model);
   stage("attach_loss");
   info.gradients = autodiff(model, info.loss.loss, info.prepared.params);
+  // The gradient values' shapes (some follow only from Shape -> Expand chains): the rewrites
+  // below match on static shapes.
+  infer_shapes(model);
   stage("autodiff");
   info.conv_algorithm = select_conv_algorithm(model, opts.conv_algorithm);
   stage("select_conv_algorithm");

@@ -129,6 +129,9 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                  "residual Add before it) and %d of their gradients\n",
                  p.info.batchnorm_relu.fused, p.info.batchnorm_relu.batchnorms,
                  p.info.batchnorm_relu.fused_residual, p.info.batchnorm_relu.fused_grads);
+  if (p.info.batchnorm_relu.fused_sums > 0)
+    std::fprintf(f, "fused       Sum into %d ReluGrad nodes (the residual stream's gradient)\n",
+                 p.info.batchnorm_relu.fused_sums);
   if (p.info.block_layout.blocked_values > 0)
     std::fprintf(f, "layout      nChw%lldc blocked: %d activations between convolutions, read "
                  "without reorders by %d Conv/ConvGrad and %d BatchNormalization(Grad) nodes\n",

@@ -517,6 +517,8 @@ std::unique_ptr<Kernel> binary(const graph::Node& n, bool onnx_op = true) {
 }
 template <typename Op>
 std::unique_ptr<Kernel> grad(const graph::Node& n) {
+  // A dY addend in input 2 (passes::fuse_batchnorm_relu's Sum folding) is CPU-only.
+  if (n.inputs().size() > 2) throw DeviceFallback{n.describe() + ": dY addend (input 2)"};
   return std::make_unique<BinaryKernel<Op>>(n, false);
 }
 

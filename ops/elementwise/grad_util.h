@@ -3,6 +3,7 @@
 // (dX = f(dY, Z) with Z the forward input or output, e.g. ReluGrad(dY, Y)).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,10 @@ inline OpSchema with_gradient(OpSchema s, GradientFn g) {
   return s;
 }
 
-// dy: D, z: D (forward X or Y) -> dx: D. Fn(dy, z) is the scalar rule; float32/float64 unless
-// Types says more.
+// dy: D, z: D (forward X or Y) [, dy2: D] -> dx: D. Fn(dy, z) is the scalar rule; float32/float64
+// unless Types says more. An optional third input dy2 is a second addend of dY (dY = Sum(dy,
+// dy2) folded in by passes::fuse_batchnorm_relu): dx = Fn(T(dy + dy2), z), the sum rounded to T
+// as Sum's output is, so the bits are those of Sum -> Fn.
 template <typename Fn, typename Types = FloatTypes>
 class GradKernel final : public Kernel {
  public:
@@ -40,10 +43,24 @@ class GradKernel final : public Kernel {
     const TensorView& dy = required_input(ctx, 0);
     const TensorView& z = required_input(ctx, 1);
     check_same_dtype(ctx, 1, dy.dtype);
-    TensorView& dx = ctx.output(0, broadcast_dims(dy.dims, z.dims, ctx.node().describe()));
-    dispatch(Types{}, dy.dtype, ctx.node().describe(), [&](auto tag) {
+    const std::string where = ctx.node().describe();
+    TensorView& dx = ctx.output(0, broadcast_dims(dy.dims, z.dims, where));
+    const TensorView* dy2 = ctx.num_inputs() > 2 ? ctx.input(2) : nullptr;
+    if (dy2) {
+      check_same_dtype(ctx, 2, dy.dtype);
+      OT_CHECK(dy2->dims == dy.dims && dx.dims == dy.dims, where,
+               ": the dY addend (input 2) needs dY's shape, and dY Z's");
+    }
+    dispatch(Types{}, dy.dtype, where, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      broadcast_apply<T>(ctx, dx, fn_, operand<T>(dy), operand<T>(z));
+      if (!dy2) {
+        broadcast_apply<T>(ctx, dx, fn_, operand<T>(dy), operand<T>(z));
+        return;
+      }
+      auto summed = [this](T a, T zv, T b) {
+        return fn_(static_cast<T>(Wrapping<std::plus<>>{}(a, b)), zv);
+      };
+      broadcast_apply<T>(ctx, dx, summed, operand<T>(dy), operand<T>(z), operand<T>(*dy2));
     });
   }
 

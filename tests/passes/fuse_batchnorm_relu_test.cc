@@ -1,5 +1,6 @@
 // passes::fuse_batchnorm_relu: which BatchNormalization -> Relu pairs, BatchNormalization ->
-// Add -> Relu residual triples and ReluGrad -> BatchNormalizationGrad pairs become one node (the
+// Add -> Relu residual triples, ReluGrad -> BatchNormalizationGrad and Sum -> ReluGrad pairs
+// become one node (the
 // marks of ops/nn/batch_norm_relu.h), that a fused training graph trains bit for bit like the
 // unfused one (float32 and bf16), that sync_batchnorm graphs are left alone, and that the CUDA
 // kernels hand marked nodes to the CPU ones.
@@ -88,6 +89,20 @@ TEST(FuseBatchNormRelu, ResNetPairsBecomeOneNodeEach) {
   EXPECT_EQ(count_ops(*fused, "Relu"), count_ops(*plain, "Relu") - pairs - triples);
   EXPECT_EQ(count_ops(*fused, "Add"), count_ops(*plain, "Add") - triples);
   EXPECT_EQ(count_ops(*fused, "ReluGrad"), count_ops(*plain, "ReluGrad") - pairs);
+  // The residual Relus' gradients: each block output but the last (read by GlobalAveragePool
+  // alone) gets the Sum of the next block's two input gradients; the ReluGrad reads both.
+  EXPECT_EQ(info.batchnorm_relu.fused_sums, triples - 1);
+  EXPECT_EQ(count_ops(*fused, "Sum"), count_ops(*plain, "Sum") - info.batchnorm_relu.fused_sums);
+  int three_input = 0;
+  for (const auto& n : fused->graph->nodes()) {
+    if (n->op_type != "ReluGrad" || n->inputs().size() != 3) continue;
+    ++three_input;
+    for (const graph::Value* v : n->inputs()) {
+      ASSERT_NE(v, nullptr) << n->describe();
+      EXPECT_EQ(*v->shape(), *n->output(0)->shape()) << n->describe();
+    }
+  }
+  EXPECT_EQ(three_input, info.batchnorm_relu.fused_sums);
   int marked = 0, marked_residual = 0, marked_grads = 0;
   for (const auto& n : fused->graph->nodes()) {
     if (n->attr_int(ops::kFusedReluAttr, 0) == 0) continue;
@@ -190,14 +205,17 @@ TEST(FuseBatchNormRelu, CudaKernelsFallBackOnMarkedNodes) {
   build_training_graph(*m, TrainingOptions{});
   int checked = 0;
   for (const auto& n : m->graph->nodes()) {
-    if (n->attr_int(ops::kFusedReluAttr, 0) == 0) continue;
+    // BatchNormalization(Grad) marked fused_relu / fused_add, and ReluGrads with a dY addend.
+    const bool summed = n->op_type == "ReluGrad" && n->inputs().size() == 3;
+    if (n->attr_int(ops::kFusedReluAttr, 0) == 0 && !summed) continue;
     const ops::OpSchema* s = ops::OpRegistry::global().find(n->domain, n->op_type, 17);
     ASSERT_NE(s, nullptr) << n->describe();
     if (!s->cuda_kernel) GTEST_SKIP() << "built without the CUDA backend";
     EXPECT_THROW(s->cuda_kernel(*n), ops::DeviceFallback) << n->describe();
     ++checked;
   }
-  EXPECT_EQ(checked, 9 + 8 + 9);  // BN -> Relu, residual BN -> Add -> Relu, their gradients
+  // BN -> Relu, residual BN -> Add -> Relu, the BN -> Relu gradients, Sum -> ReluGrad
+  EXPECT_EQ(checked, 9 + 8 + 9 + 7);
 }
 
 }  // namespace
