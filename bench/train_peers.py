@@ -21,11 +21,13 @@ from peers_common import (REPO, BenchError, child_result, emit, emit_na, fmt, he
                           median, print_table, resolve_tool, rotated, run_child, step_result, tail,
                           time_steps, uptime, versions)
 
-PEERS = ["onnxtrain", "onnxtrain-winograd", "onnxtrain-plain", "torch", "torch-cl", "torch-compile",
+PEERS = ["onnxtrain", "onnxtrain-winograd", "onnxtrain-plain", "onnxtrain-unfused", "torch",
+         "torch-cl", "torch-compile",
          "tensorflow", "ort-training"]
-OURS = ("onnxtrain", "onnxtrain-winograd", "onnxtrain-plain")
+OURS = ("onnxtrain", "onnxtrain-winograd", "onnxtrain-plain", "onnxtrain-unfused")
 PEER_LABEL = {"onnxtrain": "onnxtrain", "onnxtrain-winograd": "onnxtrain --conv-algorithm winograd",
               "onnxtrain-plain": "onnxtrain --plain-layout",
+              "onnxtrain-unfused": "onnxtrain --unfused",
               "torch": "torch eager NCHW",
               "torch-cl": "torch channels_last", "torch-compile": "torch.compile (inductor)",
               "tensorflow": "TensorFlow/Keras", "ort-training": "ORT training 1.19.2"}
@@ -223,6 +225,8 @@ def one_run(a, peer, inp, batch, threads, work, model, artifacts):
             cmd += ["--conv-algorithm", "winograd"]
         if peer == "onnxtrain-plain":
             cmd += ["--plain-layout"]
+        if peer == "onnxtrain-unfused":
+            cmd += ["--unfused"]
     elif peer == "ort-training":
         if artifacts is None:
             return None, "no training artifacts (see the error above)", 0.0

@@ -96,6 +96,10 @@ model and optimizer:
   --plain-layout          keep every activation in plain NCHW; by default those passed between
                           CPU convolutions stay in oneDNN's blocked channel layout (nChw16c),
                           which saves a reorder around each convolution (for comparisons)
+  --unfused               keep BatchNormalization, Relu, the residual Add and Sum and their
+                          gradients as separate nodes; by default CPU training graphs compute
+                          BN -> [Add ->] Relu and Sum -> ReluGrad in one pass each, with the
+                          same bits (for comparisons)
   --loss-scale S          fp16: the initial loss scale, a power of two (default 65536)
   --loss-scale-growth-interval N
                           fp16: double the scale after N overflow-free steps (default 2000)
@@ -330,6 +334,9 @@ Args parse_train_args(int argc, const char* const* argv) {
     } else if (arg == "--plain-layout") {
       no_value();
       c.train.model.blocked_layout = false;
+    } else if (arg == "--unfused") {
+      no_value();
+      c.train.model.fuse_batchnorm_relu = false;
     } else if (arg == "--allow-emulation") {
       no_value();
       c.train.model.allow_emulation = true;

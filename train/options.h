@@ -42,6 +42,9 @@ struct ModelOptions {
   // --plain-layout turns it off: passes::block_layout keeps the activations between CPU
   // convolutions in oneDNN's blocked channel layout.
   bool blocked_layout = true;
+  // --unfused turns it off: passes::fuse_batchnorm_relu computes BN -> [Add ->] Relu and
+  // Sum -> ReluGrad in one node each on CPU devices.
+  bool fuse_batchnorm_relu = true;
   LossScalerOptions loss_scaler;
 };
 

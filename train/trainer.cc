@@ -147,6 +147,7 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.precision = o.model.precision;
   t.conv_algorithm = o.model.conv_algorithm;
   t.block_layout = o.model.blocked_layout;
+  t.fuse_batchnorm_relu = o.model.fuse_batchnorm_relu;
   return t;
 }
 
