@@ -57,14 +57,24 @@ class GradKernel final : public Kernel {
         broadcast_apply<T>(ctx, dx, fn_, operand<T>(dy), operand<T>(z));
         return;
       }
-      auto summed = [this](T a, T zv, T b) {
-        return fn_(static_cast<T>(Wrapping<std::plus<>>{}(a, b)), zv);
-      };
-      broadcast_apply<T>(ctx, dx, summed, operand<T>(dy), operand<T>(z), operand<T>(*dy2));
+      // One shape: a flat loop (broadcast_apply's three-operand rows ran scalar, ~8 GB/s).
+      const T *a = dy.as<T>(), *b = dy2->as<T>(), *zv = z.as<T>();
+      T* out = dx.as<T>();
+      ctx.parallel_for(dx.numel(), kGrain, [&](int64_t begin, int64_t end) {
+        summed_rows(fn_, a + begin, b + begin, zv + begin, out + begin, end - begin);
+      });
     });
   }
 
  private:
+  // out = Fn(T(a + b), z), in the CPU's widest vectors.
+  template <typename T>
+  OT_SIMD_CLONES static void summed_rows(const Fn& fn, const T* a, const T* b, const T* z, T* out,
+                                         int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<T>(fn(static_cast<T>(Wrapping<std::plus<>>{}(a[i], b[i])), z[i]));
+  }
+
   Fn fn_;
 };
 
