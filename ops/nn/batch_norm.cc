@@ -745,6 +745,23 @@ OT_SIMD_CLONES void batch_norm_grad_row(const T* x, const T* dy, const T* z, T* 
   }
 }
 
+// One channel's dx = k dy - t0 - (x - mean) inv t1 (t0 = t1 = 0 in inference mode).
+struct GradConstants {
+  double k, t0, mean, inv, t1;
+};
+
+// A channel's dB and dScale, and its dx constants, from its sums over M = count elements:
+// inv = 1/sqrt(var + eps), dScale = sum_dy_xc inv, k = scale inv, and in training (mean and var
+// the batch's) t0 = k/M sum_dy, t1 = k/M dScale. Every path of batch_norm_grad(_blocked) uses it.
+GradConstants grad_constants(const ChannelSums& cs, double scale, double epsilon, double count,
+                             bool training, double& dbias, double& dscale) {
+  const double inv = 1.0 / std::sqrt(cs.var + epsilon);
+  dbias = cs.sum_dy;
+  dscale = cs.sum_dy_xc * inv;
+  const double k = scale * inv, a = training ? k / count : 0.0;
+  return {k, a * cs.sum_dy, cs.mean, inv, a * dscale};
+}
+
 // Per channel c over M = N*D... elements, inv = 1/sqrt(var + eps), xhat = (x - mean) * inv:
 //   dB = sum(dy), dScale = sum(dy * xhat)
 //   training (mean/var are the batch statistics of x, recomputed here):
@@ -773,18 +790,14 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
       std::vector<C> rows(static_cast<size_t>(5 * len));
       C *rk = rows.data(), *r0 = rk + len, *rm = r0 + len, *ri = rm + len, *r1 = ri + len;
       for (int64_t c = begin; c < end; ++c) {
-        const ChannelSums& cs = sums[c - begin];
-        const double inv = 1.0 / std::sqrt(cs.var + epsilon);
-        const double sum_dy_xhat = cs.sum_dy_xc * inv;
-        dbias[c] = cs.sum_dy;
-        dscale[c] = sum_dy_xhat;
-        const double k = scale[c] * inv, a = k / count;
+        const GradConstants g =
+            grad_constants(sums[c - begin], scale[c], epsilon, count, true, dbias[c], dscale[c]);
         const int64_t o = (c - begin) * inner;
-        std::fill_n(rk + o, inner, static_cast<C>(k));
-        std::fill_n(r0 + o, inner, static_cast<C>(a * cs.sum_dy));
-        std::fill_n(rm + o, inner, static_cast<C>(cs.mean));
-        std::fill_n(ri + o, inner, static_cast<C>(inv));
-        std::fill_n(r1 + o, inner, static_cast<C>(a * sum_dy_xhat));
+        std::fill_n(rk + o, inner, static_cast<C>(g.k));
+        std::fill_n(r0 + o, inner, static_cast<C>(g.t0));
+        std::fill_n(rm + o, inner, static_cast<C>(g.mean));
+        std::fill_n(ri + o, inner, static_cast<C>(g.inv));
+        std::fill_n(r1 + o, inner, static_cast<C>(g.t1));
       }
       if (!dx) return;
       for_each_segment(
@@ -801,18 +814,14 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
   }
   ctx.parallel_for(channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
-      double mean = 0, var = 0, sum_dy = 0, sum_dy_xc = 0;  // sum(dy), sum(dy * (x - mean))
+      ChannelSums sums;
       if (training) {
-        const ChannelSums sums =
-            relu_out ? channel_sums<T, true, true>(x, dy, n, channels, inner, c, relu_out)
-                     : channel_sums<T, true>(x, dy, n, channels, inner, c);
-        mean = sums.mean;
-        var = sums.var;
-        sum_dy = sums.sum_dy;
-        sum_dy_xc = sums.sum_dy_xc;
+        sums = relu_out ? channel_sums<T, true, true>(x, dy, n, channels, inner, c, relu_out)
+                        : channel_sums<T, true>(x, dy, n, channels, inner, c);
       } else {
-        mean = mean_in[c];
-        var = var_in[c];
+        sums.mean = mean_in[c];
+        sums.var = var_in[c];
+        const double mean = sums.mean;
         for (int64_t b = 0; b < n; ++b) {
           const T* xp = x + (b * channels + c) * inner;
           const T* dyp = dy + (b * channels + c) * inner;
@@ -820,28 +829,24 @@ void batch_norm_grad(const T* dy, const T* x, int64_t n, int64_t channels, int64
           auto d = [dyp, zp](int64_t i) {
             return static_cast<double>(zp ? relu_grad_select(dyp[i], zp[i]) : dyp[i]);
           };
-          sum_dy += lane_sum(inner, d);
-          sum_dy_xc += lane_sum(inner, [xp, d, mean](int64_t i) {
+          sums.sum_dy += lane_sum(inner, d);
+          sums.sum_dy_xc += lane_sum(inner, [xp, d, mean](int64_t i) {
             return d(i) * (static_cast<double>(xp[i]) - mean);
           });
         }
       }
-      const double inv = 1.0 / std::sqrt(var + epsilon);
-      const double sum_dy_xhat = sum_dy_xc * inv;
-      dbias[c] = sum_dy;
-      dscale[c] = sum_dy_xhat;
+      const GradConstants g =
+          grad_constants(sums, scale[c], epsilon, count, training, dbias[c], dscale[c]);
       if (!dx) continue;
-      const double k = scale[c] * inv;
+      using C = ew::compute_t<T>;
+      const C tk = static_cast<C>(g.k), tm = static_cast<C>(g.mean), ti = static_cast<C>(g.inv);
+      const C t0 = static_cast<C>(g.t0), t1 = static_cast<C>(g.t1);
       for (int64_t b = 0; b < n; ++b) {
         const T* xp = x + (b * channels + c) * inner;
         const T* dyp = dy + (b * channels + c) * inner;
         const T* zp = relu_out ? relu_out + (b * channels + c) * inner : nullptr;
         T* dxp = dx + (b * channels + c) * inner;
         // In T (vectorizes): dx = k dy - a sum_dy - xhat a sum_dy_xhat, a = k / M (training).
-        const double a = training ? k / count : 0.0;
-        using C = ew::compute_t<T>;
-        const C tk = static_cast<C>(k), tm = static_cast<C>(mean), ti = static_cast<C>(inv);
-        const C t0 = static_cast<C>(a * sum_dy), t1 = static_cast<C>(a * sum_dy_xhat);
         if (training && zp)
           batch_norm_grad_plane<T, true, true>(xp, dyp, zp, dxp, inner, tk, t0, tm, ti, t1);
         else if (training)
@@ -907,17 +912,13 @@ void batch_norm_grad_blocked(const T* dy, const T* x, int64_t n, int64_t channel
   dscale.assign(channels, 0.0);
   dbias.assign(channels, 0.0);
   for (int64_t c = 0; c < channels; ++c) {
-    const ChannelSums& cs = sums[c];
-    const double inv = 1.0 / std::sqrt(cs.var + epsilon);
-    const double sum_dy_xhat = cs.sum_dy_xc * inv;
-    dbias[c] = cs.sum_dy;
-    dscale[c] = sum_dy_xhat;
-    const double k = scale[c] * inv, a = k / count;
-    tk[c] = static_cast<C>(k);
-    t0[c] = static_cast<C>(a * cs.sum_dy);
-    tm[c] = static_cast<C>(cs.mean);
-    ti[c] = static_cast<C>(inv);
-    t1[c] = static_cast<C>(a * sum_dy_xhat);
+    const GradConstants g =
+        grad_constants(sums[c], scale[c], epsilon, count, true, dbias[c], dscale[c]);
+    tk[c] = static_cast<C>(g.k);
+    t0[c] = static_cast<C>(g.t0);
+    tm[c] = static_cast<C>(g.mean);
+    ti[c] = static_cast<C>(g.inv);
+    t1[c] = static_cast<C>(g.t1);
   }
   if (!dx) return;
   const int64_t blocks = channels / kB;
