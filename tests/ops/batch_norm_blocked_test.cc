@@ -5,7 +5,8 @@
 // f16: or one ulp of the dtype), the running statistics, dScale and dB to the summation order --
 // over the kernel's plain paths (per-plane, the small-map rows, several image ranges per channel
 // block in the blocked one) with and without the fused Relu. Marked nodes the blocked path does
-// not cover must fail naming the node. DISABLED_PlainVsBlockedTiming times the two layouts.
+// not cover must fail naming the node. A residual node (fused_add) must write the bits of the
+// unfused BN -> Add -> Relu. DISABLED_PlainVsBlockedTiming times the two layouts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -340,6 +341,68 @@ TEST(BatchNormBlocked, MatchesPlainLayout) {
     check_case({dt, {2, 48, 9, 9}}, rng);
     check_case({dt, {2, 32, 5, 7}}, rng);
   }
+}
+
+// One node: the unfused op `op` over the inputs (Add, Relu).
+Tensor run_op(const char* op, std::vector<Tensor> inputs) {
+  optest::NodeCall c;
+  c.op = op;
+  for (Tensor& t : inputs) c.inputs.push_back({std::move(t)});
+  return optest::run_node(c).outputs[0];
+}
+
+// A residual BatchNormalization (fused_relu and fused_add, passes::fuse_batchnorm_relu) writes
+// exactly the values of BatchNormalization -> Add(., R) -> Relu run as three nodes, on each
+// kernel path (the small-map rows, per-plane, blocked) and in each dtype: the normalized value is
+// rounded to the dtype before R is added, as the unfused BN's output is.
+TEST(BatchNormBlocked, FusedResidualIsBatchNormAddRelu) {
+  std::mt19937 rng(20261207);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<std::vector<int64_t>> shapes{{2, 32, 5, 7}, {2, 48, 9, 9}, {3, 16, 24, 24}};
+  for (DataType dt : {DataType::kFloat, DataType::kBFloat16, DataType::kFloat16, DataType::kDouble})
+    for (const std::vector<int64_t>& d : shapes) {
+      SCOPED_TRACE(::testing::Message() << graph::dtype_short_name(dt) << " " << d[0] << "x"
+                                        << d[1] << "x" << d[2] << "x" << d[3]);
+      const int64_t channels = d[1], total = d[0] * d[1] * d[2] * d[3];
+      std::vector<float> x(total), r(total), scale(channels), bias(channels), mean(channels),
+          var(channels, 1.0f);
+      for (float& v : x) v = representable(dt, 2.0f + normal(rng));
+      for (float& v : r) v = representable(dt, normal(rng));
+      for (int64_t c = 0; c < channels; ++c) {
+        scale[c] = normal(rng);
+        bias[c] = 0.5f * normal(rng);
+      }
+      const std::vector<Tensor> params{optest::f32({channels}, scale),
+                                       optest::f32({channels}, bias),
+                                       optest::f32({channels}, mean), optest::f32({channels}, var)};
+      for (bool blocked : {false, true}) {
+        // The unfused chain in the same layout (Add and Relu do not care which).
+        const Tensor xt = tensor(dt, d, blocked ? to_blocked(x, d) : x),
+                     rt = tensor(dt, d, blocked ? to_blocked(r, d) : r);
+        const std::vector<Tensor> bn = run_forward(xt, params, false, blocked);
+        std::vector<double> want = read(run_op("Relu", {run_op("Add", {bn[0], rt})}));
+        optest::NodeCall c;
+        c.op = "BatchNormalization";
+        c.inputs = {{xt}};
+        for (const Tensor& p : params) c.inputs.push_back({p});
+        c.inputs.push_back({rt});
+        c.attrs = forward_attrs(true, blocked);
+        c.attrs.push_back(Attribute::make_int(std::string(ops::kFusedAddAttr), 1));
+        c.outputs = 3;
+        c.opset = 15;
+        const std::vector<Tensor> got = optest::run_node(c).outputs;
+        const std::vector<double> y = read(got[0]);
+        int differ = 0, positive = 0;
+        for (int64_t i = 0; i < total; ++i) {
+          differ += y[i] != want[i];
+          positive += want[i] > 0;
+        }
+        EXPECT_EQ(differ, 0) << (blocked ? "blocked" : "plain") << ": elements unlike the unfused";
+        EXPECT_GT(positive, total / 4);  // the Relu and the residual both matter
+        EXPECT_LT(positive, total * 3 / 4);
+        EXPECT_TRUE(got[1].equals(bn[1])) << "running mean";
+      }
+    }
 }
 
 // The node's error for blocked = 1 where the blocked path does not apply.
