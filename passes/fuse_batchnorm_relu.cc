@@ -61,6 +61,8 @@ BatchNormReluStats fuse_batchnorm_relu(graph::Model& model) {
     graph::Value* y = p.bn->output(0);
     graph::Value* z = p.relu->output(0);
     const std::string name = z->name();
+    // R read now, not when the triple was found: an earlier rewrite may have replaced it (a
+    // block's input is the previous block's fused output, renamed onto its BN's value).
     graph::Value* r = nullptr;
     if (p.add) r = p.add->input(p.add->input(0) == y ? 1 : 0);
     g.replace_all_uses(z, y);

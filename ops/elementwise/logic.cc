@@ -48,32 +48,16 @@ class WhereKernel final : public Kernel {
     std::vector<std::span<const int64_t>> dims{c.dims, x.dims, y.dims};
     TensorView& out = ctx.output(0, broadcast_all(dims, where));
     TensorView out_bits = as_storage(out, where);
-    const bool same = c.dims == out.dims && x.dims == out.dims && y.dims == out.dims;
     dispatch(WidthTypes{}, out_bits.dtype, where, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      if (same) {  // no broadcast (a mask over the scores, a gradient's Where)
-        const bool* cv = c.as<bool>();
-        const T *a = static_cast<const T*>(x.data), *b = static_cast<const T*>(y.data);
-        T* o = out_bits.as<T>();
-        ctx.parallel_for(out.numel(), kGrain, [&](int64_t begin, int64_t end) {
-          select_rows(cv + begin, a + begin, b + begin, o + begin, end - begin);
-        });
-        return;
-      }
-      auto select = [](bool cond, T a, T b) { return cond ? a : b; };
+      // As a bit mask: `cond ? a : b` over a bool and two values stayed scalar (16M float32
+      // elements, 2 threads: 35 ms, 6 GB/s; this form ~10 ms).
+      auto select = [](bool cond, T a, T b) {
+        const T m = cond ? static_cast<T>(~T{0}) : T{0};
+        return static_cast<T>((a & m) | (b & static_cast<T>(~m)));
+      };
       broadcast_apply<T>(ctx, out_bits, select, operand<bool>(c), operand<T>(x), operand<T>(y));
     });
-  }
-
- private:
-  // o = c ? a : b as a bit mask, in the CPU's widest vectors: broadcast_apply's rows of a bool
-  // and two values ran scalar (16M float32 elements, 2 threads: 34 ms, 6 GB/s).
-  template <typename T>
-  OT_SIMD_CLONES static void select_rows(const bool* c, const T* a, const T* b, T* o, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      const T m = static_cast<T>(reinterpret_cast<const uint8_t*>(c)[i] != 0 ? ~T{0} : T{0});
-      o[i] = static_cast<T>((a[i] & m) | (b[i] & static_cast<T>(~m)));
-    }
   }
 };
 
