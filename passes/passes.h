@@ -365,6 +365,24 @@ struct BlockLayoutStats {
 // layout. What the graph computes is unchanged up to float summation order.
 BlockLayoutStats block_layout(graph::Model& model);
 
+// ---- schedule_updates.cc
+struct UpdateScheduleStats {
+  int update_nodes = 0;  // nodes whose every output updates a parameter / optimizer state / step
+  int interleaved = 0;   // of those, placed ahead of the last other node (during the backward)
+};
+// The last pass of build_training_graph: each node computing only state updates (an optimizer
+// node: weight, moments; the step count) moves in the node list to right behind the latest
+// node it has to follow -- the producers of its inputs and every other reader of the state it
+// updates -- so the executor, which follows the list (graph::Graph::topological_order is
+// stable), updates a weight as soon as its gradient is ready instead of after the whole
+// backward: the gradient and weight are still in cache, the gradient's buffer is free for the
+// rest of the backward, and the runtime still writes the update in place (no later node reads
+// the state). A global dependency stays one: clipping's norm, loss scaling's grads_finite,
+// an AllReduce are inputs of the updates. Running statistics (BatchNormalization's outputs) and
+// graphs with subgraph nodes keep their order; if the result were not topological (a node
+// reading both a state and its update) the order is left as it was. Computes the same values.
+UpdateScheduleStats schedule_updates(graph::Model& model);
+
 // ---- pipeline.cc
 struct TrainingOptions {
   TrainableOptions trainable;
@@ -393,6 +411,9 @@ struct TrainingOptions {
   // block_layout after dce, with the same conditions as fuse_batchnorm_relu (CPU kernels only;
   // replicate's SyncBatchNormalization reads plain values).
   bool block_layout = true;
+  // schedule_updates last; off: the updates run after the whole backward, in the order
+  // attach_optimizer (or bucket_allreduce) left them.
+  bool schedule_updates = true;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
 // resolved one).
@@ -414,12 +435,14 @@ struct TrainingGraphInfo {
   ConvAlgorithmStats conv_algorithm;
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
   BlockLayoutStats block_layout;      // zeros when not run
+  UpdateScheduleStats schedule;
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
 // select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer -> dce (-> block_layout)
 // (-> replicate ->
-// bucket_allreduce -> dce when replicas > 1 or collectives), the verifier after each.
+// bucket_allreduce -> dce when replicas > 1 or collectives) -> schedule_updates, the verifier
+// after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 
 // ---- evaluation.cc

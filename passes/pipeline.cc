@@ -60,6 +60,10 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
     dce(model);
     stage("dce after bucket_allreduce");
   }
+  if (opts.schedule_updates) {
+    info.schedule = schedule_updates(model);
+    stage("schedule_updates");
+  }
   return info;
 }
 

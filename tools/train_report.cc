@@ -132,6 +132,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   if (p.info.batchnorm_relu.fused_sums > 0)
     std::fprintf(f, "fused       Sum into %d ReluGrad nodes (the residual stream's gradient)\n",
                  p.info.batchnorm_relu.fused_sums);
+  if (p.info.schedule.interleaved > 0)
+    std::fprintf(f, "updates     %d of %d optimizer nodes run during the backward, each as soon "
+                 "as its gradient is ready (its buffer then serves the rest of the backward)\n",
+                 p.info.schedule.interleaved, p.info.schedule.update_nodes);
   if (p.info.block_layout.blocked_values > 0)
     std::fprintf(f, "layout      nChw%lldc blocked: %d activations between convolutions, read "
                  "without reorders by %d Conv/ConvGrad and %d BatchNormalization(Grad) nodes\n",
