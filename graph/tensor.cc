@@ -5,6 +5,7 @@
 #include <new>
 #include <sstream>
 
+#include "graph/bfloat16.h"
 #include "graph/error.h"
 
 namespace onnxtrain::graph {
@@ -97,6 +98,16 @@ std::string Tensor::preview(int n) const {
   }
   if (numel_ > count) os << (count ? ", ..." : "...");
   return os.str();
+}
+
+Tensor bf16_nearest(const Tensor& f32) {
+  OT_CHECK(f32.dtype() == DataType::kFloat, "bf16_nearest: a float32 tensor is needed, got ",
+           dtype_short_name(f32.dtype()));
+  Tensor out(DataType::kBFloat16, f32.dims());
+  const float* in = f32.data_as<float>();
+  auto* bits = out.mutable_data_as<uint16_t>();
+  for (int64_t i = 0; i < f32.numel(); ++i) bits[i] = bf16_from_float(in[i]);
+  return out;
 }
 
 }  // namespace onnxtrain::graph

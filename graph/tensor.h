@@ -67,4 +67,8 @@ class Tensor {
   std::vector<std::string> strings_;
 };
 
+// A float32 tensor's values rounded to bfloat16, nearest even (graph/bfloat16.h): mixed
+// precision's kept weight copies (passes::keep_weight_copies, TrainingSession::set_state).
+Tensor bf16_nearest(const Tensor& f32);
+
 }  // namespace onnxtrain::graph

@@ -8,7 +8,7 @@
 //   labels     ignore_index=i                   (TrainingSignature::ignore_index)
 //   loss       model_output=N                   (TrainingSignature::model_loss)
 //   result     role=loss|correct|grads_finite  name=N  [replica=k]
-//   state      kind=parameter|optimizer_state|running_statistic|step_counter  state=S
+//   state      kind=parameter|optimizer_state|running_statistic|step_counter|weight_copy  state=S
 //              updated=U  original=O  [replica=k]
 //   gradient   param=P  grad=G  [reduced=A]  [replica=k]  [bucket=b]
 //   bucket     index=b  node=N  bytes=B
@@ -37,7 +37,7 @@ std::string_view enum_name(E e, const std::string_view (&names)[N]) {
 }
 
 constexpr std::string_view kStateKinds[] = {"parameter", "optimizer_state", "running_statistic",
-                                            "step_counter"};
+                                            "step_counter", "weight_copy"};
 constexpr std::string_view kInputRoles[] = {"batch", "labels", "targets", "lr", "loss_scale",
                                             "state", "grad_unscale"};
 constexpr std::string_view kResultRoles[] = {"loss", "correct", "grads_finite"};
@@ -438,6 +438,12 @@ void verify_training(const Model& m, const std::string& context) {
              c.copy, "' is ", dtype_short_name(v->dtype()), ", the compute dtype is ",
              dtype_short_name(t.compute_dtype));
     replica_ok("copy", c.replica);
+  }
+  for (const StateBinding& s : t.state) {
+    if (s.kind != StateKind::kWeightCopy) continue;
+    bool named = false;
+    for (const LowPrecisionCopy& c : t.copies) named = named || c.copy == s.state;
+    OT_CHECK(named, at, "state (weight_copy) '", s.state, "' is the copy of no copy record");
   }
   for (const GradientBucket& b : t.buckets) {
     const Node* found = nullptr;

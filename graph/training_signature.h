@@ -28,6 +28,10 @@ enum class StateKind {
   kOptimizerState,    // moments, velocities, accumulators
   kRunningStatistic,  // BatchNormalization running mean / variance
   kStepCounter,       // the optimizer's finished-step count (int64 scalar)
+  kWeightCopy,        // mixed precision: a parameter's low-precision copy, kept across steps
+                      // and rewritten from the parameter's update (the `copies` record names
+                      // its master); derived, so never fed from outside: the runtime recomputes
+                      // it whenever the master is set, and leaves it out of checkpoints
 };
 // What a graph input is fed with.
 enum class InputRole {
@@ -94,11 +98,13 @@ struct GradientBucket {
   bool operator==(const GradientBucket&) const = default;
 };
 
-// Mixed precision (passes::autocast): a parameter's low-precision copy, the Cast of the
-// float32 master weight that the forward reads; made once per step.
+// Mixed precision: a parameter's low-precision copy. passes::autocast's is the Cast of the
+// float32 master weight that the forward reads, made once per step; passes::keep_weight_copies'
+// is a kWeightCopy state, the master rounded to nearest even, rewritten right after the
+// master's update and read by the convolutions of the next step.
 struct LowPrecisionCopy {
   std::string master;  // a kParameter state (this replica's copy), float32
-  std::string copy;    // its Cast to TrainingSignature::compute_dtype
+  std::string copy;    // its copy in TrainingSignature::compute_dtype
   int replica = -1;
   bool operator==(const LowPrecisionCopy&) const = default;
 };

@@ -57,4 +57,10 @@ inline std::optional<graph::DataType> conv_compute_dtype(graph::DataType x, grap
   return std::nullopt;
 }
 
+// ConvGrad's attribute `grad_dtype` (an ONNX dtype; default: W's): the dtype of dW and dB when
+// it differs from W's. passes::keep_weight_copies hands ConvGrad the bf16 copy of a float32
+// master weight (what it computes with anyway) and sets grad_dtype = float so dW and dB stay
+// float32, as with the master itself.
+inline constexpr const char* kGradDtypeAttr = "grad_dtype";
+
 }  // namespace onnxtrain::ops

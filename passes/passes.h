@@ -365,6 +365,23 @@ struct BlockLayoutStats {
 // layout. What the graph computes is unchanged up to float summation order.
 BlockLayoutStats block_layout(graph::Model& model);
 
+// ---- keep_weight_copies.cc
+struct WeightCopyStats {
+  int copies = 0;        // weights with a kept bf16 copy
+  int64_t elements = 0;  // their elements
+};
+// bf16 mixed precision (after attach_optimizer): each float32 parameter that only bias-free
+// Conv nodes over bf16 activations (as W) and their ConvGrads (as W) read besides its update
+// gets a kept copy -- state of kind kWeightCopy, initialized to the master rounded to bf16
+// (nearest even), and a `copies` record -- which those nodes read instead; the ConvGrads get
+// grad_dtype = float (ops/precision.h), so dW and dB stay float32. The copy's update is
+// ai.onnxtrain.CastNearest(master's update), which schedule_updates runs right behind the
+// optimizer, while the new weight is still in cache. The convolutions then no longer round the
+// float32 master on every read (the forward's reorder into its blocked layout, backward-data's,
+// the small-map GEMMs' copy): they read bf16 values, the same ones. Trains bit for bit like the
+// graph without copies. Other dtypes: nothing happens.
+WeightCopyStats keep_weight_copies(graph::Model& model);
+
 // ---- schedule_updates.cc
 struct UpdateScheduleStats {
   int update_nodes = 0;  // nodes whose every output updates a parameter / optimizer state / step
@@ -414,6 +431,9 @@ struct TrainingOptions {
   // schedule_updates last; off: the updates run after the whole backward, in the order
   // attach_optimizer (or bucket_allreduce) left them.
   bool schedule_updates = true;
+  // keep_weight_copies after attach_optimizer (bf16 only). Callers placing the graph on CUDA
+  // devices turn it off (the Trainer does), as the fusions.
+  bool keep_weight_copies = true;
 };
 // The loss options of `opts`, with `kind` for its kind (build_evaluation_graph passes the
 // resolved one).
@@ -436,10 +456,12 @@ struct TrainingGraphInfo {
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
   BlockLayoutStats block_layout;      // zeros when not run
   UpdateScheduleStats schedule;
+  WeightCopyStats weight_copies;  // zeros when not run
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
-// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer -> dce (-> block_layout)
+// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer (-> keep_weight_copies)
+// -> dce (-> block_layout)
 // (-> replicate ->
 // bucket_allreduce -> dce when replicas > 1 or collectives) -> schedule_updates, the verifier
 // after each.

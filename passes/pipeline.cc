@@ -43,6 +43,11 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   info.optimizer = attach_optimizer(model, info.prepared.params, optimizer);
   infer_shapes(model);
   stage("attach_optimizer");
+  if (opts.keep_weight_copies && opts.precision == graph::DataType::kBFloat16) {
+    info.weight_copies = keep_weight_copies(model);
+    infer_shapes(model);
+    stage("keep_weight_copies");
+  }
   dce(model);
   stage("dce");
   if (opts.block_layout && !opts.sync_batchnorm) {

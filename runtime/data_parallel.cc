@@ -255,7 +255,10 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
 std::map<std::string, graph::Tensor> DataParallelSession::state() const {
   const TrainingSession& s = *impl_->replicas[0]->session;
   std::map<std::string, graph::Tensor> out;
-  for (const graph::StateBinding& b : s.signature().state) out[b.original] = s.state(b.state);
+  // Kept weight copies are derived from their masters (set_state rewrites them): not part of
+  // what is saved, broadcast or restored.
+  for (const graph::StateBinding& b : s.signature().state)
+    if (b.kind != graph::StateKind::kWeightCopy) out[b.original] = s.state(b.state);
   return out;
 }
 

@@ -154,15 +154,18 @@ void Plan::plan_aliases() {
       ++stats_.aliased_copied;
       continue;
     }
-    // Direct write: the producer declares the pair in place, reads the input only there, and
-    // no later node reads the input (it would see the new value).
+    // Direct write: the producer declares the pair in place and reads the input only there, or
+    // does not read the input at all (passes::keep_weight_copies' CastNearest of the master's
+    // update into its copy); and no later node reads the input (it would see the new value).
     const Step& w = steps_[static_cast<size_t>(out.def_step)];
     int out_pos = -1;
     for (size_t k = 0; k < w.out.size(); ++k)
       if (w.out[k] == so) out_pos = static_cast<int>(k);
     const int in_pos = w.schema->inplace ? w.schema->inplace(*w.node, out_pos) : -1;
-    bool direct =
-        in_pos >= 0 && in_pos < static_cast<int>(w.in.size()) && w.in[in_pos] == si && !w.on_host;
+    const bool reads_input = std::find(w.in.begin(), w.in.end(), si) != w.in.end();
+    bool direct = !w.on_host && (!reads_input || (in_pos >= 0 &&
+                                                  in_pos < static_cast<int>(w.in.size()) &&
+                                                  w.in[in_pos] == si));
     for (size_t k = 0; direct && k < w.in.size(); ++k)
       if (static_cast<int>(k) != in_pos && w.in[k] == si) direct = false;
     for (size_t k = static_cast<size_t>(out.def_step) + 1; direct && k < steps_.size(); ++k) {

@@ -124,6 +124,9 @@ const graph::Tensor& TrainingSession::state(const std::string& name) const {
 void TrainingSession::set_state(const std::string& name, graph::Tensor value) {
   auto it = state_.find(name);
   OT_CHECK(it != state_.end(), "training session: '", name, "' is not graph state");
+  for (const graph::StateBinding& b : signature_.state)
+    OT_CHECK(b.state != name || b.kind != graph::StateKind::kWeightCopy, "training session: '",
+             name, "' is a kept weight copy, derived from its master: set the master instead");
   OT_CHECK(it->second.dtype() == value.dtype() && it->second.dims() == value.dims(),
            "training session: new value of '", name, "' has dtype/dims ",
            graph::dtype_short_name(value.dtype()), graph::format_shape(graph::make_shape(value.dims())),
@@ -134,6 +137,14 @@ void TrainingSession::set_state(const std::string& name, graph::Tensor value) {
     session_->set_resident(name, value);
   }
   it->second = std::move(value);
+  // A master's kept bf16 copy (passes::keep_weight_copies) follows it: the convolutions read the
+  // copy, which would otherwise still hold the old weight.
+  for (const graph::LowPrecisionCopy& c : signature_.copies) {
+    auto copy = c.master == name ? state_.find(c.copy) : state_.end();
+    if (copy == state_.end()) continue;
+    copy->second = graph::bf16_nearest(it->second);
+    if (on_device_) session_->set_resident(c.copy, copy->second);
+  }
 }
 
 std::unique_ptr<graph::Model> TrainingSession::trained_model(const graph::Model& original) const {

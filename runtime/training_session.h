@@ -53,7 +53,8 @@ class TrainingSession {
   // On a device the state lives in device memory (InferenceSession::set_resident) and these
   // download it when a step ran since the last read.
   const graph::Tensor& state(const std::string& name) const;
-  // Replaces a state tensor (same dtype and dims, checked).
+  // Replaces a state tensor (same dtype and dims, checked). A parameter's kept bf16 copy
+  // (StateKind::kWeightCopy) is rewritten from it; setting such a copy itself is refused.
   void set_state(const std::string& name, graph::Tensor value);
   // Every state tensor by name (for checkpoints).
   const std::map<std::string, graph::Tensor>& all_state() const {

@@ -100,6 +100,10 @@ model and optimizer:
                           gradients as separate nodes; by default CPU training graphs compute
                           BN -> [Add ->] Relu and Sum -> ReluGrad in one pass each, with the
                           same bits (for comparisons)
+  --no-weight-copies      bf16: the convolutions round the float32 master weights to bf16
+                          themselves at every read; by default they read bf16 copies that the
+                          optimizer rewrites after each update, with the same bits (for
+                          comparisons)
   --loss-scale S          fp16: the initial loss scale, a power of two (default 65536)
   --loss-scale-growth-interval N
                           fp16: double the scale after N overflow-free steps (default 2000)
@@ -337,6 +341,9 @@ Args parse_train_args(int argc, const char* const* argv) {
     } else if (arg == "--unfused") {
       no_value();
       c.train.model.fuse_batchnorm_relu = false;
+    } else if (arg == "--no-weight-copies") {
+      no_value();
+      c.train.model.weight_copies = false;
     } else if (arg == "--allow-emulation") {
       no_value();
       c.train.model.allow_emulation = true;

@@ -132,6 +132,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   if (p.info.batchnorm_relu.fused_sums > 0)
     std::fprintf(f, "fused       Sum into %d ReluGrad nodes (the residual stream's gradient)\n",
                  p.info.batchnorm_relu.fused_sums);
+  if (p.info.weight_copies.copies > 0)
+    std::fprintf(f, "weights     %d convolution weights (%s elements) kept as bf16 copies, "
+                 "rewritten after each update; float32 masters\n",
+                 p.info.weight_copies.copies, grouped(p.info.weight_copies.elements).c_str());
   if (p.info.schedule.interleaved > 0)
     std::fprintf(f, "updates     %d of %d optimizer nodes run during the backward, each as soon "
                  "as its gradient is ready (its buffer then serves the rest of the backward)\n",

@@ -45,6 +45,9 @@ struct ModelOptions {
   // --unfused turns it off: passes::fuse_batchnorm_relu computes BN -> [Add ->] Relu and
   // Sum -> ReluGrad in one node each on CPU devices.
   bool fuse_batchnorm_relu = true;
+  // --no-weight-copies turns it off: passes::keep_weight_copies gives bf16 convolutions kept
+  // bf16 copies of their float32 weights on CPU devices.
+  bool weight_copies = true;
   LossScalerOptions loss_scaler;
 };
 

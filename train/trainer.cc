@@ -148,6 +148,7 @@ passes::TrainingOptions graph_options(const Options& o) {
   t.conv_algorithm = o.model.conv_algorithm;
   t.block_layout = o.model.blocked_layout;
   t.fuse_batchnorm_relu = o.model.fuse_batchnorm_relu;
+  t.keep_weight_copies = o.model.weight_copies;
   return t;
 }
 
@@ -368,10 +369,11 @@ void Trainer::build() {
   for (const auto& d : devices_) {
     topts.devices.push_back(d->name());
     // The CUDA kernels implement neither fuse_batchnorm_relu's marks nor block_layout's
-    // (oneDNN's blocked layouts are CPU-only).
+    // (oneDNN's blocked layouts are CPU-only) nor ConvGrad's grad_dtype (kept weight copies).
     if (d->kind() == ops::DeviceKind::kCuda) {
       topts.fuse_batchnorm_relu = false;
       topts.block_layout = false;
+      topts.keep_weight_copies = false;
     }
   }
   topts.bucket_mb = p.bucket_mb;

@@ -601,6 +601,16 @@ void conv_grad_reference(const ConvSetup& p, const T* dy, const T* x, const T* w
   }
 }
 
+// dW's and dB's dtype: ConvGrad's grad_dtype attribute (ops/precision.h) when set, else W's.
+DataType conv_grad_dtype(const graph::Node& n, DataType w) {
+  const graph::Attribute* a = n.find_attr(kGradDtypeAttr);
+  if (!a) return w;
+  OT_CHECK(a->type == graph::AttrType::kInt && a->i() == static_cast<int64_t>(DataType::kFloat),
+           n.describe(), ": attribute ", kGradDtypeAttr, " must be ",
+           static_cast<int64_t>(DataType::kFloat), " (float32)");
+  return DataType::kFloat;
+}
+
 void infer_conv_grad(InferenceContext& ctx) {
   check_float_input(ctx, 0);
   const ValueType& dy = tensor_input(ctx, 0);
@@ -611,17 +621,20 @@ void infer_conv_grad(InferenceContext& ctx) {
            graph::dtype_short_name(x.dtype), "; they must match");
   check_conv_dtypes(ctx.where(), x.dtype, tensor_input(ctx, 2).dtype, DataType::kUndefined);
   const size_t outs = ctx.output_types.size();
+  const ValueType& w = tensor_input(ctx, 2);
+  const DataType grad = conv_grad_dtype(ctx.node, w.dtype);
   if (outs > 0) propagate_type(ctx, 0, 1);
-  if (outs > 1) propagate_type(ctx, 1, 2);
+  if (outs > 1) set_output(ctx, 1, grad, w.shape);
   if (outs > 2) {
-    const ValueType& w = tensor_input(ctx, 2);
     std::optional<Shape> shape;
     if (w.shape && !w.shape->empty()) shape = Shape{(*w.shape)[0]};
-    set_output(ctx, 2, w.dtype, shape);
+    set_output(ctx, 2, grad, shape);
   }
 }
 
 // dy: (N,M,O...), x: (N,C,D...), w: (M,C/g,K...) -> dx: (N,C,D...), dw: (M,C/g,K...), db: (M)
+// (dW and dB in W's dtype, or float32 with grad_dtype = float: a bf16 W that is the kept copy of
+// a float32 master, passes::keep_weight_copies).
 // Each output is computed only when requested; f32 over small maps through the GEMM path above,
 // f32, bf16 and bf16 with float32 W or float32 dY / X (mixed precision) 1-D..3-D through oneDNN's
 // backward-data / backward-weights primitives, everything else through the reference.
@@ -658,10 +671,14 @@ class ConvGradKernel final : public Kernel {
     // where dY and X widen exactly as they are read, dX is summed in float32 and rounded once,
     // and the weight is used as it is. ResNet-50 64² b16 bf16, layer4's ConvGrads per step:
     // 21.9 ms as float32 GEMMs, 16.2-17.1 as bf16 matmuls (`--profile`, same period).
-    const bool low_act = w->dtype == DataType::kFloat &&
-                         (x->dtype == DataType::kBFloat16 || x->dtype == DataType::kFloat16);
+    grad_dtype_ = conv_grad_dtype(ctx.node(), w->dtype);
+    const bool low_x = x->dtype == DataType::kBFloat16 || x->dtype == DataType::kFloat16;
+    const bool low_act = w->dtype == DataType::kFloat && low_x;
+    // W the low-precision copy of a float32 master (dW float32): the bf16 matmuls read it as
+    // they would read the master rounded; the float32 GEMMs below need a float32 W.
+    const bool copy_w = low_x && w->dtype == x->dtype && grad_dtype_ == DataType::kFloat;
     gemm_ = !empty && (x->dtype == w->dtype || low_act) &&
-            prefer_gemm(setup_, low_act ? DataType::kFloat : x->dtype, ctx.node());
+            prefer_gemm(setup_, low_act || copy_w ? DataType::kFloat : x->dtype, ctx.node());
     if (gemm_) {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
@@ -671,11 +688,14 @@ class ConvGradKernel final : public Kernel {
         bf16_gemm_ = Bf16Gemms::make(gs);
       if (bf16_gemm_) {
         ctx.scratch(bf16_gemm_->scratch_bytes);
-      } else {
+        return;
+      }
+      if (!copy_w) {
         ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
         warm_gemm_kernels("gemm:jit", dnnl::memory::data_type::f32);  // run_gemm's dnnl_sgemm
+        return;
       }
-      return;
+      gemm_ = false;
     }
     const bool any_blocked = dy_blocked_ || x_blocked_ || dx_blocked_;
     if (!dnnl_float_type(x->dtype) || !dnnl_float_type(w->dtype) ||
@@ -683,9 +703,9 @@ class ConvGradKernel final : public Kernel {
       OT_CHECK(!any_blocked, where_, ": blocked dy / x / dx need oneDNN's kernels or the GEMM path");
       return;
     }
-    elem_bytes_ = static_cast<size_t>(graph::dtype_bits(w->dtype) / 8);
+    elem_bytes_ = static_cast<size_t>(graph::dtype_bits(grad_dtype_) / 8);
     init_dnnl(ctx, *dnnl_float_type(setup_.compute), *dnnl_float_type(x->dtype),
-              *dnnl_float_type(w->dtype));
+              *dnnl_float_type(w->dtype), *dnnl_float_type(grad_dtype_));
     OT_CHECK(dnnl_ready() || !any_blocked, where_,
              ": oneDNN has no kernel for this convolution's gradient, and dy / x / dx are blocked");
     if (!dnnl_ready()) return;
@@ -713,7 +733,7 @@ class ConvGradKernel final : public Kernel {
       run_dnnl(ctx, *dy, *x, *w, dx, dw, db);
       return;
     }
-    if (x->dtype != w->dtype) {  // mixed precision without oneDNN
+    if (x->dtype != w->dtype || grad_dtype_ != w->dtype) {  // mixed precision without oneDNN
       const DataType t = setup_.compute;
       const std::vector<float> dys = read_as(*dy, t), xs = read_as(*x, t), ws = read_as(*w, t);
       std::vector<float> dxs(dx ? static_cast<size_t>(x->numel()) : 0),
@@ -740,11 +760,12 @@ class ConvGradKernel final : public Kernel {
   // to pay, else or as a fallback on the user layouts; unready when oneDNN has no implementation.
   // Measured on AVX-512, 2 threads, batch 8: blocked backward-weights beats plain 2-5x for
   // spatial kernels, but backward-data of the RGB stem (3 -> 64, 7x7 s2) is 2.5x slower blocked.
-  // type: the compute dtype, act: dY's, X's and dX's, wt: W's, dW's and dB's. A float32 dY, X
-  // or W around bf16 is rounded to bf16 by its reorder into scratch; dX, dW and dB are written
-  // in float32 where oneDNN can (else in the compute dtype and converted by the reorder back).
+  // type: the compute dtype, act: dY's, X's and dX's, wt: W's, gt: dW's and dB's. A float32
+  // dY, X or W around bf16 is rounded to bf16 by its reorder into scratch; dX, dW and dB are
+  // written in float32 where oneDNN can (else in the compute dtype and converted by the reorder
+  // back).
   void init_dnnl(KernelContext& ctx, memory::data_type type, memory::data_type act,
-                 memory::data_type wt) {
+                 memory::data_type wt, memory::data_type gt) {
     using namespace dnnl;
     const WindowGeom& g = setup_.geom;
     const memory::desc x_md = activation_desc(x_dims_, x_blocked_, act),
@@ -758,7 +779,8 @@ class ConvGradKernel final : public Kernel {
       wd.insert(wd.end(), g.kernel.begin(), g.kernel.end());
     }
     const memory::desc w_md = plain_desc(wd, wt), w_low = retyped(w_md, type),
-                       b_md = plain_desc(std::vector<int64_t>{setup_.m}, wt),
+                       dw_md = plain_desc(wd, gt), dw_low = retyped(dw_md, type),
+                       b_md = plain_desc(std::vector<int64_t>{setup_.m}, gt),
                        b_low = retyped(b_md, type);
     memory::dims strides = to_dnnl(g.strides), pad_l = to_dnnl(g.pad_begin),
                  pad_r = to_dnnl(g.pad_end), dil;
@@ -795,22 +817,22 @@ class ConvGradKernel final : public Kernel {
     };
     auto init_weights = [&](bool blocked, algorithm alg) {
       auto pick = [&](const memory::desc& d) { return blocked ? any_layout(d) : d; };
-      // dW and dB in W's dtype first (no conversion after), else in the compute dtype.
-      for (bool in_w_dtype : {true, false}) {
-        const memory::desc& dw_md = in_w_dtype ? w_md : w_low;
-        const memory::desc& db_md = in_w_dtype ? b_md : b_low;
+      // dW and dB in their own dtype first (no conversion after), else in the compute dtype.
+      for (bool in_grad_dtype : {true, false}) {
+        const memory::desc& dw_try = in_grad_dtype ? dw_md : dw_low;
+        const memory::desc& db_try = in_grad_dtype ? b_md : b_low;
         try {
-          convolution_backward_weights::desc wdsc(alg, pick(x_low), pick(dw_md), db_md,
+          convolution_backward_weights::desc wdsc(alg, pick(x_low), pick(dw_try), db_try,
                                                   pick(y_low), strides, dil, pad_l, pad_r);
           weights_.init(convolution_backward_weights::primitive_desc(wdsc, attr, eng,
                                                                      hint(blocked, alg)),
                         {{DNNL_ARG_SRC, x_md, false},
                          {DNNL_ARG_DIFF_DST, y_md, false},
-                         {DNNL_ARG_DIFF_WEIGHTS, w_md, true},
+                         {DNNL_ARG_DIFF_WEIGHTS, dw_md, true},
                          {DNNL_ARG_DIFF_BIAS, b_md, true}});
           return;
         } catch (const dnnl::error&) {
-          if (!in_w_dtype || w_md == w_low) throw;
+          if (!in_grad_dtype || dw_md == dw_low) throw;
         }
       }
     };
@@ -899,7 +921,7 @@ class ConvGradKernel final : public Kernel {
   void run_gemm(KernelContext& ctx, const TensorView& dy, const TensorView& x, const TensorView& w,
                 TensorView* dx, TensorView* dw, TensorView* db) {
     if (bf16_gemm_) {
-      run_bf16_gemm(ctx, dy.as<ew::BFloat16>(), x.as<ew::BFloat16>(), w.as<float>(),
+      run_bf16_gemm(ctx, dy.as<ew::BFloat16>(), x.as<ew::BFloat16>(), w,
                     dx ? dx->as<ew::BFloat16>() : nullptr, dw ? dw->as<float>() : nullptr,
                     db ? db->as<float>() : nullptr);
       return;
@@ -958,7 +980,8 @@ class ConvGradKernel final : public Kernel {
   // The GEMM path for bf16 dY and X around the float32 W, where the CPU has bf16 arithmetic:
   // oneDNN matmuls with bf16 operands and float32 results (AVX512-BF16 dot products, 1.5-2x the
   // float32 GEMMs on ResNet-50's layer4 shapes), dW = dYt^T col written as float32 and
-  // dcol = dYt W from W rounded to bf16 (nearest even, as the oneDNN convolutions read it).
+  // dcol = dYt W from W rounded to bf16 (nearest even, as the oneDNN convolutions read it) --
+  // or from W itself when it is the master's kept bf16 copy (those same values).
   struct Bf16Gemms {
     dnnl::matmul dw, dx;
     dnnl::memory::desc dw_a, dw_b, dw_c, dx_a, dx_b, dx_c, dw_pad, dx_pad;
@@ -1003,7 +1026,7 @@ class ConvGradKernel final : public Kernel {
   };
 
   void run_bf16_gemm(KernelContext& ctx, const ew::BFloat16* dyv, const ew::BFloat16* xv,
-                     const float* wv, ew::BFloat16* dx, float* dw, float* db) {
+                     const TensorView& w, ew::BFloat16* dx, float* dw, float* db) {
     const Bf16Gemms& g = *bf16_gemm_;
     const GemmShape gs = gemm_shape(setup_);
     auto* scratch = static_cast<std::byte*>(ctx.scratch(g.scratch_bytes));
@@ -1039,13 +1062,18 @@ class ConvGradKernel final : public Kernel {
                             {DNNL_ARG_SCRATCHPAD, memory(g.dw_pad, eng, scratch + g.pad_dw)}});
     }
     if (dx) {
-      auto* wb = reinterpret_cast<ew::BFloat16*>(scratch + g.wb);
-      ctx.parallel_for(gs.out * gs.cols, 4096, [&](int64_t begin, int64_t end) {
-        round_to_bf16(wv + begin, wb + begin, end - begin);
-      });
+      const ew::BFloat16* wb = w.dtype == DataType::kBFloat16 ? w.as<ew::BFloat16>() : nullptr;
+      if (!wb) {
+        auto* rounded = reinterpret_cast<ew::BFloat16*>(scratch + g.wb);
+        const float* wv = w.as<float>();
+        ctx.parallel_for(gs.out * gs.cols, 4096, [&](int64_t begin, int64_t end) {
+          round_to_bf16(wv + begin, rounded + begin, end - begin);
+        });
+        wb = rounded;
+      }
       auto* dcol = reinterpret_cast<float*>(scratch + g.dcol);
       g.dx.execute(stream, {{DNNL_ARG_SRC, memory(g.dx_a, eng, dyt)},
-                            {DNNL_ARG_WEIGHTS, memory(g.dx_b, eng, wb)},
+                            {DNNL_ARG_WEIGHTS, memory(g.dx_b, eng, const_cast<ew::BFloat16*>(wb))},
                             {DNNL_ARG_DST, memory(g.dx_c, eng, dcol)},
                             {DNNL_ARG_SCRATCHPAD, memory(g.dx_pad, eng, scratch + g.pad_dx)}});
       stream.wait();
@@ -1060,6 +1088,7 @@ class ConvGradKernel final : public Kernel {
 
   std::string where_;
   bool dy_blocked_, x_blocked_, dx_blocked_;  // ops/nn/blocked_layout.h
+  DataType grad_dtype_ = DataType::kFloat;     // dW's and dB's
   ConvSetup setup_;
   std::vector<int64_t> x_dims_, w_dims_;
   std::optional<Bf16Gemms> bf16_gemm_;

@@ -1,0 +1,197 @@
+// passes::keep_weight_copies: which weights of a bf16 training graph get a kept bf16 copy, that
+// the convolutions read the copy and their gradients stay float32, that training is bit for bit
+// the same as with the convolutions rounding the float32 masters themselves (the copies always
+// equal their masters rounded), and that the runtime keeps a copy in step with its master when
+// the master is set from outside.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/error.h"
+#include "graph/ir.h"
+#include "graph/training_signature.h"
+#include "models/zoo.h"
+#include "ops/precision.h"
+#include "passes/passes.h"
+#include "runtime/training_session.h"
+
+namespace onnxtrain::passes {
+namespace {
+
+using graph::DataType;
+using graph::Tensor;
+
+std::unique_ptr<graph::Model> resnet() {
+  return models::build_zoo_model("resnet18",
+                                 {.input_shape = {3, 20, 20}, .classes = 5, .width = 8, .seed = 3});
+}
+
+TrainingOptions bf16(bool copies) {
+  TrainingOptions o;
+  o.precision = DataType::kBFloat16;
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.keep_weight_copies = copies;
+  return o;
+}
+
+TEST(KeepWeightCopies, EveryConvolutionReadsAKeptCopy) {
+  auto m = resnet();
+  const TrainingGraphInfo info = build_training_graph(*m, bf16(true));
+  const graph::Graph& g = *m->graph;
+  const graph::TrainingSignature& t = m->training;
+  // resnet18: 20 convolutions (stem, 16 in the blocks, 3 downsampling), none with a bias.
+  EXPECT_EQ(info.weight_copies.copies, 20);
+  int kept = 0;
+  for (const graph::StateBinding& s : t.state) {
+    if (s.kind != graph::StateKind::kWeightCopy) continue;
+    ++kept;
+    const graph::LowPrecisionCopy* rec = nullptr;
+    for (const graph::LowPrecisionCopy& c : t.copies)
+      if (c.copy == s.state) rec = &c;
+    ASSERT_NE(rec, nullptr) << s.state;
+    const graph::Value* copy = g.find_value(s.state);
+    const graph::Value* master = g.find_value(rec->master);
+    ASSERT_TRUE(copy->has_initializer() && master->has_initializer()) << s.state;
+    EXPECT_TRUE(copy->initializer().equals(graph::bf16_nearest(master->initializer())))
+        << s.state;
+    // Its update: the master's update rounded to nearest.
+    const graph::Node* cast = g.find_value(s.updated)->producer();
+    ASSERT_NE(cast, nullptr);
+    EXPECT_EQ(cast->op_type, "CastNearest");
+    EXPECT_EQ(cast->input(0)->name(), t.find_state(rec->master)->updated);
+    // Only the master's update reads the master now.
+    for (const graph::Use& u : master->uses())
+      EXPECT_EQ(u.node, g.find_value(t.find_state(rec->master)->updated)->producer())
+          << u.node->describe() << " reads master " << rec->master;
+  }
+  EXPECT_EQ(kept, 20);
+  int convs = 0, grads = 0;
+  for (const auto& n : g.nodes()) {
+    if (n->op_type == "Conv") {
+      ++convs;
+      EXPECT_EQ(n->input(1)->dtype(), DataType::kBFloat16) << n->describe();
+      EXPECT_EQ(t.find_state(n->input(1)->name())->kind, graph::StateKind::kWeightCopy);
+    } else if (n->op_type == "ConvGrad") {
+      ++grads;
+      EXPECT_EQ(n->input(2)->dtype(), DataType::kBFloat16) << n->describe();
+      EXPECT_EQ(n->attr_int(ops::kGradDtypeAttr, 0), static_cast<int64_t>(DataType::kFloat));
+      ASSERT_GE(n->outputs().size(), 2u);
+      EXPECT_EQ(n->output(1)->dtype(), DataType::kFloat) << n->describe();
+    }
+  }
+  EXPECT_EQ(convs, 20);
+  EXPECT_EQ(grads, 20);
+  // Float32 training and the switch off: no copies.
+  auto f = resnet();
+  EXPECT_EQ(build_training_graph(*f, TrainingOptions{}).weight_copies.copies, 0);
+  auto off = resnet();
+  EXPECT_EQ(build_training_graph(*off, bf16(false)).weight_copies.copies, 0);
+  for (const graph::StateBinding& s : off->training.state)
+    EXPECT_NE(s.kind, graph::StateKind::kWeightCopy);
+}
+
+// Two replicas: each replica's masters have their own copies (replicate carries the state and
+// the copy records), and the signature round-trips through ONNX metadata.
+TEST(KeepWeightCopies, ReplicasKeepTheirOwnCopies) {
+  auto m = resnet();
+  TrainingOptions o = bf16(true);
+  o.replicas = 2;
+  build_training_graph(*m, o);
+  const graph::TrainingSignature& t = m->training;
+  int per_replica[2] = {0, 0};
+  for (const graph::StateBinding& s : t.state) {
+    if (s.kind != graph::StateKind::kWeightCopy) continue;
+    ASSERT_TRUE(s.replica == 0 || s.replica == 1) << s.state;
+    ++per_replica[s.replica];
+    bool found = false;
+    for (const graph::LowPrecisionCopy& c : t.copies)
+      if (c.copy == s.state) {
+        found = true;
+        EXPECT_EQ(c.replica, s.replica) << s.state;
+        EXPECT_EQ(t.find_state(c.master)->replica, s.replica) << s.state;
+      }
+    EXPECT_TRUE(found) << s.state;
+  }
+  EXPECT_EQ(per_replica[0], 20);
+  EXPECT_EQ(per_replica[1], 20);
+  std::unique_ptr<graph::Model> back = m->clone();
+  back->training = {};
+  graph::decode_training(graph::encode_training(*m), *back, "test");
+  EXPECT_EQ(back->training.state, t.state);
+  EXPECT_EQ(back->training.copies, t.copies);
+}
+
+std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int64_t> label(0, 4);
+  std::vector<float> x(6 * 3 * 20 * 20);
+  for (float& v : x) v = normal(rng);
+  std::vector<int64_t> y(6);
+  for (int64_t& v : y) v = label(rng);
+  return {{"input", Tensor::from_vector(DataType::kFloat, {6, 3, 20, 20}, x)},
+          {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
+}
+
+// The copies hold the values the convolutions rounded the masters to: the same bits, step after
+// step (blocked oneDNN primitives, the small-map bf16 GEMMs of layer4, backward-data).
+TEST(KeepWeightCopies, TrainsBitForBitLikeRoundingTheMasters) {
+  if (!ops::cpu_runs_natively(DataType::kBFloat16)) GTEST_SKIP() << "no native bf16 on this CPU";
+  auto plain = resnet(), kept = resnet();
+  build_training_graph(*plain, bf16(false));
+  build_training_graph(*kept, bf16(true));
+  const graph::TrainingSignature sig = kept->training;
+  runtime::SessionOptions so;
+  so.threads = 2;
+  runtime::TrainingSession a(std::move(plain), so), b(std::move(kept), so);
+  std::mt19937_64 rng(7);
+  for (int s = 0; s < 3; ++s) {
+    const std::map<std::string, Tensor> feeds = batch(rng);
+    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6), rb = b.step(feeds, 1e-2f, 1.0f / 6);
+    EXPECT_EQ(ra.loss, rb.loss) << "step " << s;
+    for (const std::string& name : a.state_names())
+      ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
+    int copies = 0;
+    for (const graph::LowPrecisionCopy& c : sig.copies) {
+      if (!b.has_state(c.copy)) continue;
+      ++copies;
+      ASSERT_TRUE(b.state(c.copy).equals(graph::bf16_nearest(b.state(c.master))))
+          << c.copy << " after step " << s;
+    }
+    EXPECT_EQ(copies, 20);
+    EXPECT_EQ(b.state_names().size(), a.state_names().size() + 20);
+  }
+  // Each copy's update is written over the copy in place, like the other state.
+  const runtime::PlanStats& sa = a.session().last_plan_stats();
+  const runtime::PlanStats& sb = b.session().last_plan_stats();
+  EXPECT_EQ(sb.aliased_copied, sa.aliased_copied);
+  EXPECT_EQ(sb.aliased_in_place, sa.aliased_in_place + 20);
+}
+
+// A master set from outside (a checkpoint, the state before a skipped step) takes its copy
+// along; the copy itself cannot be set.
+TEST(KeepWeightCopies, SettingTheMasterRewritesTheCopy) {
+  auto m = resnet();
+  build_training_graph(*m, bf16(true));
+  const graph::LowPrecisionCopy c = m->training.copies.back();
+  runtime::TrainingSession s(std::move(m));
+  Tensor w = s.state(c.master);
+  float* v = w.mutable_data_as<float>();
+  for (int64_t i = 0; i < w.numel(); ++i) v[i] = 1.0f + 0.001f * static_cast<float>(i % 97);
+  const Tensor before = s.state(c.copy);
+  s.set_state(c.master, w);
+  EXPECT_FALSE(s.state(c.copy).equals(before));
+  EXPECT_TRUE(s.state(c.copy).equals(graph::bf16_nearest(w)));
+  try {
+    s.set_state(c.copy, s.state(c.copy));
+    FAIL() << "setting a kept copy was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a kept weight copy"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace onnxtrain::passes
