@@ -24,11 +24,12 @@ from peers_common import (REPO, add_bf16_run_options, BenchError, child_result, 
                           uptime, versions)
 from train_peers import CLASSES, LR, parse_configs, shape  # noqa: E402
 
-PEERS = ["onnxtrain-fp32", "onnxtrain-bf16", "onnxtrain-bf16-plain", "torch", "torch-bf16",
-         "torch-cl", "torch-cl-bf16"]
+PEERS = ["onnxtrain-fp32", "onnxtrain-bf16", "onnxtrain-bf16-plain", "onnxtrain-bf16-nocopies",
+         "torch", "torch-bf16", "torch-cl", "torch-cl-bf16"]
 PEER_LABEL = {"onnxtrain-fp32": "onnxtrain --precision fp32",
               "onnxtrain-bf16": "onnxtrain --precision bf16",
               "onnxtrain-bf16-plain": "onnxtrain --precision bf16 --plain-layout",
+              "onnxtrain-bf16-nocopies": "onnxtrain --precision bf16 --no-weight-copies",
               "torch": "torch eager NCHW fp32",
               "torch-bf16": "torch eager NCHW autocast bf16",
               "torch-cl": "torch channels_last fp32",
@@ -36,6 +37,8 @@ PEER_LABEL = {"onnxtrain-fp32": "onnxtrain --precision fp32",
 # (numerator, denominator, label): img/s of one over the other's, > 1: the numerator is faster.
 RATIOS = [("onnxtrain-bf16", "onnxtrain-fp32", "onnxtrain bf16 / onnxtrain fp32"),
           ("onnxtrain-bf16", "onnxtrain-bf16-plain", "onnxtrain bf16 blocked / plain layout"),
+          ("onnxtrain-bf16", "onnxtrain-bf16-nocopies",
+           "onnxtrain bf16 kept weight copies / --no-weight-copies"),
           ("onnxtrain-bf16", "torch-bf16", "onnxtrain bf16 / torch autocast bf16"),
           ("torch-bf16", "torch", "torch autocast bf16 / torch fp32"),
           ("onnxtrain-bf16", "torch-cl-bf16", "onnxtrain bf16 / torch channels_last autocast bf16"),
@@ -99,6 +102,8 @@ def one_run(a, peer, inp, batch, threads, work, model):
             cmd.append("--allow-emulation")
         if peer.endswith("-plain"):
             cmd.append("--plain-layout")
+        if peer.endswith("-nocopies"):
+            cmd.append("--no-weight-copies")
     else:
         cmd = [sys.executable, __file__, "--worker", peer, "--input", inp, "--batch", batch,
                "--threads", threads, "--steps", a.steps, "--warmup", a.warmup]

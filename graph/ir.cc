@@ -327,6 +327,18 @@ Node* Graph::insert_node_before(Node* before, const std::string& op_type,
                      domain);
 }
 
+Value* Graph::add_node_output(Node* n, size_t i, const std::string& value_name) {
+  OT_CHECK(n && n->owner_ == this, "graph '", name, "': add_node_output: not a node of this graph");
+  OT_CHECK(i >= n->outputs_.size() || !n->outputs_[i], "graph '", name, "': ", n->describe(),
+           " already has output ", i);
+  Value* v = add_value(value_name);
+  if (n->outputs_.size() <= i) n->outputs_.resize(i + 1, nullptr);
+  n->outputs_[i] = v;
+  v->producer_ = n;
+  v->producer_output_ = static_cast<int>(i);
+  return v;
+}
+
 void Graph::remove_node(Node* n) {
   auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](auto& p) { return p.get() == n; });
   OT_CHECK(it != nodes_.end(), "graph '", name, "': ", n->describe(), " is not in this graph");

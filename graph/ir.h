@@ -258,6 +258,9 @@ class Graph {
                            const std::vector<Value*>& inputs,
                            const std::vector<std::string>& output_names,
                            const std::string& name = "", const std::string& domain = "");
+  // Gives node n (of this graph) a new value named `name` as output slot i (growing the list
+  // with empty slots); the slot must be empty. Throws if the name is taken.
+  Value* add_node_output(Node* n, size_t i, const std::string& name);
   // Removes a node. Its outputs must be unused (throws otherwise) and are deleted with it.
   void remove_node(Node* n);
   // Deletes a value that has no producer and no uses and is not a graph input/output.

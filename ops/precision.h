@@ -63,4 +63,12 @@ inline std::optional<graph::DataType> conv_compute_dtype(graph::DataType x, grap
 // float32, as with the master itself.
 inline constexpr const char* kGradDtypeAttr = "grad_dtype";
 
+// The ai.onnxtrain optimizer updates' attribute `copy_dtype` (an ONNX dtype; bfloat16 only):
+// the node also writes each updated float32 parameter rounded to it, nearest even -- the kept
+// weight copy of passes::keep_weight_copies, made while the new weight is still in registers
+// (a skipped step writes the old weight's copy). Adam, Momentum, Adagrad and AdamW append one
+// such output per parameter group after their new states; SGD's is output 2 (after V_new,
+// which may be empty).
+inline constexpr const char* kCopyDtypeAttr = "copy_dtype";
+
 }  // namespace onnxtrain::ops

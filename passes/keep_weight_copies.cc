@@ -1,5 +1,5 @@
 // keep_weight_copies (passes.h): bf16 copies of the convolution weights, kept across steps and
-// rewritten by the optimizer's update instead of rounded by every convolution that reads them.
+// written by the optimizer's update instead of rounded by every convolution that reads them.
 #include <string>
 #include <vector>
 
@@ -15,7 +15,26 @@ using graph::DataType;
 using graph::Node;
 using graph::Value;
 
+constexpr const char* kPreviewTrainingDomain = "ai.onnx.preview.training";
+
 bool is_conv(const Node& n) { return n.domain.empty() && n.op_type == "Conv"; }
+
+// The output slot of `update`'s copy of its one parameter (`updated` its output 0), or -1 when
+// the node is no optimizer update with one parameter that can write copies.
+int copy_slot(const Node* update, const Value* updated) {
+  if (!update || update->output(0) != updated) return -1;
+  const std::string& op = update->op_type;
+  const bool ours = update->domain == ops::kOnnxtrainDomain;
+  if (op == "SGD" && ours) return 2;
+  const int states = op == "Adam" || op == "AdamW"       ? 2
+                     : op == "Momentum" || op == "Adagrad" ? 1
+                                                           : -1;
+  if (states < 0 || (!ours && (update->domain != kPreviewTrainingDomain || op == "AdamW")))
+    return -1;
+  // One parameter: 1 + states outputs (all present, as attach_optimizer makes them).
+  if (update->outputs().size() != static_cast<size_t>(1 + states)) return -1;
+  return 1 + states;
+}
 bool is_conv_grad(const Node& n) {
   return n.domain == ops::kOnnxtrainDomain && n.op_type == "ConvGrad";
 }
@@ -54,18 +73,25 @@ WeightCopyStats keep_weight_copies(graph::Model& model) {
       readers.push_back(u);
     }
     if (!only_convs || forward == 0) continue;
+    // The update writes the copy too (copy_dtype, ops/precision.h): its output slot after the
+    // new states of the one parameter attach_optimizer gives each update node.
+    Node* update = updated->producer();
+    const int slot = copy_slot(update, updated);
+    if (slot < 0) continue;
     // The copy: the master rounded to nearest even, as the convolutions' reorders round it.
     Value* copy = g.add_initializer(g.fresh_name(w->name() + ".bf16"),
                                     graph::bf16_nearest(w->initializer()));
     copy->type = w->type;
     copy->type.dtype = DataType::kBFloat16;
-    Node* cast = g.add_node("CastNearest", {updated}, {g.fresh_name(copy->name() + ".updated")},
-                            g.fresh_name("optimizer." + copy->name()), ops::kOnnxtrainDomain);
-    cast->set_attr(graph::Attribute::make_int("to", static_cast<int64_t>(DataType::kBFloat16)));
-    cast->output(0)->type = copy->type;
-    g.add_output(cast->output(0));
+    if (update->domain == kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
+    update->set_attr(
+        graph::Attribute::make_int(ops::kCopyDtypeAttr, static_cast<int64_t>(DataType::kBFloat16)));
+    Value* copy_updated = g.add_node_output(update, static_cast<size_t>(slot),
+                                            g.fresh_name(copy->name() + ".updated"));
+    copy_updated->type = copy->type;
+    g.add_output(copy_updated);
     t.state.push_back({.state = copy->name(),
-                       .updated = cast->output(0)->name(),
+                       .updated = copy_updated->name(),
                        .kind = graph::StateKind::kWeightCopy,
                        .original = copy->name(),
                        .replica = b.replica});

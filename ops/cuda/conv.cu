@@ -23,6 +23,7 @@
 #include "ops/cuda/dnn_util.cuh"
 #include "ops/cuda/eltwise_util.cuh"
 #include "ops/nn/blocked_layout.h"
+#include "ops/precision.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -570,6 +571,9 @@ ONNXTRAIN_REGISTER_KERNEL(conv_cuda, "", "Conv", kCuda) {
 }
 ONNXTRAIN_REGISTER_KERNEL(conv_grad_cuda, "ai.onnxtrain", "ConvGrad", kCuda) {
   refuse_blocked_ports(n);
+  // Nor is grad_dtype (dW float32 around a kept bf16 weight copy, passes::keep_weight_copies).
+  if (n.find_attr(kGradDtypeAttr))
+    throw DeviceFallback{n.describe() + ": " + kGradDtypeAttr + " (a kept weight copy)"};
   return std::make_unique<ConvGradKernel>(n);
 }
 

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/eltwise_util.cuh"
 #include "ops/optim/sgd_math.h"
+#include "ops/precision.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -470,6 +471,13 @@ class UnscaleGradientsKernel final : public Kernel {
 
 constexpr const char* kTraining = "ai.onnx.preview.training";
 
+// passes::keep_weight_copies' copy_dtype (ops/precision.h) is not implemented here: such a node
+// runs the CPU kernel on host copies (the Trainer does not run the pass for CUDA devices).
+void refuse_copies(const graph::Node& n) {
+  if (n.find_attr(kCopyDtypeAttr))
+    throw DeviceFallback{n.describe() + ": weight copies (" + kCopyDtypeAttr + ")"};
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_KERNEL(adam_cuda, kTraining, "Adam", kCuda) {
@@ -482,18 +490,23 @@ ONNXTRAIN_REGISTER_KERNEL(adagrad_cuda, kTraining, "Adagrad", kCuda) {
   return std::make_unique<OptimizerKernel<AdagradRule>>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adam_cuda, "ai.onnxtrain", "Adam", kCuda) {
+  refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdamRule>>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(onnxtrain_momentum_cuda, "ai.onnxtrain", "Momentum", kCuda) {
+  refuse_copies(n);
   return std::make_unique<OptimizerKernel<MomentumRule>>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adagrad_cuda, "ai.onnxtrain", "Adagrad", kCuda) {
+  refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdagradRule>>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(adamw_cuda, "ai.onnxtrain", "AdamW", kCuda) {
+  refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdamWRule>>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(sgd_cuda, "ai.onnxtrain", "SGD", kCuda) {
+  refuse_copies(n);
   return std::make_unique<SgdKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(clip_by_global_norm_cuda, "ai.onnxtrain", "ClipByGlobalNorm", kCuda) {

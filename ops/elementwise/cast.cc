@@ -1,14 +1,11 @@
-// Cast and CastLike between every numeric type, bool, float16, bfloat16 and string;
-// ai.onnxtrain.CastNearest, float32 to bfloat16 / float16 rounded to nearest even.
+// Cast and CastLike between every numeric type, bool, float16, bfloat16 and string.
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
-#include "graph/bfloat16.h"
 #include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
-#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::ew {
 namespace {
@@ -131,49 +128,7 @@ void cast_grad(GradientBuilder& b) {
                               {graph::Attribute::make_int("to", static_cast<int64_t>(to))}));
 }
 
-// ai.onnxtrain.CastNearest(x: float32; to = bfloat16 | float16) -> y: x's dims, rounded to the
-// nearest value of `to`, ties to even (graph/bfloat16.h's rule, what oneDNN's reorders, torch
-// and the bf16 arithmetic here do; ONNX Cast to bfloat16 truncates). passes::keep_weight_copies
-// writes a weight's low-precision copy with it, the values the convolutions would round the
-// float32 weight to themselves.
-OT_SIMD_CLONES void nearest_bf16(const float* x, BFloat16* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i].bits = graph::bf16_from_float(x[i]);
-}
-
-class CastNearestKernel final : public Kernel {
- public:
-  explicit CastNearestKernel(const graph::Node& n) : to_(cast_target(n)), where_(n.describe()) {
-    OT_CHECK(to_ == DataType::kBFloat16 || to_ == DataType::kFloat16, where_,
-             ": 'to' must be bfloat16 or float16, got ", graph::dtype_short_name(to_));
-  }
-  void run(KernelContext& ctx) override {
-    const TensorView& x = required_input(ctx, 0);
-    OT_CHECK(x.dtype == DataType::kFloat, where_, ": the input must be float32, got ",
-             graph::dtype_short_name(x.dtype));
-    TensorView& y = ctx.output(0, x.dims);
-    const float* in = x.as<float>();
-    ctx.parallel_for(x.numel(), 16384, [&](int64_t begin, int64_t end) {
-      if (to_ == DataType::kBFloat16) {
-        nearest_bf16(in + begin, y.as<BFloat16>() + begin, end - begin);
-      } else {
-        Half* out = y.as<Half>();
-        for (int64_t i = begin; i < end; ++i) out[i] = Half(in[i]);
-      }
-    });
-  }
-
- private:
-  DataType to_;
-  std::string where_;
-};
-
 }  // namespace
-
-ONNXTRAIN_REGISTER_OP(ew_cast_nearest) {
-  OpSchema s = make_schema("CastNearest", infer_cast, factory<CastNearestKernel>());
-  s.domain = kOnnxtrainDomain;
-  return s;
-}
 
 ONNXTRAIN_REGISTER_OP(ew_cast) {
   return with_gradient(make_schema("Cast", infer_cast, factory<CastKernel>()), cast_grad);

@@ -5,16 +5,37 @@
 // tensors in float, vectorized, as PyTorch does; double in double). Outputs may share the
 // buffers of X and the states (OpSchema::inplace): the runtime updates training state in place.
 // Adam, Momentum and Adagrad are also registered in ai.onnxtrain, where every optimizer takes an
-// optional trailing bool scalar `apply` (ops/optim/guard.h): false skips the step.
+// optional trailing bool scalar `apply` (ops/optim/guard.h): false skips the step, and may write
+// each new parameter's bf16 copy too (copy_dtype, ops/optim/copy.h).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "graph/bfloat16.h"
+#include "ops/optim/copy.h"
 #include "ops/optim/guard.h"
+#include "ops/precision.h"
 #include "ops/reduce/reduce_engine.h"
 #include "ops/shape_util.h"
 #include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::optim {
+
+bool writes_copies(const graph::Node& node) {
+  const graph::Attribute* a = node.find_attr(kCopyDtypeAttr);
+  if (!a) return false;
+  OT_CHECK(a->type == graph::AttrType::kInt &&
+               a->i() == static_cast<int64_t>(DataType::kBFloat16),
+           node.describe(), ": attribute ", kCopyDtypeAttr, " must be ",
+           static_cast<int64_t>(DataType::kBFloat16), " (bfloat16)");
+  OT_CHECK(node.domain == kOnnxtrainDomain, node.describe(), ": attribute ", kCopyDtypeAttr,
+           " needs the ", kOnnxtrainDomain, " form of the op");
+  return true;
+}
+
+OT_SIMD_CLONES void round_row_to_bf16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = graph::bf16_from_float(x[i]);
+}
 
 namespace {
 
@@ -131,6 +152,7 @@ struct AdamWRule {
 struct Layout {
   int64_t n = 0;        // parameter groups
   int guard_slot = -1;  // input index of `apply`, or -1
+  bool copies = false;  // outputs (1 + states) * n + i: group i's new X as bf16 (copy_dtype)
 };
 
 Layout layout_of(const graph::Node& node, size_t num_inputs, size_t num_outputs, int states) {
@@ -143,9 +165,11 @@ Layout layout_of(const graph::Node& node, size_t num_inputs, size_t num_outputs,
            node.domain == kOnnxtrainDomain ? ", optionally a trailing guard 'apply'" : "",
            "), got ", num_inputs);
   const size_t n = (tensors - 2) / blocks;
-  OT_CHECK(num_outputs <= static_cast<size_t>(1 + states) * n, node.describe(),
-           ": expected at most ", (1 + states) * n, " outputs, got ", num_outputs);
-  return {static_cast<int64_t>(n), guarded ? static_cast<int>(tensors) : -1};
+  const bool copies = writes_copies(node);
+  const size_t most = static_cast<size_t>(1 + states + (copies ? 1 : 0)) * n;
+  OT_CHECK(num_outputs <= most, node.describe(), ": expected at most ", most, " outputs, got ",
+           num_outputs);
+  return {static_cast<int64_t>(n), guarded ? static_cast<int>(tensors) : -1, copies};
 }
 
 // Input slot of block b (0 = X, 1 = G, 2.. = states) of group i; output block b' (0 = X_new,
@@ -165,9 +189,15 @@ void infer_optimizer(InferenceContext& ctx) {
   if (l.guard_slot >= 0 && ctx.input_type(static_cast<size_t>(l.guard_slot)))
     check_guard_type(tensor_input(ctx, static_cast<size_t>(l.guard_slot)), ctx.where());
   for (size_t o = 0; o < outs; ++o) {
-    const int block = input_block_of_output(static_cast<int>(static_cast<int64_t>(o) / n));
+    const int out_block = static_cast<int>(static_cast<int64_t>(o) / n);
+    const bool copy = out_block == 1 + Rule::kStates;  // copy_dtype's bf16 X_new
+    const int block = copy ? 0 : input_block_of_output(out_block);
     const ValueType& t = tensor_input(ctx, input_slot(n, block, static_cast<int64_t>(o) % n));
-    set_output(ctx, o, t.dtype, t.shape);
+    if (copy)
+      OT_CHECK(t.dtype == DataType::kFloat || t.dtype == DataType::kUndefined, ctx.where(),
+               ": ", kCopyDtypeAttr, " needs float32 parameters, X is ",
+               graph::dtype_short_name(t.dtype));
+    set_output(ctx, o, copy ? DataType::kBFloat16 : t.dtype, t.shape);
   }
 }
 
@@ -213,20 +243,34 @@ class OptimizerKernel final : public Kernel {
         const int slot = static_cast<int>(b * n + i);
         out[b] = ctx.has_output(slot) ? &ctx.output(slot, in[0]->dims) : nullptr;
       }
+      const int copy_slot = static_cast<int>((1 + kS) * n + i);
+      uint16_t* copy = nullptr;
+      if (l.copies && copy_slot < ctx.num_outputs() && ctx.has_output(copy_slot)) {
+        OT_CHECK(in[0]->dtype == DataType::kFloat, where, ": ", kCopyDtypeAttr,
+                 " needs float32 parameters, X is ", graph::dtype_short_name(in[0]->dtype));
+        copy = static_cast<uint16_t*>(ctx.output(copy_slot, in[0]->dims).data);
+      }
       if (!apply) {
         for (int b = 0; b < 1 + kS; ++b) copy_through(*in[input_block_of_output(b)], out[b], ctx);
+        if (copy) {
+          const auto* x = static_cast<const float*>(in[0]->data);
+          ctx.parallel_for(in[0]->numel(), 4096, [&](int64_t begin, int64_t end) {
+            round_row_to_bf16(x + begin, copy + begin, end - begin);
+          });
+        }
         continue;
       }
       reduce::dispatch<reduce::FloatTypes>(in[0]->dtype, where, [&]<typename T>() {
-        update<T>(rule, in, out, in[0]->numel(), ctx);
+        update<T>(rule, in, out, copy, in[0]->numel(), ctx);
       });
     }
   }
 
  private:
+  // copy: X_new rounded to bf16 (float32 X only), or nullptr.
   template <typename T>
   static void update(const Rule& rule, const TensorView* const* in, TensorView* const* out,
-                     int64_t count, const KernelContext& ctx) {
+                     uint16_t* copy, int64_t count, const KernelContext& ctx) {
     constexpr int kS = Rule::kStates;
     // Raw pointers hoisted out of the loop: reloading TensorView::data on every element (a store
     // might alias it, as far as the compiler knows) kept the loop scalar. An output the graph
@@ -252,6 +296,9 @@ class OptimizerKernel final : public Kernel {
           static_assert(kS == 2);
           update_row(rule, n, x, g, st[0], st[1], o[0], o[1], o[2]);
         }
+        // The row of X_new is in L1: its bf16 copy costs the copy's bytes only.
+        if constexpr (std::is_same_v<T, float>)
+          if (copy) round_row_to_bf16(o[0], copy + r, n);
       }
     });
   }
@@ -297,9 +344,12 @@ OpSchema optimizer_schema(const char* op_type, const char* domain = kTrainingDom
   // Parameters and states are often initializers the trainer rebinds every step: never fold.
   s.foldable = false;
   // Output block b (X_new, S1_new, ...) of group i may overwrite input block (0, 2, 3, ...).
+  // A copy (copy_dtype) has no input to overwrite.
   s.inplace = [](const graph::Node& node, int output) {
     const int64_t n = layout_of(node, node.inputs().size(), node.outputs().size(), Rule::kStates).n;
-    const int block = input_block_of_output(static_cast<int>(output / n));
+    const int out_block = static_cast<int>(output / n);
+    if (out_block > Rule::kStates) return -1;
+    const int block = input_block_of_output(out_block);
     return static_cast<int>(input_slot(n, block, output % n));
   };
   return s;

@@ -1,7 +1,9 @@
 // ai.onnxtrain.SGD: plain / momentum / Nesterov SGD with L2 weight decay, one parameter per node
 // (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed). Inputs
 // (R, X, G, V?, apply?): the optional bool scalar guard `apply` (ops/optim/guard.h) at slot 4
-// skips the step when false; V may be omitted (an empty name) in front of it.
+// skips the step when false; V may be omitted (an empty name) in front of it. With copy_dtype
+// (ops/optim/copy.h) output 2 is X_new rounded to bf16.
+#include "ops/optim/copy.h"
 #include "ops/optim/guard.h"
 #include "ops/optim/sgd_math.h"
 #include "ops/reduce/reduce_engine.h"
@@ -26,6 +28,11 @@ constexpr int kGuardSlot = 4;
 // Inputs (R, X, G[, V][, apply]); a velocity V is required exactly when momentum > 0.
 void check_arity(const graph::Node& node, const SgdAttrs& a, size_t inputs, bool has_velocity,
                  size_t outputs) {
+  if (writes_copies(node)) {
+    OT_CHECK(outputs == 3, node.describe(), ": with ", kCopyDtypeAttr,
+             " expected outputs (X_new, V_new or empty, copy), got ", outputs);
+    outputs = has_velocity ? 2 : 1;
+  }
   OT_CHECK(inputs >= 3 && inputs <= kGuardSlot + 1, node.describe(),
            ": expected inputs (R, X, G, V?, apply?), got ", inputs);
   OT_CHECK(has_velocity == (a.momentum > 0), node.describe(),
@@ -48,9 +55,14 @@ void infer_sgd(InferenceContext& ctx) {
   const ValueType& g = tensor_input(ctx, 2);
   OT_CHECK(g.dtype == x.dtype, ctx.where(), ": G must have the dtype of X");
   set_output(ctx, 0, x.dtype, x.shape);
-  if (ctx.node.outputs().size() > 1) {
+  if (ctx.node.outputs().size() > 1 && ctx.node.output(1)) {
     const ValueType& v = tensor_input(ctx, 3);
     set_output(ctx, 1, v.dtype, v.shape);
+  }
+  if (writes_copies(ctx.node)) {
+    OT_CHECK(x.dtype == DataType::kFloat || x.dtype == DataType::kUndefined, ctx.where(), ": ",
+             kCopyDtypeAttr, " needs a float32 X, got ", graph::dtype_short_name(x.dtype));
+    set_output(ctx, 2, DataType::kBFloat16, x.shape);
   }
 }
 
@@ -83,15 +95,24 @@ class SgdKernel final : public Kernel {
     TensorView& x_new = ctx.output(0, x->dims);
     TensorView* v_new =
         ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, x->dims) : nullptr;
+    uint16_t* copy = nullptr;
+    if (ctx.num_outputs() > 2 && ctx.has_output(2)) {
+      OT_CHECK(x->dtype == DataType::kFloat, where, ": ", kCopyDtypeAttr,
+               " needs a float32 X, got ", graph::dtype_short_name(x->dtype));
+      copy = static_cast<uint16_t*>(ctx.output(2, x->dims).data);
+    }
     if (!guard_allows(ctx.input(kGuardSlot), where)) {
       copy_through(*x, &x_new, ctx);
       if (v) copy_through(*v, v_new, ctx);
+      if (copy) round_copy(static_cast<const float*>(x->data), copy, x->numel(), ctx);
       return;
     }
     reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
       update<T>(lr, x->as<T>(), g->as<T>(), v ? v->as<T>() : nullptr, x_new.as<T>(),
                 v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);
     });
+    // Each thread rounds the part of X_new it just wrote (update's split).
+    if (copy) round_copy(static_cast<const float*>(x_new.data), copy, x->numel(), ctx);
   }
 
  private:
@@ -101,6 +122,11 @@ class SgdKernel final : public Kernel {
     const SgdAttrs a = a_;
     ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) sgd_update(a, lr, k, x, g, v, x_new, v_new);
+    });
+  }
+  static void round_copy(const float* x, uint16_t* copy, int64_t count, const KernelContext& ctx) {
+    ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
+      round_row_to_bf16(x + begin, copy + begin, end - begin);
     });
   }
   const graph::Node& node_;

@@ -1,5 +1,6 @@
-// passes::keep_weight_copies: which weights of a bf16 training graph get a kept bf16 copy, that
-// the convolutions read the copy and their gradients stay float32, that training is bit for bit
+// passes::keep_weight_copies: which weights of a bf16 training graph get a kept bf16 copy written
+// by their optimizer update, that the convolutions read the copy and their gradients stay
+// float32, that training is bit for bit
 // the same as with the convolutions rounding the float32 masters themselves (the copies always
 // equal their masters rounded), and that the runtime keeps a copy in step with its master when
 // the master is set from outside.
@@ -15,6 +16,7 @@
 #include "graph/ir.h"
 #include "graph/training_signature.h"
 #include "models/zoo.h"
+#include "ops/op_api.h"
 #include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/training_session.h"
@@ -58,11 +60,16 @@ TEST(KeepWeightCopies, EveryConvolutionReadsAKeptCopy) {
     ASSERT_TRUE(copy->has_initializer() && master->has_initializer()) << s.state;
     EXPECT_TRUE(copy->initializer().equals(graph::bf16_nearest(master->initializer())))
         << s.state;
-    // Its update: the master's update rounded to nearest.
-    const graph::Node* cast = g.find_value(s.updated)->producer();
-    ASSERT_NE(cast, nullptr);
-    EXPECT_EQ(cast->op_type, "CastNearest");
-    EXPECT_EQ(cast->input(0)->name(), t.find_state(rec->master)->updated);
+    // Its update: written by the master's optimizer node (copy_dtype), after its new states.
+    const graph::Node* update = g.find_value(s.updated)->producer();
+    ASSERT_NE(update, nullptr);
+    EXPECT_EQ(update, g.find_value(t.find_state(rec->master)->updated)->producer());
+    EXPECT_EQ(update->op_type, "Adam");
+    EXPECT_EQ(update->domain, ops::kOnnxtrainDomain);
+    EXPECT_EQ(update->attr_int(ops::kCopyDtypeAttr, 0),
+              static_cast<int64_t>(DataType::kBFloat16));
+    ASSERT_EQ(update->outputs().size(), 4u);
+    EXPECT_EQ(update->output(3)->name(), s.updated);
     // Only the master's update reads the master now.
     for (const graph::Use& u : master->uses())
       EXPECT_EQ(u.node, g.find_value(t.find_state(rec->master)->updated)->producer())
@@ -137,21 +144,32 @@ std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
 }
 
 // The copies hold the values the convolutions rounded the masters to: the same bits, step after
-// step (blocked oneDNN primitives, the small-map bf16 GEMMs of layer4, backward-data).
-TEST(KeepWeightCopies, TrainsBitForBitLikeRoundingTheMasters) {
+// step (blocked oneDNN primitives, the small-map bf16 GEMMs of layer4, backward-data), for every
+// optimizer (each writes the copies itself). With loss scaling a skipped step (gradients
+// overflowed) leaves masters and copies as they were.
+void trains_bit_for_bit(OptimizerKind kind, bool loss_scaling) {
   if (!ops::cpu_runs_natively(DataType::kBFloat16)) GTEST_SKIP() << "no native bf16 on this CPU";
   auto plain = resnet(), kept = resnet();
-  build_training_graph(*plain, bf16(false));
-  build_training_graph(*kept, bf16(true));
+  TrainingOptions off = bf16(false), on = bf16(true);
+  off.optimizer.kind = on.optimizer.kind = kind;
+  off.optimizer.loss_scaling = on.optimizer.loss_scaling = loss_scaling;
+  if (kind == OptimizerKind::kSgd) off.optimizer.momentum = on.optimizer.momentum = 0;
+  build_training_graph(*plain, off);
+  const TrainingGraphInfo info = build_training_graph(*kept, on);
+  ASSERT_EQ(info.weight_copies.copies, 20);
   const graph::TrainingSignature sig = kept->training;
   runtime::SessionOptions so;
   so.threads = 2;
   runtime::TrainingSession a(std::move(plain), so), b(std::move(kept), so);
   std::mt19937_64 rng(7);
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < 4; ++s) {
     const std::map<std::string, Tensor> feeds = batch(rng);
-    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6), rb = b.step(feeds, 1e-2f, 1.0f / 6);
+    // Step 2 with loss scaling: a scale that overflows the gradients, so the step is skipped.
+    const float scale = loss_scaling && s == 2 ? 1e38f : 1.0f;
+    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6, 0, scale),
+                              rb = b.step(feeds, 1e-2f, 1.0f / 6, 0, scale);
     EXPECT_EQ(ra.loss, rb.loss) << "step " << s;
+    EXPECT_EQ(rb.finite, scale == 1.0f) << "step " << s;
     for (const std::string& name : a.state_names())
       ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
     int copies = 0;
@@ -164,11 +182,26 @@ TEST(KeepWeightCopies, TrainsBitForBitLikeRoundingTheMasters) {
     EXPECT_EQ(copies, 20);
     EXPECT_EQ(b.state_names().size(), a.state_names().size() + 20);
   }
-  // Each copy's update is written over the copy in place, like the other state.
+  // Each copy is written over the copy's state in place, like the other state.
   const runtime::PlanStats& sa = a.session().last_plan_stats();
   const runtime::PlanStats& sb = b.session().last_plan_stats();
   EXPECT_EQ(sb.aliased_copied, sa.aliased_copied);
   EXPECT_EQ(sb.aliased_in_place, sa.aliased_in_place + 20);
+}
+
+TEST(KeepWeightCopies, TrainsBitForBitLikeRoundingTheMastersAdam) {
+  trains_bit_for_bit(OptimizerKind::kAdam, false);
+}
+TEST(KeepWeightCopies, TrainsBitForBitLikeRoundingTheMastersOtherOptimizers) {
+  for (OptimizerKind k : {OptimizerKind::kAdamW, OptimizerKind::kMomentum, OptimizerKind::kAdagrad,
+                          OptimizerKind::kSgd}) {
+    SCOPED_TRACE(static_cast<int>(k));
+    trains_bit_for_bit(k, false);
+  }
+}
+TEST(KeepWeightCopies, ASkippedStepKeepsMastersAndCopies) {
+  trains_bit_for_bit(OptimizerKind::kAdam, true);
+  trains_bit_for_bit(OptimizerKind::kMomentum, true);
 }
 
 // A master set from outside (a checkpoint, the state before a skipped step) takes its copy
@@ -191,6 +224,24 @@ TEST(KeepWeightCopies, SettingTheMasterRewritesTheCopy) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is a kept weight copy"), std::string::npos) << e.what();
   }
+}
+
+// The CUDA kernels implement neither copy_dtype nor grad_dtype (the Trainer does not run the
+// pass for CUDA devices): a node carrying one that reaches them anyway is refused with
+// DeviceFallback and runs the CPU kernel on host copies. Checked on the factories (no GPU).
+TEST(KeepWeightCopies, CudaKernelsFallBackOnCopyNodes) {
+  auto m = resnet();
+  build_training_graph(*m, bf16(true));
+  int checked = 0;
+  for (const auto& n : m->graph->nodes()) {
+    if (!n->find_attr(ops::kCopyDtypeAttr) && !n->find_attr(ops::kGradDtypeAttr)) continue;
+    const ops::OpSchema* s = ops::OpRegistry::global().find(n->domain, n->op_type, 17);
+    ASSERT_NE(s, nullptr) << n->describe();
+    if (!s->cuda_kernel) GTEST_SKIP() << "built without the CUDA backend";
+    EXPECT_THROW(s->cuda_kernel(*n), ops::DeviceFallback) << n->describe();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 20 + 20);  // the Adam nodes of the 20 weights, the 20 ConvGrads
 }
 
 }  // namespace
