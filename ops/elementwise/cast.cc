@@ -6,6 +6,7 @@
 
 #include "ops/elementwise/grad_util.h"
 #include "ops/elementwise/kernels.h"
+#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::ew {
 namespace {
@@ -51,6 +52,20 @@ O cast_value(I v) {
     return convert<O>(v);
 }
 
+// bf16 <-> float32 as bits, the rules of BFloat16's operator float and BFloat16::truncated,
+// in the CPU's widest vectors (through broadcast_apply the BFloat16 conversions ran scalar:
+// ResNet-50's classifier weight gradient, 2M elements, 1.35 ms).
+OT_SIMD_CLONES void widen_bf16(const uint16_t* x, uint32_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<uint32_t>(x[i]) << 16;
+}
+OT_SIMD_CLONES void truncate_to_bf16(const uint32_t* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t upper = x[i] >> 16;
+    const bool nan = (x[i] & 0x7fffffffu) > 0x7f800000u;
+    y[i] = static_cast<uint16_t>(nan ? upper | 0x40u : upper);  // NaN stays NaN
+  }
+}
+
 // x: any dims, any dtype -> y: same dims, dtype `to`.
 void cast_tensor(KernelContext& ctx, const TensorView& x, DataType to) {
   const std::string where = ctx.node().describe();
@@ -61,6 +76,19 @@ void cast_tensor(KernelContext& ctx, const TensorView& x, DataType to) {
       *y.strings = *x.strings;
     else if (n > 0 && y.data != x.data)
       std::memcpy(y.data, x.data, x.nbytes());
+    return;
+  }
+  if ((x.dtype == DataType::kBFloat16 && to == DataType::kFloat) ||
+      (x.dtype == DataType::kFloat && to == DataType::kBFloat16)) {
+    const bool widen = x.dtype == DataType::kBFloat16;
+    ctx.parallel_for(static_cast<int64_t>(n), 16384, [&](int64_t begin, int64_t end) {
+      if (widen)
+        widen_bf16(static_cast<const uint16_t*>(x.data) + begin,
+                   static_cast<uint32_t*>(y.data) + begin, end - begin);
+      else
+        truncate_to_bf16(static_cast<const uint32_t*>(x.data) + begin,
+                         static_cast<uint16_t*>(y.data) + begin, end - begin);
+    });
     return;
   }
   if (x.dtype == DataType::kString) {
