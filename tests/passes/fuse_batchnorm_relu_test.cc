@@ -19,6 +19,7 @@
 #include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/training_session.h"
+#include "tests/passes/small_resnet.h"
 
 namespace onnxtrain::passes {
 namespace {
@@ -26,10 +27,7 @@ namespace {
 using graph::DataType;
 using graph::Tensor;
 
-std::unique_ptr<graph::Model> resnet() {
-  return models::build_zoo_model("resnet18",
-                                 {.input_shape = {3, 20, 20}, .classes = 5, .width = 8, .seed = 3});
-}
+std::unique_ptr<graph::Model> resnet() { return passtest::small_resnet(); }
 
 int count_ops(const graph::Model& m, const std::string& op) {
   int n = 0;
@@ -137,17 +135,6 @@ TEST(FuseBatchNormRelu, ResNetPairsBecomeOneNodeEach) {
   EXPECT_EQ(marked_grads, pairs);
 }
 
-std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int64_t> label(0, 4);
-  std::vector<float> x(6 * 3 * 20 * 20);
-  for (float& v : x) v = normal(rng);
-  std::vector<int64_t> y(6);
-  for (int64_t& v : y) v = label(rng);
-  return {{"input", Tensor::from_vector(DataType::kFloat, {6, 3, 20, 20}, x)},
-          {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
-}
-
 // Same values as Relu, Add and ReluGrad around the unfused nodes, so the same bits: three Adam
 // steps (2 threads) give equal losses and bit-equal state (weights, moments, BN statistics).
 void trains_bit_for_bit(DataType precision) {
@@ -163,15 +150,8 @@ void trains_bit_for_bit(DataType precision) {
   runtime::SessionOptions so;
   so.threads = 2;
   runtime::TrainingSession a(std::move(plain), so), b(std::move(fused), so);
-  std::mt19937_64 rng(11);
-  for (int s = 0; s < 3; ++s) {
-    const std::map<std::string, Tensor> feeds = batch(rng);
-    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6), rb = b.step(feeds, 1e-2f, 1.0f / 6);
-    EXPECT_EQ(ra.loss, rb.loss) << "step " << s;
-    ASSERT_EQ(a.state_names(), b.state_names());
-    for (const std::string& name : a.state_names())
-      ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
-  }
+  ASSERT_EQ(a.state_names(), b.state_names());
+  passtest::expect_same_steps(a, b, 3, 11);
 }
 
 TEST(FuseBatchNormRelu, TrainsBitForBitLikeTheUnfusedGraph) {

@@ -20,6 +20,7 @@
 #include "ops/precision.h"
 #include "passes/passes.h"
 #include "runtime/training_session.h"
+#include "tests/passes/small_resnet.h"
 
 namespace onnxtrain::passes {
 namespace {
@@ -27,10 +28,7 @@ namespace {
 using graph::DataType;
 using graph::Tensor;
 
-std::unique_ptr<graph::Model> resnet() {
-  return models::build_zoo_model("resnet18",
-                                 {.input_shape = {3, 20, 20}, .classes = 5, .width = 8, .seed = 3});
-}
+std::unique_ptr<graph::Model> resnet() { return passtest::small_resnet(); }
 
 TrainingOptions bf16(bool copies) {
   TrainingOptions o;
@@ -132,17 +130,6 @@ TEST(KeepWeightCopies, ReplicasKeepTheirOwnCopies) {
   EXPECT_EQ(back->training.copies, t.copies);
 }
 
-std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int64_t> label(0, 4);
-  std::vector<float> x(6 * 3 * 20 * 20);
-  for (float& v : x) v = normal(rng);
-  std::vector<int64_t> y(6);
-  for (int64_t& v : y) v = label(rng);
-  return {{"input", Tensor::from_vector(DataType::kFloat, {6, 3, 20, 20}, x)},
-          {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
-}
-
 // The copies hold the values the convolutions rounded the masters to: the same bits, step after
 // step (blocked oneDNN primitives, the small-map bf16 GEMMs of layer4, backward-data), for every
 // optimizer (each writes the copies itself). With loss scaling a skipped step (gradients
@@ -163,7 +150,7 @@ void trains_bit_for_bit(OptimizerKind kind, bool loss_scaling) {
   runtime::TrainingSession a(std::move(plain), so), b(std::move(kept), so);
   std::mt19937_64 rng(7);
   for (int s = 0; s < 4; ++s) {
-    const std::map<std::string, Tensor> feeds = batch(rng);
+    const std::map<std::string, Tensor> feeds = passtest::small_resnet_batch(rng);
     // Step 2 with loss scaling: a scale that overflows the gradients, so the step is skipped.
     const float scale = loss_scaling && s == 2 ? 1e38f : 1.0f;
     const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6, 0, scale),

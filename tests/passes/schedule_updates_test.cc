@@ -17,6 +17,7 @@
 #include "models/zoo.h"
 #include "passes/passes.h"
 #include "runtime/training_session.h"
+#include "tests/passes/small_resnet.h"
 
 namespace onnxtrain::passes {
 namespace {
@@ -26,10 +27,7 @@ using graph::Node;
 using graph::Tensor;
 using graph::Value;
 
-std::unique_ptr<graph::Model> resnet() {
-  return models::build_zoo_model("resnet18",
-                                 {.input_shape = {3, 20, 20}, .classes = 5, .width = 8, .seed = 3});
-}
+std::unique_ptr<graph::Model> resnet() { return passtest::small_resnet(); }
 
 // The nodes that write only state updates (parameters, moments, the step count), and for each
 // the state values it overwrites.
@@ -210,17 +208,6 @@ TEST(ScheduleUpdates, ReplicatedUpdatesFollowTheirAllReduce) {
   }
 }
 
-std::map<std::string, Tensor> batch(std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int64_t> label(0, 4);
-  std::vector<float> x(6 * 3 * 20 * 20);
-  for (float& v : x) v = normal(rng);
-  std::vector<int64_t> y(6);
-  for (int64_t& v : y) v = label(rng);
-  return {{"input", Tensor::from_vector(DataType::kFloat, {6, 3, 20, 20}, x)},
-          {"labels", Tensor::from_vector(DataType::kInt64, {6}, y)}};
-}
-
 // The same nodes compute the same values in another order: three Adam steps give equal losses
 // and bit-equal state; every update is still written over its state in place (no copies at the
 // end of the step), and the freed gradients lower the planned arena.
@@ -233,15 +220,8 @@ TEST(ScheduleUpdates, TrainsBitForBitLikeUpdatesAfterTheBackward) {
   runtime::SessionOptions so;
   so.threads = 2;
   runtime::TrainingSession a(std::move(last), so), b(std::move(early), so);
-  std::mt19937_64 rng(5);
-  for (int s = 0; s < 3; ++s) {
-    const std::map<std::string, Tensor> feeds = batch(rng);
-    const runtime::StepResult ra = a.step(feeds, 1e-2f, 1.0f / 6), rb = b.step(feeds, 1e-2f, 1.0f / 6);
-    EXPECT_EQ(ra.loss, rb.loss) << "step " << s;
-    ASSERT_EQ(a.state_names(), b.state_names());
-    for (const std::string& name : a.state_names())
-      ASSERT_TRUE(a.state(name).equals(b.state(name))) << name << " after step " << s;
-  }
+  ASSERT_EQ(a.state_names(), b.state_names());
+  passtest::expect_same_steps(a, b, 3, 5);
   const runtime::PlanStats& sa = a.session().last_plan_stats();
   const runtime::PlanStats& sb = b.session().last_plan_stats();
   EXPECT_EQ(sb.aliased_in_place, sa.aliased_in_place);
