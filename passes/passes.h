@@ -394,9 +394,10 @@ struct UpdateScheduleStats {
 // stable), updates a weight as soon as its gradient is ready instead of after the whole
 // backward: the gradient and weight are still in cache, the gradient's buffer is free for the
 // rest of the backward, and the runtime still writes the update in place (no later node reads
-// the state). A global dependency stays one: clipping's norm, loss scaling's grads_finite,
-// an AllReduce are inputs of the updates. Running statistics (BatchNormalization's outputs) and
-// graphs with subgraph nodes keep their order; if the result were not topological (a node
+// the state). A global dependency stays one: clipping's norm and loss scaling's grads_finite
+// are inputs of the updates. Running statistics (BatchNormalization's outputs), graphs with
+// subgraph nodes and replicated graphs (gradient buckets: bucket_allreduce's order, which
+// scales better) keep their order; if the result were not topological (a node
 // reading both a state and its update) the order is left as it was. Computes the same values.
 UpdateScheduleStats schedule_updates(graph::Model& model);
 

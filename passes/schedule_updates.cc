@@ -36,6 +36,10 @@ UpdateScheduleStats schedule_updates(graph::Model& model) {
     if (state && updated) updated_to_state.emplace(updated, state);
   }
   if (updated_to_state.empty()) return stats;
+  // Replicated graphs keep bucket_allreduce's order (every update behind the backward, in bucket
+  // order): updates interleaved with the AllReduces lowered 2-replica scaling from 0.963-0.977
+  // to 0.928-0.937 of the machine bound (bench/scaling_peers.sh, twelfth session).
+  if (!model.training.buckets.empty()) return stats;
   for (const auto& n : g.nodes())
     if (has_subgraph(*n)) return stats;  // captured reads are not uses(): leave the order alone
 
