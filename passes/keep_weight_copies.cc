@@ -18,6 +18,9 @@ using graph::Value;
 constexpr const char* kPreviewTrainingDomain = "ai.onnx.preview.training";
 
 bool is_conv(const Node& n) { return n.domain.empty() && n.op_type == "Conv"; }
+bool is_conv_grad(const Node& n) {
+  return n.domain == ops::kOnnxtrainDomain && n.op_type == "ConvGrad";
+}
 
 // The output slot of `update`'s copy of its one parameter (`updated` its output 0), or -1 when
 // the node is no optimizer update with one parameter that can write copies.
@@ -34,9 +37,6 @@ int copy_slot(const Node* update, const Value* updated) {
   // One parameter: 1 + states outputs (all present, as attach_optimizer makes them).
   if (update->outputs().size() != static_cast<size_t>(1 + states)) return -1;
   return 1 + states;
-}
-bool is_conv_grad(const Node& n) {
-  return n.domain == ops::kOnnxtrainDomain && n.op_type == "ConvGrad";
 }
 
 }  // namespace

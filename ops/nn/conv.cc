@@ -15,8 +15,8 @@
 #include "ops/nn/conv_algorithm.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
+#include "ops/optim/copy.h"
 #include "ops/shape_util.h"
-#include "ops/simd_clones.h"
 
 namespace onnxtrain::ops::nn {
 namespace {
@@ -300,12 +300,6 @@ void col2im(const ConvSetup& s, const std::vector<std::vector<Tap>>& taps, const
       }
     }
   });
-}
-
-// y = x rounded to bf16, nearest even (the bf16 GEMM path's copy of W), in the CPU's widest
-// vectors.
-OT_SIMD_CLONES void round_to_bf16(const float* x, ew::BFloat16* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i].bits = graph::bf16_from_float(x[i]);
 }
 
 // Row-major sgemm C[m,n] = op(A) op(B) through oneDNN (threads: the caller's ThreadBudget).
@@ -1067,7 +1061,8 @@ class ConvGradKernel final : public Kernel {
         auto* rounded = reinterpret_cast<ew::BFloat16*>(scratch + g.wb);
         const float* wv = w.as<float>();
         ctx.parallel_for(gs.out * gs.cols, 4096, [&](int64_t begin, int64_t end) {
-          round_to_bf16(wv + begin, rounded + begin, end - begin);
+          optim::round_row_to_bf16(wv + begin, reinterpret_cast<uint16_t*>(rounded) + begin,
+                                   end - begin);
         });
         wb = rounded;
       }

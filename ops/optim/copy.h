@@ -15,6 +15,7 @@ namespace onnxtrain::ops::optim {
 bool writes_copies(const graph::Node& node);
 
 // y = x rounded to bfloat16, nearest even (graph/bfloat16.h), as bits; in the widest vectors.
+// Also the small-map bf16 ConvGrad's rounding of a float32 W (ops/nn/conv.cc).
 void round_row_to_bf16(const float* x, uint16_t* y, int64_t n);
 
 }  // namespace onnxtrain::ops::optim
