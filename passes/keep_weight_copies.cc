@@ -1,5 +1,6 @@
 // keep_weight_copies (passes.h): bf16 copies of the convolution weights, kept across steps and
-// written by the optimizer's update instead of rounded by every convolution that reads them.
+// written by the optimizer's update instead of rounded by every convolution that reads them;
+// and updates that read a bf16 gradient instead of its float32 Cast.
 #include <string>
 #include <vector>
 
@@ -39,9 +40,26 @@ int copy_slot(const Node* update, const Value* updated) {
   return 1 + states;
 }
 
+// The input slot of `update`'s gradient, for a node copy_slot accepts: SGD (R, X, G, ...), the
+// others (R, T, X, G, ...).
+int grad_slot(const Node& update) { return update.op_type == "SGD" ? 2 : 3; }
+
+// A Cast of a bf16 value to float32 that only `update` reads: the gradient autodiff made for a
+// weight autocast cast down (Gemm, MatMul), widened for the update. Its input, or nullptr.
+Value* widened_bf16(const Value* g, const Node& update) {
+  const Node* cast = g ? g->producer() : nullptr;
+  if (!cast || !cast->domain.empty() || cast->op_type != "Cast" || cast->inputs().size() != 1 ||
+      !cast->input(0) || cast->input(0)->dtype() != DataType::kBFloat16 ||
+      g->dtype() != DataType::kFloat || g->is_graph_output())
+    return nullptr;
+  for (const graph::Use& u : g->uses())
+    if (u.node != &update) return nullptr;
+  return cast->input(0);
+}
+
 }  // namespace
 
-WeightCopyStats keep_weight_copies(graph::Model& model) {
+WeightCopyStats keep_weight_copies(graph::Model& model, bool bf16_gradients) {
   OT_CHECK(model.graph, "keep_weight_copies: the model has no graph");
   graph::Graph& g = *model.graph;
   graph::TrainingSignature& t = model.training;
@@ -54,6 +72,18 @@ WeightCopyStats keep_weight_copies(graph::Model& model) {
     Value* updated = g.find_value(b.updated);
     if (!w || !updated || !w->has_initializer() || w->initializer().dtype() != DataType::kFloat)
       continue;
+    Node* update = updated->producer();
+    if (copy_slot(update, updated) < 0) continue;
+    // The update reads the bf16 gradient itself (ops/optim/copy.h): the Cast to float32 that
+    // would write and read back a float32 copy of it goes (dce removes it).
+    const auto gs = static_cast<size_t>(grad_slot(*update));
+    if (Value* g16 = bf16_gradients ? widened_bf16(update->input(gs), *update) : nullptr) {
+      if (update->domain == kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
+      update->set_input(gs, g16);
+      for (graph::GradientBinding& gb : t.gradients)
+        if (gb.param == w->name()) gb.grad = g16->name();
+      ++stats.bf16_gradients;
+    }
     // Every reader but the update is a bias-free Conv over bf16 activations (its W) or such a
     // Conv's ConvGrad (its W): what autocast leaves reading a float32 master weight.
     std::vector<graph::Use> readers;
@@ -75,9 +105,7 @@ WeightCopyStats keep_weight_copies(graph::Model& model) {
     if (!only_convs || forward == 0) continue;
     // The update writes the copy too (copy_dtype, ops/precision.h): its output slot after the
     // new states of the one parameter attach_optimizer gives each update node.
-    Node* update = updated->producer();
     const int slot = copy_slot(update, updated);
-    if (slot < 0) continue;
     // The copy: the master rounded to nearest even, as the convolutions' reorders round it.
     Value* copy = g.add_initializer(g.fresh_name(w->name() + ".bf16"),
                                     graph::bf16_nearest(w->initializer()));
@@ -105,7 +133,7 @@ WeightCopyStats keep_weight_copies(graph::Model& model) {
     ++stats.copies;
     stats.elements += w->initializer().numel();
   }
-  if (stats.copies > 0) model.set_opset(ops::kOnnxtrainDomain, 1);
+  if (stats.copies > 0 || stats.bf16_gradients > 0) model.set_opset(ops::kOnnxtrainDomain, 1);
   return stats;
 }
 

@@ -367,20 +367,28 @@ BlockLayoutStats block_layout(graph::Model& model);
 
 // ---- keep_weight_copies.cc
 struct WeightCopyStats {
-  int copies = 0;        // weights with a kept bf16 copy
-  int64_t elements = 0;  // their elements
+  int copies = 0;          // weights with a kept bf16 copy
+  int64_t elements = 0;    // their elements
+  int bf16_gradients = 0;  // updates reading their bf16 gradient (no float32 Cast of it)
 };
-// bf16 mixed precision (after attach_optimizer): each float32 parameter that only bias-free
-// Conv nodes over bf16 activations (as W) and their ConvGrads (as W) read besides its update
-// gets a kept copy -- state of kind kWeightCopy, initialized to the master rounded to bf16
-// (nearest even), and a `copies` record -- which those nodes read instead; the ConvGrads get
-// grad_dtype = float (ops/precision.h), so dW and dB stay float32. The copy's update is
-// ai.onnxtrain.CastNearest(master's update), which schedule_updates runs right behind the
-// optimizer, while the new weight is still in cache. The convolutions then no longer round the
-// float32 master on every read (the forward's reorder into its blocked layout, backward-data's,
-// the small-map GEMMs' copy): they read bf16 values, the same ones. Trains bit for bit like the
-// graph without copies. Other dtypes: nothing happens.
-WeightCopyStats keep_weight_copies(graph::Model& model);
+// bf16 mixed precision (after attach_optimizer), for each float32 parameter whose update node
+// holds that one parameter (as attach_optimizer makes them):
+// - Kept copies: when only bias-free Conv nodes over bf16 activations (as W) and their ConvGrads
+//   (as W) read it besides its update, it gets a kept copy -- state of kind kWeightCopy,
+//   initialized to the master rounded to bf16 (nearest even), and a `copies` record -- which
+//   those nodes read instead; the ConvGrads get grad_dtype = float (ops/precision.h), so dW and
+//   dB stay float32. The update (moved to its ai.onnxtrain form) gets copy_dtype = bfloat16 and
+//   writes the copy as one more output, from each row of the new weight while it is in cache.
+//   The convolutions then no longer round the float32 master on every read (the forward's
+//   reorder into its blocked layout, backward-data's, the small-map GEMMs' copy): they read bf16
+//   values, the same ones.
+// - bf16 gradients (`bf16_gradients`; callers pass false for graphs they will replicate, whose
+//   AllReduce buckets reduce float32 gradients): when the update's gradient is a Cast of a bf16
+//   value that nothing else reads (a Gemm/MatMul weight autocast cast down), the update (in its
+//   ai.onnxtrain form) reads the bf16 value and widens it itself (ops/optim/copy.h); the
+//   gradient record names the bf16 value. The float32 gradient is never written and read back.
+// Both train bit for bit like the graph without them. Other dtypes: nothing happens.
+WeightCopyStats keep_weight_copies(graph::Model& model, bool bf16_gradients);
 
 // ---- schedule_updates.cc
 struct UpdateScheduleStats {

@@ -44,7 +44,9 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   infer_shapes(model);
   stage("attach_optimizer");
   if (opts.keep_weight_copies && opts.precision == graph::DataType::kBFloat16) {
-    info.weight_copies = keep_weight_copies(model);
+    // Replicated graphs AllReduce float32 gradients (bucket_allreduce): they keep the Casts.
+    info.weight_copies =
+        keep_weight_copies(model, /*bf16_gradients=*/opts.replicas == 1 && !opts.collectives);
     infer_shapes(model);
     stage("keep_weight_copies");
   }

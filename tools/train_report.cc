@@ -136,6 +136,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     std::fprintf(f, "weights     %d convolution weights (%s elements) kept as bf16 copies, "
                  "rewritten after each update; float32 masters\n",
                  p.info.weight_copies.copies, grouped(p.info.weight_copies.elements).c_str());
+  if (p.info.weight_copies.bf16_gradients > 0)
+    std::fprintf(f, "gradients   %d updates read their bf16 gradient directly (widened as read, "
+                 "no float32 copy of it)\n",
+                 p.info.weight_copies.bf16_gradients);
   if (p.info.schedule.interleaved > 0)
     std::fprintf(f, "updates     %d of %d optimizer nodes run during the backward, each as soon "
                  "as its gradient is ready (its buffer then serves the rest of the backward)\n",

@@ -37,6 +37,20 @@ OT_SIMD_CLONES void round_row_to_bf16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = graph::bf16_from_float(x[i]);
 }
 
+bool reads_bf16_gradient(const graph::Node& node, DataType x, DataType g, const char* what) {
+  if (g == x || g == DataType::kUndefined || x == DataType::kUndefined) return false;
+  OT_CHECK(g == DataType::kBFloat16 && x == DataType::kFloat && node.domain == kOnnxtrainDomain,
+           node.describe(), ": ", what, " is ", graph::dtype_short_name(g), " but X is ",
+           graph::dtype_short_name(x), node.domain == kOnnxtrainDomain
+               ? " (G must have X's dtype, or be bfloat16 for a float32 X)"
+               : " (G must have X's dtype; the ai.onnxtrain form also reads a bfloat16 G)");
+  return true;
+}
+
+OT_SIMD_CLONES void widen_row_from_bf16(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = graph::bf16_to_float(x[i]);
+}
+
 namespace {
 
 constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
@@ -188,6 +202,9 @@ void infer_optimizer(InferenceContext& ctx) {
   const int64_t n = l.n;
   if (l.guard_slot >= 0 && ctx.input_type(static_cast<size_t>(l.guard_slot)))
     check_guard_type(tensor_input(ctx, static_cast<size_t>(l.guard_slot)), ctx.where());
+  for (int64_t i = 0; i < n; ++i)
+    reads_bf16_gradient(ctx.node, tensor_input(ctx, input_slot(n, 0, i)).dtype,
+                        tensor_input(ctx, input_slot(n, 1, i)).dtype, "G");
   for (size_t o = 0; o < outs; ++o) {
     const int out_block = static_cast<int>(static_cast<int64_t>(o) / n);
     const bool copy = out_block == 1 + Rule::kStates;  // copy_dtype's bf16 X_new
@@ -233,11 +250,15 @@ class OptimizerKernel final : public Kernel {
     const bool apply = guard_allows(l.guard_slot >= 0 ? ctx.input(l.guard_slot) : nullptr, where);
     for (int64_t i = 0; i < n; ++i) {
       const TensorView* in[2 + kS];
-      for (int b = 0; b < 2 + kS; ++b) {
+      for (int b = 0; b < 2 + kS; ++b)
         in[b] = ctx.input(static_cast<int>(input_slot(n, b, i)));
-        OT_CHECK(in[b] && in[b]->dims == in[0]->dims && in[b]->dtype == in[0]->dtype, where,
-                 ": X, G and state tensors of group ", i, " must have one shape and type");
-      }
+      OT_CHECK(in[0] && in[1], where, ": X and G of group ", i, " are required");
+      // A bf16 G of a float32 X is widened row by row as the update reads it.
+      const bool g16 = reads_bf16_gradient(node_, in[0]->dtype, in[1]->dtype, "G");
+      for (int b = 0; b < 2 + kS; ++b)
+        OT_CHECK(in[b] && in[b]->dims == in[0]->dims &&
+                     (in[b]->dtype == in[0]->dtype || (b == 1 && g16)),
+                 where, ": X, G and state tensors of group ", i, " must have one shape and type");
       TensorView* out[1 + kS];
       for (int b = 0; b < 1 + kS; ++b) {
         const int slot = static_cast<int>(b * n + i);
@@ -261,33 +282,39 @@ class OptimizerKernel final : public Kernel {
         continue;
       }
       reduce::dispatch<reduce::FloatTypes>(in[0]->dtype, where, [&]<typename T>() {
-        update<T>(rule, in, out, copy, in[0]->numel(), ctx);
+        update<T>(rule, in, out, g16 ? static_cast<const uint16_t*>(in[1]->data) : nullptr, copy,
+                  in[0]->numel(), ctx);
       });
     }
   }
 
  private:
+  // g16: G as bf16 bits (float32 X only; in[1] is then not read as T), or nullptr.
   // copy: X_new rounded to bf16 (float32 X only), or nullptr.
   template <typename T>
   static void update(const Rule& rule, const TensorView* const* in, TensorView* const* out,
-                     uint16_t* copy, int64_t count, const KernelContext& ctx) {
+                     const uint16_t* g16, uint16_t* copy, int64_t count,
+                     const KernelContext& ctx) {
     constexpr int kS = Rule::kStates;
     // Raw pointers hoisted out of the loop: reloading TensorView::data on every element (a store
     // might alias it, as far as the compiler knows) kept the loop scalar. An output the graph
     // does not read goes to a scratch row, so the loop has no branch.
     const T* src[2 + kS];
-    for (int b = 0; b < 2 + kS; ++b) src[b] = in[b]->as<T>();
+    for (int b = 0; b < 2 + kS; ++b) src[b] = b == 1 && g16 ? nullptr : in[b]->as<T>();
     T* dst[1 + kS];
     for (int b = 0; b < 1 + kS; ++b) dst[b] = out[b] ? out[b]->as<T>() : nullptr;
     ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
       constexpr int64_t kRow = 256;
       T sink[kRow];
+      T wide[kRow];  // the row of a bf16 G, widened
       for (int64_t r = begin; r < end; r += kRow) {
         const int64_t n = std::min(kRow, end - r);
         T* o[1 + kS];
         for (int b = 0; b < 1 + kS; ++b) o[b] = dst[b] ? dst[b] + r : sink;
         const T* x = src[0] + r;
-        const T* g = src[1] + r;
+        const T* g = src[1] ? src[1] + r : wide;
+        if constexpr (std::is_same_v<T, float>)
+          if (g16) widen_row_from_bf16(g16 + r, wide, n);
         const T* st[kS];
         for (int j = 0; j < kS; ++j) st[j] = src[2 + j] + r;
         if constexpr (kS == 1) {

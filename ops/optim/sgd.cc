@@ -2,7 +2,10 @@
 // (PyTorch's torch.optim.SGD rule with dampening 0; no step count needed). Inputs
 // (R, X, G, V?, apply?): the optional bool scalar guard `apply` (ops/optim/guard.h) at slot 4
 // skips the step when false; V may be omitted (an empty name) in front of it. With copy_dtype
-// (ops/optim/copy.h) output 2 is X_new rounded to bf16.
+// (ops/optim/copy.h) output 2 is X_new rounded to bf16; a float32 X's G may be bf16 (copy.h).
+#include <algorithm>
+#include <type_traits>
+
 #include "ops/optim/copy.h"
 #include "ops/optim/guard.h"
 #include "ops/optim/sgd_math.h"
@@ -53,7 +56,7 @@ void infer_sgd(InferenceContext& ctx) {
     OT_CHECK(numel(*d) == 1, ctx.where(), ": R (learning rate) must be a scalar");
   const ValueType& x = tensor_input(ctx, 1);
   const ValueType& g = tensor_input(ctx, 2);
-  OT_CHECK(g.dtype == x.dtype, ctx.where(), ": G must have the dtype of X");
+  reads_bf16_gradient(ctx.node, x.dtype, g.dtype, "G");
   set_output(ctx, 0, x.dtype, x.shape);
   if (ctx.node.outputs().size() > 1 && ctx.node.output(1)) {
     const ValueType& v = tensor_input(ctx, 3);
@@ -88,7 +91,8 @@ class SgdKernel final : public Kernel {
     check_arity(node_, a_, static_cast<size_t>(ctx.num_inputs()), v != nullptr,
                 static_cast<size_t>(ctx.num_outputs()));
     OT_CHECK(r && x && g, where, ": R, X and G are required");
-    OT_CHECK(g->dims == x->dims && g->dtype == x->dtype &&
+    const bool g16 = reads_bf16_gradient(node_, x->dtype, g->dtype, "G");
+    OT_CHECK(g->dims == x->dims && (g->dtype == x->dtype || g16) &&
                  (!v || (v->dims == x->dims && v->dtype == x->dtype)),
              where, ": X, G and V must have one shape and type");
     const double lr = learning_rate(*r, where);
@@ -108,6 +112,13 @@ class SgdKernel final : public Kernel {
       return;
     }
     reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
+      if constexpr (std::is_same_v<T, float>)
+        if (g16) {
+          update_bf16_gradient(lr, x->as<float>(), static_cast<const uint16_t*>(g->data),
+                               v ? v->as<float>() : nullptr, x_new.as<float>(),
+                               v_new ? v_new->as<float>() : nullptr, x->numel(), ctx);
+          return;
+        }
       update<T>(lr, x->as<T>(), g->as<T>(), v ? v->as<T>() : nullptr, x_new.as<T>(),
                 v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);
     });
@@ -122,6 +133,23 @@ class SgdKernel final : public Kernel {
     const SgdAttrs a = a_;
     ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) sgd_update(a, lr, k, x, g, v, x_new, v_new);
+    });
+  }
+  // update<float> with G as bf16 bits, widened a row at a time.
+  void update_bf16_gradient(double lr, const float* x, const uint16_t* g, const float* v,
+                            float* x_new, float* v_new, int64_t count,
+                            const KernelContext& ctx) const {
+    const SgdAttrs a = a_;
+    ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
+      constexpr int64_t kRow = 256;
+      float wide[kRow];
+      for (int64_t r = begin; r < end; r += kRow) {
+        const int64_t n = std::min(kRow, end - r);
+        widen_row_from_bf16(g + r, wide, n);
+        for (int64_t k = 0; k < n; ++k)
+          sgd_update(a, lr, k, x + r, wide, v ? v + r : nullptr, x_new + r,
+                     v_new ? v_new + r : nullptr);
+      }
     });
   }
   static void round_copy(const float* x, uint16_t* copy, int64_t count, const KernelContext& ctx) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "graph/bfloat16.h"
 #include "tests/ops/op_test_util.h"
 
 namespace onnxtrain::optest {
@@ -489,6 +490,69 @@ TEST(OptimizerGuard, PreviewDomainRefusesAGuard) {
   NodeCall call = guard_call(adam_case(), true);
   call.domain = "ai.onnx.preview.training";
   expect_error(call, {"node 'n0'", "inputs"});
+}
+
+// ---------------------------------------------------------------- bf16 gradients (issue #19)
+
+// `t` (bf16) widened to float32, exactly.
+Tensor widened(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  const auto* b = reinterpret_cast<const uint16_t*>(t.data());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = graph::bf16_to_float(b[i]);
+  return Tensor::from_vector(DataType::kFloat, t.dims(), v);
+}
+
+// The case's G inputs (as slots), rounded to bf16 in `bf16` and widened back in `f32`: the
+// ai.onnxtrain form reading the bf16 G gives bit for bit what it gives for the float32 one,
+// also in place and with the guard. The preview form refuses a bf16 G.
+void expect_bf16_gradient_is_widened(GuardCase c, const std::vector<size_t>& g_slots) {
+  c.domain = kDomain;
+  GuardCase low = c;
+  for (size_t s : g_slots) {
+    low.inputs[s] = graph::bf16_nearest(c.inputs[s]);
+    c.inputs[s] = widened(low.inputs[s]);
+  }
+  for (std::optional<bool> apply : {std::optional<bool>{}, std::optional<bool>{true}}) {
+    const NodeResult want = run_node(guard_call(c, apply));
+    const NodeResult got = run_node(guard_call(low, apply));
+    const NodeResult got_ip = run_in_place(guard_call(low, apply), c.output_input);
+    for (size_t o = 0; o < c.output_input.size(); ++o) {
+      EXPECT_EQ(got.outputs[o].dtype(), DataType::kFloat);
+      EXPECT_TRUE(same_bits(got.outputs[o], want.outputs[o])) << "output " << o;
+      EXPECT_TRUE(same_bits(got_ip.inputs.at(cat("x", c.output_input[o])), want.outputs[o]))
+          << "in place, output " << o;
+    }
+  }
+  if (c.op == "SGD" || c.op == "AdamW") return;  // ai.onnxtrain only
+  NodeCall preview = guard_call(low, std::nullopt);
+  preview.domain = "ai.onnx.preview.training";
+  expect_error(preview, {"node 'n0'", "G is bf16 but X is f32", "ai.onnxtrain form"});
+}
+
+TEST(Bf16Gradient, MultiTensorOptimizersWidenIt) {
+  // Groups of (3, 5) and (70000): G is the block after X, slots 4 and 5.
+  for (const GuardCase& c :
+       {adam_case(), momentum_case("nesterov"), adagrad_case(), adamw_case()}) {
+    SCOPED_TRACE(c.op);
+    expect_bf16_gradient_is_widened(c, {4, 5});
+  }
+}
+TEST(Bf16Gradient, SgdWidensIt) {
+  expect_bf16_gradient_is_widened(sgd_case(false), {2});
+  expect_bf16_gradient_is_widened(sgd_case(true), {2});
+}
+// Only a float32 X takes a bf16 G; other mismatches stay errors naming both dtypes.
+TEST(Bf16Gradient, OtherDtypeMismatchesAreErrors) {
+  GuardCase c = sgd_case(false);
+  NodeCall call = guard_call(c, std::nullopt);
+  call.inputs[2] = {Tensor::from_vector(DataType::kDouble, {70000},
+                                        std::vector<double>(70000, 0.5))};
+  expect_error(call, {"node 'n0'", "G is f64 but X is f32"});
+  GuardCase a = adam_case();
+  a.domain = kDomain;
+  NodeCall adam = guard_call(a, std::nullopt);
+  adam.inputs[4] = {Tensor::from_vector(DataType::kDouble, {3, 5}, std::vector<double>(15, 0.5))};
+  expect_error(adam, {"node 'n0'", "G is f64 but X is f32", "or be bfloat16 for a float32 X"});
 }
 
 NodeCall unscale_call(Tensor scale, std::vector<Tensor> grads) {

@@ -2,8 +2,9 @@
 // by their optimizer update, that the convolutions read the copy and their gradients stay
 // float32, that training is bit for bit
 // the same as with the convolutions rounding the float32 masters themselves (the copies always
-// equal their masters rounded), and that the runtime keeps a copy in step with its master when
-// the master is set from outside.
+// equal their masters rounded) and with the classifier's updates reading float32 Casts of its
+// bf16 gradients, and that the runtime keeps a copy in step with its master when the master is
+// set from outside.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -97,6 +98,44 @@ TEST(KeepWeightCopies, EveryConvolutionReadsAKeptCopy) {
   EXPECT_EQ(build_training_graph(*off, bf16(false)).weight_copies.copies, 0);
   for (const graph::StateBinding& s : off->training.state)
     EXPECT_NE(s.kind, graph::StateKind::kWeightCopy);
+}
+
+// The classifier's Gemm reads its weight cast down by autocast: its gradients come out of the
+// Gemm's gradient in bf16, and the updates read them as they are (no float32 Cast left between),
+// with the gradient records naming them. Replicated graphs keep the Casts (their AllReduce
+// buckets reduce float32), as do graphs whose gradient something else reads too (clipping).
+TEST(KeepWeightCopies, UpdatesReadTheirBf16Gradients) {
+  auto m = resnet();
+  const TrainingGraphInfo info = build_training_graph(*m, bf16(true));
+  EXPECT_EQ(info.weight_copies.bf16_gradients, 2);  // fc.weight, fc.bias
+  const graph::Graph& g = *m->graph;
+  const graph::TrainingSignature& t = m->training;
+  int bf16_grads = 0;
+  for (const graph::GradientBinding& gb : t.gradients) {
+    const graph::Value* grad = g.find_value(gb.grad);
+    ASSERT_NE(grad, nullptr) << gb.grad;
+    const graph::Node* update = g.find_value(t.find_state(gb.param)->updated)->producer();
+    ASSERT_NE(update, nullptr) << gb.param;
+    // Every update reads the recorded gradient, and no update reads a Cast's output.
+    EXPECT_EQ(update->input(3), grad) << gb.param;
+    EXPECT_NE(grad->producer()->op_type, "Cast") << gb.param;
+    if (grad->dtype() != DataType::kBFloat16) continue;
+    ++bf16_grads;
+    EXPECT_EQ(update->domain, ops::kOnnxtrainDomain) << gb.param;
+    EXPECT_EQ(g.find_value(gb.param)->dtype(), DataType::kFloat) << gb.param;
+  }
+  EXPECT_EQ(bf16_grads, 2);
+  // Two replicas, or clipping, or the switch off: float32 gradients through their Casts.
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    auto r = resnet();
+    TrainingOptions o = bf16(variant != 2);
+    if (variant == 0) o.replicas = 2;
+    if (variant == 1) o.optimizer.clip_global_norm = 1.0f;
+    EXPECT_EQ(build_training_graph(*r, o).weight_copies.bf16_gradients, 0);
+    for (const graph::GradientBinding& gb : r->training.gradients)
+      EXPECT_EQ(r->graph->find_value(gb.grad)->dtype(), DataType::kFloat) << gb.grad;
+  }
 }
 
 // Two replicas: each replica's masters have their own copies (replicate carries the state and
