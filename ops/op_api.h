@@ -251,6 +251,8 @@ class GradientBuilder {
 
 // Domain of onnxtrain's own ops (grad ops, SGD, AllReduce, ...).
 inline constexpr const char* kOnnxtrainDomain = "ai.onnxtrain";
+// Domain of ONNX's training ops (Adam, Momentum, Adagrad, Gradient), opset 1.
+inline constexpr const char* kPreviewTrainingDomain = "ai.onnx.preview.training";
 
 using GradientFn = std::function<void(GradientBuilder&)>;
 

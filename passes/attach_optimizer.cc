@@ -22,6 +22,7 @@
 // ops move to the ai.onnxtrain domain, which has the guarded forms; unchanged otherwise) and
 // the step count adds Cast(grads_finite) instead of 1: an overflowed step updates nothing.
 #include "graph/error.h"
+#include "ops/op_api.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -36,8 +37,8 @@ using graph::Tensor;
 using graph::Value;
 using graph::ValueType;
 
-constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
-constexpr const char* kOnnxtrainDomain = "ai.onnxtrain";
+using ops::kOnnxtrainDomain;
+using ops::kPreviewTrainingDomain;
 constexpr const char* kStepName = "optimizer.step";
 constexpr const char* kGradUnscaleName = "grad_unscale";
 constexpr const char* kGradsFiniteName = "grads_finite";
@@ -227,7 +228,7 @@ class Builder {
       inputs.push_back(finite_);
     }
     // The guarded forms live in the ai.onnxtrain domain only.
-    const char* training_domain = finite_ ? kOnnxtrainDomain : kTrainingDomain;
+    const char* training_domain = finite_ ? kOnnxtrainDomain : kPreviewTrainingDomain;
     Node* n = nullptr;
     const std::string node_name = "optimizer." + name;
     switch (opts_.kind) {

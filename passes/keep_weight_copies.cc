@@ -16,8 +16,6 @@ using graph::DataType;
 using graph::Node;
 using graph::Value;
 
-constexpr const char* kPreviewTrainingDomain = "ai.onnx.preview.training";
-
 bool is_conv(const Node& n) { return n.domain.empty() && n.op_type == "Conv"; }
 bool is_conv_grad(const Node& n) {
   return n.domain == ops::kOnnxtrainDomain && n.op_type == "ConvGrad";
@@ -33,7 +31,7 @@ int copy_slot(const Node* update, const Value* updated) {
   const int states = op == "Adam" || op == "AdamW"       ? 2
                      : op == "Momentum" || op == "Adagrad" ? 1
                                                            : -1;
-  if (states < 0 || (!ours && (update->domain != kPreviewTrainingDomain || op == "AdamW")))
+  if (states < 0 || (!ours && (update->domain != ops::kPreviewTrainingDomain || op == "AdamW")))
     return -1;
   // One parameter: 1 + states outputs (all present, as attach_optimizer makes them).
   if (update->outputs().size() != static_cast<size_t>(1 + states)) return -1;
@@ -78,7 +76,7 @@ WeightCopyStats keep_weight_copies(graph::Model& model, bool bf16_gradients) {
     // would write and read back a float32 copy of it goes (dce removes it).
     const auto gs = static_cast<size_t>(grad_slot(*update));
     if (Value* g16 = bf16_gradients ? widened_bf16(update->input(gs), *update) : nullptr) {
-      if (update->domain == kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
+      if (update->domain == ops::kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
       update->set_input(gs, g16);
       for (graph::GradientBinding& gb : t.gradients)
         if (gb.param == w->name()) gb.grad = g16->name();
@@ -111,7 +109,7 @@ WeightCopyStats keep_weight_copies(graph::Model& model, bool bf16_gradients) {
                                     graph::bf16_nearest(w->initializer()));
     copy->type = w->type;
     copy->type.dtype = DataType::kBFloat16;
-    if (update->domain == kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
+    if (update->domain == ops::kPreviewTrainingDomain) update->domain = ops::kOnnxtrainDomain;
     update->set_attr(
         graph::Attribute::make_int(ops::kCopyDtypeAttr, static_cast<int64_t>(DataType::kBFloat16)));
     Value* copy_updated = g.add_node_output(update, static_cast<size_t>(slot),

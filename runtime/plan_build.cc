@@ -155,8 +155,9 @@ void Plan::plan_aliases() {
       continue;
     }
     // Direct write: the producer declares the pair in place and reads the input only there, or
-    // does not read the input at all (passes::keep_weight_copies' CastNearest of the master's
-    // update into its copy); and no later node reads the input (it would see the new value).
+    // does not read the input at all (the master's update writing its kept bf16 copy,
+    // passes::keep_weight_copies); and no later node reads the input (it would see the new
+    // value).
     const Step& w = steps_[static_cast<size_t>(out.def_step)];
     int out_pos = -1;
     for (size_t k = 0; k < w.out.size(); ++k)

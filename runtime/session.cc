@@ -106,7 +106,7 @@ void require_supported_ops(const graph::Model& m, const std::string& path) {
     const auto dot = op.rfind('.');
     const std::string domain = dot == std::string::npos ? "" : op.substr(0, dot);
     custom = custom || (domain != "" && domain != "ai.onnx" && domain != ops::kOnnxtrainDomain &&
-                        domain != "ai.onnx.ml" && domain != "ai.onnx.preview.training");
+                        domain != "ai.onnx.ml" && domain != ops::kPreviewTrainingDomain);
   }
   fail(path, ": unsupported ops (no CPU kernel): ", join(missing, ", "),
        stays.empty() ? "" : cat("; sequence ops that cannot be lowered to tensor ops: ",

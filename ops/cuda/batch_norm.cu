@@ -330,7 +330,7 @@ ONNXTRAIN_REGISTER_KERNEL(batch_norm_cuda, "", "BatchNormalization", kCuda) {
   if (n.attr_int(kBlockedAttr, 0)) throw DeviceFallback{n.describe() + ": blocked layout"};
   return std::make_unique<BatchNormKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(batch_norm_grad_cuda, "ai.onnxtrain", "BatchNormalizationGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(batch_norm_grad_cuda, kOnnxtrainDomain, "BatchNormalizationGrad", kCuda) {
   if (n.attr_int(kFusedReluAttr, 0)) throw DeviceFallback{n.describe() + ": fused_relu"};
   if (n.attr_int(kBlockedAttr, 0)) throw DeviceFallback{n.describe() + ": blocked layout"};
   return std::make_unique<BatchNormGradKernel>(n);

@@ -569,7 +569,7 @@ ONNXTRAIN_REGISTER_KERNEL(conv_cuda, "", "Conv", kCuda) {
   refuse_blocked_ports(n);
   return std::make_unique<ConvKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(conv_grad_cuda, "ai.onnxtrain", "ConvGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(conv_grad_cuda, kOnnxtrainDomain, "ConvGrad", kCuda) {
   refuse_blocked_ports(n);
   // Nor is grad_dtype (dW float32 around a kept bf16 weight copy, passes::keep_weight_copies).
   if (n.find_attr(kGradDtypeAttr))

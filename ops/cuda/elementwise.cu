@@ -555,25 +555,25 @@ ONNXTRAIN_REGISTER_KERNEL(abs_cuda, "", "Abs", kCuda) {
   return std::make_unique<UnaryKernel<AbsOp>>(n);
 }
 
-ONNXTRAIN_REGISTER_KERNEL(relu_grad_cuda, "ai.onnxtrain", "ReluGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(relu_grad_cuda, kOnnxtrainDomain, "ReluGrad", kCuda) {
   return grad<ReluGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(gelu_grad_cuda, "ai.onnxtrain", "GeluGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(gelu_grad_cuda, kOnnxtrainDomain, "GeluGrad", kCuda) {
   return grad<GeluGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(leaky_relu_grad_cuda, "ai.onnxtrain", "LeakyReluGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(leaky_relu_grad_cuda, kOnnxtrainDomain, "LeakyReluGrad", kCuda) {
   return grad<LeakyReluGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(sigmoid_grad_cuda, "ai.onnxtrain", "SigmoidGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(sigmoid_grad_cuda, kOnnxtrainDomain, "SigmoidGrad", kCuda) {
   return grad<SigmoidGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(tanh_grad_cuda, "ai.onnxtrain", "TanhGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(tanh_grad_cuda, kOnnxtrainDomain, "TanhGrad", kCuda) {
   return grad<TanhGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(sqrt_grad_cuda, "ai.onnxtrain", "SqrtGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(sqrt_grad_cuda, kOnnxtrainDomain, "SqrtGrad", kCuda) {
   return grad<SqrtGradOp>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(abs_grad_cuda, "ai.onnxtrain", "AbsGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(abs_grad_cuda, kOnnxtrainDomain, "AbsGrad", kCuda) {
   return grad<AbsGradOp>(n);
 }
 

@@ -257,11 +257,11 @@ ONNXTRAIN_REGISTER_KERNEL(sce_loss_cuda, "", "SoftmaxCrossEntropyLoss", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(nll_loss_cuda, "", "NegativeLogLikelihoodLoss", kCuda) {
   return std::make_unique<LossKernel>(n, false);
 }
-ONNXTRAIN_REGISTER_KERNEL(sce_loss_grad_cuda, "ai.onnxtrain", "SoftmaxCrossEntropyLossGrad",
+ONNXTRAIN_REGISTER_KERNEL(sce_loss_grad_cuda, kOnnxtrainDomain, "SoftmaxCrossEntropyLossGrad",
                           kCuda) {
   return std::make_unique<LossGradKernel>(n, true);
 }
-ONNXTRAIN_REGISTER_KERNEL(nll_loss_grad_cuda, "ai.onnxtrain", "NegativeLogLikelihoodLossGrad",
+ONNXTRAIN_REGISTER_KERNEL(nll_loss_grad_cuda, kOnnxtrainDomain, "NegativeLogLikelihoodLossGrad",
                           kCuda) {
   return std::make_unique<LossGradKernel>(n, false);
 }

@@ -469,8 +469,6 @@ class UnscaleGradientsKernel final : public Kernel {
   std::vector<DataType> dtypes_;
 };
 
-constexpr const char* kTraining = "ai.onnx.preview.training";
-
 // passes::keep_weight_copies' copy_dtype (ops/precision.h) is not implemented here: such a node
 // runs the CPU kernel on host copies (the Trainer does not run the pass for CUDA devices).
 void refuse_copies(const graph::Node& n) {
@@ -480,39 +478,39 @@ void refuse_copies(const graph::Node& n) {
 
 }  // namespace
 
-ONNXTRAIN_REGISTER_KERNEL(adam_cuda, kTraining, "Adam", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(adam_cuda, kPreviewTrainingDomain, "Adam", kCuda) {
   return std::make_unique<OptimizerKernel<AdamRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(momentum_cuda, kTraining, "Momentum", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(momentum_cuda, kPreviewTrainingDomain, "Momentum", kCuda) {
   return std::make_unique<OptimizerKernel<MomentumRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(adagrad_cuda, kTraining, "Adagrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(adagrad_cuda, kPreviewTrainingDomain, "Adagrad", kCuda) {
   return std::make_unique<OptimizerKernel<AdagradRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adam_cuda, "ai.onnxtrain", "Adam", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adam_cuda, kOnnxtrainDomain, "Adam", kCuda) {
   refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdamRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(onnxtrain_momentum_cuda, "ai.onnxtrain", "Momentum", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_momentum_cuda, kOnnxtrainDomain, "Momentum", kCuda) {
   refuse_copies(n);
   return std::make_unique<OptimizerKernel<MomentumRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adagrad_cuda, "ai.onnxtrain", "Adagrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(onnxtrain_adagrad_cuda, kOnnxtrainDomain, "Adagrad", kCuda) {
   refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdagradRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(adamw_cuda, "ai.onnxtrain", "AdamW", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(adamw_cuda, kOnnxtrainDomain, "AdamW", kCuda) {
   refuse_copies(n);
   return std::make_unique<OptimizerKernel<AdamWRule>>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(sgd_cuda, "ai.onnxtrain", "SGD", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(sgd_cuda, kOnnxtrainDomain, "SGD", kCuda) {
   refuse_copies(n);
   return std::make_unique<SgdKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(clip_by_global_norm_cuda, "ai.onnxtrain", "ClipByGlobalNorm", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(clip_by_global_norm_cuda, kOnnxtrainDomain, "ClipByGlobalNorm", kCuda) {
   return std::make_unique<ClipByGlobalNormKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(unscale_gradients_cuda, "ai.onnxtrain", "UnscaleGradients", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(unscale_gradients_cuda, kOnnxtrainDomain, "UnscaleGradients", kCuda) {
   return std::make_unique<UnscaleGradientsKernel>();
 }
 

@@ -379,10 +379,10 @@ ONNXTRAIN_REGISTER_KERNEL(max_pool_cuda, "", "MaxPool", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(average_pool_cuda, "", "AveragePool", kCuda) {
   return std::make_unique<PoolKernel>(n, false);
 }
-ONNXTRAIN_REGISTER_KERNEL(max_pool_grad_cuda, "ai.onnxtrain", "MaxPoolGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(max_pool_grad_cuda, kOnnxtrainDomain, "MaxPoolGrad", kCuda) {
   return std::make_unique<PoolGradKernel>(n, true);
 }
-ONNXTRAIN_REGISTER_KERNEL(average_pool_grad_cuda, "ai.onnxtrain", "AveragePoolGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(average_pool_grad_cuda, kOnnxtrainDomain, "AveragePoolGrad", kCuda) {
   return std::make_unique<PoolGradKernel>(n, false);
 }
 ONNXTRAIN_REGISTER_KERNEL(global_average_pool_cuda, "", "GlobalAveragePool", kCuda) {
@@ -391,7 +391,7 @@ ONNXTRAIN_REGISTER_KERNEL(global_average_pool_cuda, "", "GlobalAveragePool", kCu
 ONNXTRAIN_REGISTER_KERNEL(global_max_pool_cuda, "", "GlobalMaxPool", kCuda) {
   return std::make_unique<GlobalPoolKernel>(n, true);
 }
-ONNXTRAIN_REGISTER_KERNEL(global_max_pool_grad_cuda, "ai.onnxtrain", "GlobalMaxPoolGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(global_max_pool_grad_cuda, kOnnxtrainDomain, "GlobalMaxPoolGrad", kCuda) {
   return std::make_unique<GlobalMaxPoolGradKernel>(n);
 }
 

@@ -489,7 +489,7 @@ ONNXTRAIN_REGISTER_KERNEL(reduce_sum_cuda, "", "ReduceSum", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(reduce_mean_cuda, "", "ReduceMean", kCuda) {
   return std::make_unique<ReduceSumKernel>(n, true);
 }
-ONNXTRAIN_REGISTER_KERNEL(sum_to_shape_of_cuda, "ai.onnxtrain", "SumToShapeOf", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(sum_to_shape_of_cuda, kOnnxtrainDomain, "SumToShapeOf", kCuda) {
   return std::make_unique<SumToShapeOfKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(arg_max_cuda, "", "ArgMax", kCuda) {
@@ -504,10 +504,10 @@ ONNXTRAIN_REGISTER_KERNEL(softmax_cuda, "", "Softmax", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(log_softmax_cuda, "", "LogSoftmax", kCuda) {
   return std::make_unique<SoftmaxKernel>(n, true);
 }
-ONNXTRAIN_REGISTER_KERNEL(softmax_grad_cuda, "ai.onnxtrain", "SoftmaxGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(softmax_grad_cuda, kOnnxtrainDomain, "SoftmaxGrad", kCuda) {
   return std::make_unique<SoftmaxGradKernel>(n, false);
 }
-ONNXTRAIN_REGISTER_KERNEL(log_softmax_grad_cuda, "ai.onnxtrain", "LogSoftmaxGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(log_softmax_grad_cuda, kOnnxtrainDomain, "LogSoftmaxGrad", kCuda) {
   return std::make_unique<SoftmaxGradKernel>(n, true);
 }
 

@@ -432,10 +432,10 @@ ONNXTRAIN_REGISTER_KERNEL(gather_cuda, "", "Gather", kCuda) {
 ONNXTRAIN_REGISTER_KERNEL(dropout_cuda, "", "Dropout", kCuda) {
   return make<DropoutKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(dropout_grad_cuda, "ai.onnxtrain", "DropoutGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(dropout_grad_cuda, kOnnxtrainDomain, "DropoutGrad", kCuda) {
   return make<DropoutGradKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(shard_batch_cuda, "ai.onnxtrain", "ShardBatch", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(shard_batch_cuda, kOnnxtrainDomain, "ShardBatch", kCuda) {
   return make<ShardBatchKernel>(n);
 }
 

@@ -135,7 +135,7 @@ class SliceGradKernel final : public Kernel {
 ONNXTRAIN_REGISTER_KERNEL(slice_cuda, "", "Slice", kCuda) {
   return std::make_unique<SliceKernel>(n);
 }
-ONNXTRAIN_REGISTER_KERNEL(slice_grad_cuda, "ai.onnxtrain", "SliceGrad", kCuda) {
+ONNXTRAIN_REGISTER_KERNEL(slice_grad_cuda, kOnnxtrainDomain, "SliceGrad", kCuda) {
   return std::make_unique<SliceGradKernel>(n);
 }
 

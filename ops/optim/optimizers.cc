@@ -53,8 +53,6 @@ OT_SIMD_CLONES void widen_row_from_bf16(const uint16_t* x, float* y, int64_t n) 
 
 namespace {
 
-constexpr const char* kTrainingDomain = "ai.onnx.preview.training";
-
 float required_float(const graph::Node& node, const char* name) {
   const graph::Attribute* a = node.find_attr(name);
   OT_CHECK(a && a->type == graph::AttrType::kFloat, node.describe(), ": attribute '", name,
@@ -361,7 +359,7 @@ class OptimizerKernel final : public Kernel {
 };
 
 template <typename Rule>
-OpSchema optimizer_schema(const char* op_type, const char* domain = kTrainingDomain) {
+OpSchema optimizer_schema(const char* op_type, const char* domain = kPreviewTrainingDomain) {
   OpSchema s;
   s.domain = domain;
   s.op_type = op_type;
