@@ -72,7 +72,9 @@ struct StateBinding {
 
 struct GradientBinding {
   std::string param;     // a kParameter state (this replica's copy)
-  std::string grad;      // dLoss/d(param) as autodiff produced it
+  // dLoss/d(param) as autodiff produced it; for a float32 weight autocast cast down, the bf16
+  // value itself once passes::keep_weight_copies lets the update read it (no float32 Cast)
+  std::string grad;
   std::string reduced;   // what the optimizer reads after the AllReduce; "" = grad
   int replica = -1;
   int bucket = -1;       // index into TrainingSignature::buckets; -1 = not reduced
