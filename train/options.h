@@ -46,7 +46,7 @@ struct ModelOptions {
   // Sum -> ReluGrad in one node each on CPU devices.
   bool fuse_batchnorm_relu = true;
   // --no-weight-copies turns it off: passes::keep_weight_copies gives bf16 convolutions kept
-  // bf16 copies of their float32 weights on CPU devices.
+  // bf16 copies of their float32 weights, and lets updates read bf16 gradients, on CPU devices.
   bool weight_copies = true;
   LossScalerOptions loss_scaler;
 };

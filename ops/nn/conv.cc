@@ -15,7 +15,7 @@
 #include "ops/nn/conv_algorithm.h"
 #include "ops/nn/dnnl_exec.h"
 #include "ops/nn/nn_util.h"
-#include "ops/optim/copy.h"
+#include "ops/bf16_rows.h"
 #include "ops/shape_util.h"
 
 namespace onnxtrain::ops::nn {
@@ -1059,11 +1059,8 @@ class ConvGradKernel final : public Kernel {
       const ew::BFloat16* wb = w.dtype == DataType::kBFloat16 ? w.as<ew::BFloat16>() : nullptr;
       if (!wb) {
         auto* rounded = reinterpret_cast<ew::BFloat16*>(scratch + g.wb);
-        const float* wv = w.as<float>();
-        ctx.parallel_for(gs.out * gs.cols, 4096, [&](int64_t begin, int64_t end) {
-          optim::round_row_to_bf16(wv + begin, reinterpret_cast<uint16_t*>(rounded) + begin,
-                                   end - begin);
-        });
+        round_to_bf16(w.as<float>(), reinterpret_cast<uint16_t*>(rounded), gs.out * gs.cols,
+                      ctx);
         wb = rounded;
       }
       auto* dcol = reinterpret_cast<float*>(scratch + g.dcol);

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "graph/bfloat16.h"
+#include "ops/bf16_rows.h"
 #include "ops/optim/copy.h"
 #include "ops/optim/guard.h"
 #include "ops/precision.h"
@@ -33,10 +33,6 @@ bool writes_copies(const graph::Node& node) {
   return true;
 }
 
-OT_SIMD_CLONES void round_row_to_bf16(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = graph::bf16_from_float(x[i]);
-}
-
 bool reads_bf16_gradient(const graph::Node& node, DataType x, DataType g, const char* what) {
   if (g == x || g == DataType::kUndefined || x == DataType::kUndefined) return false;
   OT_CHECK(g == DataType::kBFloat16 && x == DataType::kFloat && node.domain == kOnnxtrainDomain,
@@ -45,10 +41,6 @@ bool reads_bf16_gradient(const graph::Node& node, DataType x, DataType g, const 
                ? " (G must have X's dtype, or be bfloat16 for a float32 X)"
                : " (G must have X's dtype; the ai.onnxtrain form also reads a bfloat16 G)");
   return true;
-}
-
-OT_SIMD_CLONES void widen_row_from_bf16(const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = graph::bf16_to_float(x[i]);
 }
 
 namespace {
@@ -271,12 +263,8 @@ class OptimizerKernel final : public Kernel {
       }
       if (!apply) {
         for (int b = 0; b < 1 + kS; ++b) copy_through(*in[input_block_of_output(b)], out[b], ctx);
-        if (copy) {
-          const auto* x = static_cast<const float*>(in[0]->data);
-          ctx.parallel_for(in[0]->numel(), 4096, [&](int64_t begin, int64_t end) {
-            round_row_to_bf16(x + begin, copy + begin, end - begin);
-          });
-        }
+        if (copy)
+          round_to_bf16(static_cast<const float*>(in[0]->data), copy, in[0]->numel(), ctx);
         continue;
       }
       reduce::dispatch<reduce::FloatTypes>(in[0]->dtype, where, [&]<typename T>() {

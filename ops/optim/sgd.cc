@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/bf16_rows.h"
 #include "ops/optim/copy.h"
 #include "ops/optim/guard.h"
 #include "ops/optim/sgd_math.h"
@@ -108,7 +109,7 @@ class SgdKernel final : public Kernel {
     if (!guard_allows(ctx.input(kGuardSlot), where)) {
       copy_through(*x, &x_new, ctx);
       if (v) copy_through(*v, v_new, ctx);
-      if (copy) round_copy(static_cast<const float*>(x->data), copy, x->numel(), ctx);
+      if (copy) round_to_bf16(static_cast<const float*>(x->data), copy, x->numel(), ctx);
       return;
     }
     reduce::dispatch<reduce::FloatTypes>(x->dtype, where, [&]<typename T>() {
@@ -123,7 +124,7 @@ class SgdKernel final : public Kernel {
                 v_new ? v_new->as<T>() : nullptr, x->numel(), ctx);
     });
     // Each thread rounds the part of X_new it just wrote (update's split).
-    if (copy) round_copy(static_cast<const float*>(x_new.data), copy, x->numel(), ctx);
+    if (copy) round_to_bf16(static_cast<const float*>(x_new.data), copy, x->numel(), ctx);
   }
 
  private:
@@ -150,11 +151,6 @@ class SgdKernel final : public Kernel {
           sgd_update(a, lr, k, x + r, wide, v ? v + r : nullptr, x_new + r,
                      v_new ? v_new + r : nullptr);
       }
-    });
-  }
-  static void round_copy(const float* x, uint16_t* copy, int64_t count, const KernelContext& ctx) {
-    ctx.parallel_for(count, 4096, [&](int64_t begin, int64_t end) {
-      round_row_to_bf16(x + begin, copy + begin, end - begin);
     });
   }
   const graph::Node& node_;
