@@ -60,7 +60,8 @@ inline std::optional<graph::DataType> conv_compute_dtype(graph::DataType x, grap
 // ConvGrad's attribute `grad_dtype` (an ONNX dtype; default: W's): the dtype of dW and dB when
 // it differs from W's. passes::keep_weight_copies hands ConvGrad the bf16 copy of a float32
 // master weight (what it computes with anyway) and sets grad_dtype = float so dW and dB stay
-// float32, as with the master itself.
+// float32, as with the master itself -- except where the update reads dW in bf16 (no
+// grad_dtype: dW in the copy's dtype, the float32 sum rounded once to nearest even).
 inline constexpr const char* kGradDtypeAttr = "grad_dtype";
 
 // The ai.onnxtrain optimizer updates' attribute `copy_dtype` (an ONNX dtype; bfloat16 only):

@@ -1,6 +1,7 @@
 // keep_weight_copies (passes.h): bf16 copies of the convolution weights, kept across steps and
 // written by the optimizer's update instead of rounded by every convolution that reads them;
-// and updates that read a bf16 gradient instead of its float32 Cast.
+// and updates that read a bf16 gradient (a convolution's dW, a Gemm/MatMul weight's gradient)
+// instead of a float32 one.
 #include <string>
 #include <vector>
 
@@ -53,6 +54,18 @@ Value* widened_bf16(const Value* g, const Node& update) {
   for (const graph::Use& u : g->uses())
     if (u.node != &update) return nullptr;
   return cast->input(0);
+}
+
+// Whether `conv_grad`'s only gradient output is dW (no dB) and `update`, at input `slot`, is its
+// only reader: dW may then be bf16 without changing what anything else reads.
+bool conv_grad_feeds_only(const Node& conv_grad, const Node& update, size_t slot) {
+  if (conv_grad.outputs().size() < 2 || !conv_grad.output(1)) return false;
+  if (conv_grad.outputs().size() > 2 && conv_grad.output(2)) return false;
+  const Value* dw = conv_grad.output(1);
+  if (dw->is_graph_output() || update.input(slot) != dw) return false;
+  for (const graph::Use& u : dw->uses())
+    if (u.node != &update) return false;
+  return true;
 }
 
 }  // namespace
@@ -124,9 +137,16 @@ WeightCopyStats keep_weight_copies(graph::Model& model, bool bf16_gradients) {
     t.copies.push_back({.master = w->name(), .copy = copy->name(), .replica = b.replica});
     for (const graph::Use& u : readers) {
       u.node->set_input(static_cast<size_t>(u.input_index), copy);
-      if (is_conv_grad(*u.node))
-        u.node->set_attr(graph::Attribute::make_int(ops::kGradDtypeAttr,
-                                                    static_cast<int64_t>(DataType::kFloat)));
+      if (!is_conv_grad(*u.node)) continue;
+      if (bf16_gradients && conv_grad_feeds_only(*u.node, *update, gs)) {
+        // dW in bf16, the copy's dtype (ConvGrad's default: no grad_dtype), as torch.autocast's
+        // gradient of its bf16 weight: the update reads it and widens it as it goes.
+        u.node->output(1)->type.dtype = DataType::kBFloat16;
+        ++stats.bf16_gradients;
+        continue;
+      }
+      u.node->set_attr(graph::Attribute::make_int(ops::kGradDtypeAttr,
+                                                  static_cast<int64_t>(DataType::kFloat)));
     }
     ++stats.copies;
     stats.elements += w->initializer().numel();

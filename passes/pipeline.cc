@@ -45,8 +45,8 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
   stage("attach_optimizer");
   if (opts.keep_weight_copies && opts.precision == graph::DataType::kBFloat16) {
     // Replicated graphs AllReduce float32 gradients (bucket_allreduce): they keep the Casts.
-    info.weight_copies =
-        keep_weight_copies(model, /*bf16_gradients=*/opts.replicas == 1 && !opts.collectives);
+    info.weight_copies = keep_weight_copies(
+        model, /*bf16_gradients=*/opts.bf16_gradients && opts.replicas == 1 && !opts.collectives);
     infer_shapes(model);
     stage("keep_weight_copies");
   }

@@ -101,10 +101,12 @@ model and optimizer:
                           BN -> [Add ->] Relu and Sum -> ReluGrad in one pass each, with the
                           same bits (for comparisons)
   --no-weight-copies      bf16: the convolutions round the float32 master weights to bf16
-                          themselves at every read, and the optimizer reads float32 casts of
-                          bf16 gradients; by default the convolutions read bf16 copies that the
-                          optimizer rewrites after each update, and (one replica) the optimizer
-                          reads bf16 gradients itself, with the same bits (for comparisons)
+                          themselves at every read and write float32 weight gradients, and the
+                          optimizer reads float32 casts of bf16 gradients. By default the
+                          convolutions read bf16 copies that the optimizer rewrites after each
+                          update (the same bits), and with one replica the optimizer reads bf16
+                          gradients itself: the convolutions' dW then rounded to bf16, as
+                          torch.autocast's (for comparisons)
   --loss-scale S          fp16: the initial loss scale, a power of two (default 65536)
   --loss-scale-growth-interval N
                           fp16: double the scale after N overflow-free steps (default 2000)

@@ -670,21 +670,23 @@ class ConvGradKernel final : public Kernel {
     const bool low_act = w->dtype == DataType::kFloat && low_x;
     // W the low-precision copy of a float32 master (dW float32): the bf16 matmuls read it as
     // they would read the master rounded; the float32 GEMMs below need a float32 W.
-    const bool copy_w = low_x && w->dtype == x->dtype && grad_dtype_ == DataType::kFloat;
+    // W in the activations' low precision (the kept copy of a float32 master, or a bf16 model):
+    // the same shapes as around a float32 W, through the bf16 matmuls or else oneDNN.
+    const bool low_w = low_x && w->dtype == x->dtype;
     gemm_ = !empty && (x->dtype == w->dtype || low_act) &&
-            prefer_gemm(setup_, low_act || copy_w ? DataType::kFloat : x->dtype, ctx.node());
+            prefer_gemm(setup_, low_act || low_w ? DataType::kFloat : x->dtype, ctx.node());
     if (gemm_) {
       taps_ = all_taps(setup_.geom, false);
       const GemmShape gs = gemm_shape(setup_);
       ThreadBudget budget(ctx.num_threads());
       bf16_gemm_.reset();
       if (x->dtype == DataType::kBFloat16 && cpu_runs_natively(DataType::kBFloat16))
-        bf16_gemm_ = Bf16Gemms::make(gs);
+        bf16_gemm_ = Bf16Gemms::make(gs, grad_dtype_);
       if (bf16_gemm_) {
         ctx.scratch(bf16_gemm_->scratch_bytes);
         return;
       }
-      if (!copy_w) {
+      if (!low_w) {
         ctx.scratch((gs.col_floats() + gs.t_floats()) * sizeof(float));  // sizes the workspace
         warm_gemm_kernels("gemm:jit", dnnl::memory::data_type::f32);  // run_gemm's dnnl_sgemm
         return;
@@ -916,8 +918,8 @@ class ConvGradKernel final : public Kernel {
                 TensorView* dx, TensorView* dw, TensorView* db) {
     if (bf16_gemm_) {
       run_bf16_gemm(ctx, dy.as<ew::BFloat16>(), x.as<ew::BFloat16>(), w,
-                    dx ? dx->as<ew::BFloat16>() : nullptr, dw ? dw->as<float>() : nullptr,
-                    db ? db->as<float>() : nullptr);
+                    dx ? dx->as<ew::BFloat16>() : nullptr, dw ? dw->data : nullptr,
+                    db ? db->data : nullptr);
       return;
     }
     dispatch_float_or_low(x.dtype, where_, [&](auto tag) {
@@ -971,28 +973,33 @@ class ConvGradKernel final : public Kernel {
     }
   }
 
-  // The GEMM path for bf16 dY and X around the float32 W, where the CPU has bf16 arithmetic:
-  // oneDNN matmuls with bf16 operands and float32 results (AVX512-BF16 dot products, 1.5-2x the
-  // float32 GEMMs on ResNet-50's layer4 shapes), dW = dYt^T col written as float32 and
-  // dcol = dYt W from W rounded to bf16 (nearest even, as the oneDNN convolutions read it) --
-  // or from W itself when it is the master's kept bf16 copy (those same values).
+  // The GEMM path for bf16 dY and X around the float32 W or its kept bf16 copy, where the CPU has
+  // bf16 arithmetic: oneDNN matmuls with bf16 operands and float32 accumulation (AVX512-BF16 dot
+  // products, 1.5-2x the float32 GEMMs on ResNet-50's layer4 shapes), dW = dYt^T col written in
+  // dW's dtype (float32, or bf16 rounded to nearest even by the matmul) and dcol = dYt W from W
+  // rounded to bf16 (nearest even, as the oneDNN convolutions read it) -- or from W itself when
+  // it is bf16 (the master's kept copy: those same values).
   struct Bf16Gemms {
     dnnl::matmul dw, dx;
     dnnl::memory::desc dw_a, dw_b, dw_c, dx_a, dx_b, dx_c, dw_pad, dx_pad;
     size_t dyt = 0, col = 0, wb = 0, dcol = 0, pad_dw = 0, pad_dx = 0, scratch_bytes = 0;
+    bool bf16_grads = false;  // dW and dB in bf16
 
-    // nullopt where oneDNN has no bf16 matmul for the shapes.
-    static std::optional<Bf16Gemms> make(const GemmShape& gs) {
+    // nullopt where oneDNN has no bf16 matmul for the shapes. grad: dW's and dB's dtype.
+    static std::optional<Bf16Gemms> make(const GemmShape& gs, DataType grad) {
       using dnnl::memory;
       using dt = memory::data_type;
       const memory::dim rows = gs.rows, cols = gs.cols, out = gs.out;
+      if (grad != DataType::kFloat && grad != DataType::kBFloat16) return std::nullopt;
       try {
         dnnl::primitive_attr attr;
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         Bf16Gemms g{};
+        g.bf16_grads = grad == DataType::kBFloat16;
         g.dw_a = memory::desc({out, rows}, dt::bf16, memory::dims{1, out});  // dYt^T
         g.dw_b = memory::desc({rows, cols}, dt::bf16, memory::dims{cols, 1});
-        g.dw_c = memory::desc({out, cols}, dt::f32, memory::dims{cols, 1});
+        g.dw_c = memory::desc({out, cols}, g.bf16_grads ? dt::bf16 : dt::f32,
+                              memory::dims{cols, 1});
         g.dx_a = memory::desc({rows, out}, dt::bf16, memory::dims{out, 1});
         g.dx_b = memory::desc({out, cols}, dt::bf16, memory::dims{cols, 1});
         g.dx_c = memory::desc({rows, cols}, dt::f32, memory::dims{cols, 1});
@@ -1020,7 +1027,7 @@ class ConvGradKernel final : public Kernel {
   };
 
   void run_bf16_gemm(KernelContext& ctx, const ew::BFloat16* dyv, const ew::BFloat16* xv,
-                     const TensorView& w, ew::BFloat16* dx, float* dw, float* db) {
+                     const TensorView& w, ew::BFloat16* dx, void* dw, void* db) {
     const Bf16Gemms& g = *bf16_gemm_;
     const GemmShape gs = gemm_shape(setup_);
     auto* scratch = static_cast<std::byte*>(ctx.scratch(g.scratch_bytes));
@@ -1039,7 +1046,10 @@ class ConvGradKernel final : public Kernel {
         for (int64_t o = begin; o < end; ++o) {
           float acc = 0.0f;
           for (int64_t r = 0; r < gs.rows; ++r) acc += static_cast<float>(dyt[r * out + o]);
-          db[o] = acc;
+          if (g.bf16_grads)
+            static_cast<ew::BFloat16*>(db)[o].bits = graph::bf16_from_float(acc);
+          else
+            static_cast<float*>(db)[o] = acc;
         }
       });
     }

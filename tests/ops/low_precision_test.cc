@@ -440,6 +440,41 @@ TEST(LowPrecisionConv, SmallMapGradientsRunAsGemms) {
   }
 }
 
+// A ConvGrad reading the kept bf16 copy of a float32 master (passes::keep_weight_copies) writes
+// dW and dB in bf16 (W's dtype) where the update reads them as they are, and in float32 with
+// grad_dtype = float: the bf16 ones are the float32 ones rounded once (nearest even) -- through
+// the oneDNN primitives (blocked, plain) and the small-map bf16 GEMMs alike. A kernel that
+// rounded the operands differently, or summed in bf16, misses the one-rounding bound.
+TEST(LowPrecisionConv, Bf16WeightGradientsAreTheFloat32OnesRoundedOnce) {
+  if (!ops::cpu_runs_natively(DataType::kBFloat16)) GTEST_SKIP() << "no native bf16 on this CPU";
+  constexpr DataType kF32 = DataType::kFloat, kBf16 = DataType::kBFloat16;
+  const auto pads1 = Attribute::make_ints("pads", {1, 1, 1, 1});
+  const Attribute f32_grads =
+      Attribute::make_int(ops::kGradDtypeAttr, static_cast<int64_t>(DataType::kFloat));
+  for (const MixedConv& c :
+       {MixedConv{{4, 16, 8, 8}, {32, 16, 3, 3}, {pads1}, "3x3 pad 1 (blocked)"},
+        MixedConv{{2, 8, 20, 20}, {16, 8, 1, 1}, {}, "1x1 large map (plain)"},
+        MixedConv{{16, 64, 2, 2}, {64, 64, 3, 3}, {pads1}, "3x3 at 2x2 (bf16 GEMMs)"},
+        MixedConv{{4, 128, 2, 2}, {512, 128, 1, 1}, {}, "1x1 expansion at 2x2 (bf16 GEMMs)"}}) {
+    SCOPED_TRACE(c.label);
+    const std::vector<float> x = representable(kBf16, count(c.x), 1),
+                             w = representable(kBf16, count(c.w), 2);
+    const Tensor y = run_conv(c, tensor(kBf16, c.x, x), tensor(kBf16, c.w, w));
+    const std::vector<float> dy = representable(kBf16, y.numel(), 4);
+    auto grad = [&](const MixedConv& cc) {
+      return run_conv_grad(cc, tensor(kBf16, y.dims(), dy), tensor(kBf16, c.x, x),
+                           tensor(kBf16, c.w, w));
+    };
+    MixedConv f32 = c;
+    f32.attrs.push_back(f32_grads);
+    const std::vector<Tensor> got = grad(c), ref = grad(f32);
+    ASSERT_EQ(ref[1].dtype(), kF32);
+    EXPECT_TRUE(got[0].equals(ref[0])) << "dX does not depend on dW's dtype";
+    expect_close(got[1], ref[1], kBf16, true, "ConvGrad dW");
+    expect_close(got[2], ref[2], kBf16, true, "ConvGrad dB");
+  }
+}
+
 // Any other pair of dtypes (two different low ones; a bias not in W's dtype) is refused by shape
 // inference, naming the node and both dtypes.
 TEST(LowPrecisionConv, OtherDtypePairsAreRefused) {
