@@ -327,9 +327,7 @@ struct GeluGradRule {  // (dy, x)
       return static_cast<T>(
           dy * (C{0.5} * (C{1} + t) + C{0.5} * x * (C{1} - t * t) * k * (C{1} + C{3} * c * x * x)));
     } else {
-      const C pdf = vm::exp(C{-0.5} * x * x) *
-                    static_cast<C>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-      return static_cast<T>(dy * (vm::normal_cdf(x) + x * pdf));
+      return static_cast<T>(dy * vm::gelu_derivative(x));  // Phi(x) + x phi(x)
     }
   }
 };

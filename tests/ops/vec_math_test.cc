@@ -15,7 +15,7 @@
 namespace onnxtrain::ops::vm {
 namespace {
 
-enum class Fn { kExp, kErf, kErfc, kCdf, kTanh, kSigmoid };
+enum class Fn { kExp, kErf, kErfc, kCdf, kGeluDerivative, kTanh, kSigmoid };
 
 // The loop shape the kernels use: a free function holding the loop, cloned per ISA.
 OT_SIMD_CLONES void apply(Fn fn, const float* x, float* y, int64_t n) {
@@ -32,6 +32,9 @@ OT_SIMD_CLONES void apply(Fn fn, const float* x, float* y, int64_t n) {
     case Fn::kCdf:
       for (int64_t i = 0; i < n; ++i) y[i] = normal_cdf_f32(x[i]);
       break;
+    case Fn::kGeluDerivative:
+      for (int64_t i = 0; i < n; ++i) y[i] = gelu_derivative_f32(x[i]);
+      break;
     case Fn::kTanh:
       for (int64_t i = 0; i < n; ++i) y[i] = tanh_f32(x[i]);
       break;
@@ -47,6 +50,7 @@ float scalar(Fn fn, float x) {
     case Fn::kErf: return erf_f32(x);
     case Fn::kErfc: return erfc_f32(x);
     case Fn::kCdf: return normal_cdf_f32(x);
+    case Fn::kGeluDerivative: return gelu_derivative_f32(x);
     case Fn::kTanh: return tanh_f32(x);
     case Fn::kSigmoid: return sigmoid_f32(x);
   }
@@ -59,6 +63,9 @@ double reference(Fn fn, double x) {
     case Fn::kErf: return std::erf(x);
     case Fn::kErfc: return std::erfc(x);
     case Fn::kCdf: return 0.5 * std::erfc(-x / std::sqrt(2.0));
+    case Fn::kGeluDerivative:
+      return 0.5 * std::erfc(-x / std::sqrt(2.0)) +
+             x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * 3.14159265358979323846);
     case Fn::kTanh: return std::tanh(x);
     case Fn::kSigmoid: return 1.0 / (1.0 + std::exp(-x));
   }
@@ -123,6 +130,13 @@ TEST(VecMath, ErfcAndNormalCdfKeepRelativeAccuracyInTheirTails) {
   EXPECT_LE(measure(Fn::kCdf, -13.0f, 6.0f, 1.9e-5f, "cdf").rel, 6e-7);
 }
 
+// GELU's derivative Phi(x) + x phi(x) (GeluGrad): it crosses 0 near x = -0.75, so absolute
+// error over the range where it is of order 1, relative in the lower tail (both terms small).
+TEST(VecMath, GeluDerivativeWithinThreeTenMillionthsAndRelativeInItsTail) {
+  EXPECT_LE(measure(Fn::kGeluDerivative, -6.0f, 6.0f, 1.1e-5f, "gelu'").abs, 3e-7);
+  EXPECT_LE(measure(Fn::kGeluDerivative, -13.0f, -2.0f, 1.3e-5f, "gelu' tail").rel, 6e-7);
+}
+
 TEST(VecMath, TanhAndSigmoidWithinThreeUlp) {
   EXPECT_LE(measure(Fn::kTanh, -10.0f, 10.0f, 1.7e-5f, "tanh").ulps, 3.0);
   EXPECT_LE(measure(Fn::kTanh, -1e-3f, 1e-3f, 3.3e-9f, "tanh tiny").ulps, 3.0);
@@ -133,7 +147,8 @@ TEST(VecMath, SpecialValuesFollowLibm) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> xs{nan, inf, -inf, 89.0f, 1e6f, -104.0f, -1e6f, 0.0f, -0.0f};
-  for (Fn fn : {Fn::kExp, Fn::kErf, Fn::kErfc, Fn::kCdf, Fn::kTanh, Fn::kSigmoid}) {
+  for (Fn fn :
+       {Fn::kExp, Fn::kErf, Fn::kErfc, Fn::kCdf, Fn::kGeluDerivative, Fn::kTanh, Fn::kSigmoid}) {
     std::vector<float> ys(xs.size());
     apply(fn, xs.data(), ys.data(), static_cast<int64_t>(xs.size()));
     for (size_t i = 0; i < xs.size(); ++i) {
@@ -152,6 +167,14 @@ TEST(VecMath, SpecialValuesFollowLibm) {
   // Gradual underflow: e^-100 is a float denormal, not 0.
   EXPECT_NEAR(exp_f32(-100.0f), std::exp(-100.0), 2 * std::numeric_limits<float>::denorm_min());
   EXPECT_GT(exp_f32(-100.0f), 0.0f);
+  // exp_split_f32: e^(hi + lo) through one range reduction, 0 below -104.
+  for (float hi : {-100.0f, -60.5f, -3.0f, 0.0f})
+    for (float lo : {-1.25f, 0.0f, 0.5f}) {
+      const double ref = std::exp(static_cast<double>(hi) + static_cast<double>(lo));
+      EXPECT_NEAR(exp_split_f32(hi, lo), ref, 3 * ulp_at(ref)) << hi << " + " << lo;
+    }
+  EXPECT_EQ(exp_split_f32(-104.5f, 0.25f), 0.0f);
+  EXPECT_EQ(exp_split_f32(-103.0f, -2.0f), 0.0f);
 }
 
 }  // namespace
