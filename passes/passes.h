@@ -345,6 +345,23 @@ struct BatchNormReluStats {
 // Every value the graph computes is bit-identical to the unfused graph's.
 BatchNormReluStats fuse_batchnorm_relu(graph::Model& model);
 
+// ---- fold_transposes.cc
+struct TransposeFoldStats {
+  int matmul_operands = 0;  // Transposes a MatMul now reads through (FusedMatMul transA/transB)
+  int gemm_outputs = 0;     // Transposes of a Gemm's result now written by the Gemm itself
+};
+// After autodiff, for CPU kernels (the CUDA ones have no FusedMatMul: the Trainer turns it off
+// for CUDA devices): a MatMul operand produced by a Transpose that swaps only its last two dims
+// is read through that Transpose's input by ai.onnxtrain FusedMatMul with transA / transB set
+// (a Transpose of a Transpose toggles back; both flags off leaves a MatMul), and a 2-D Transpose
+// of a Gemm's result that nothing else reads becomes the Gemm itself with its operands swapped
+// and their flags swapped and negated (the Gemm's output takes the Transpose output's name:
+// records naming it stay true). dce then drops Transposes left unread. Torch's dynamo exporter
+// writes a Linear as MatMul(X, Transpose(W)) and attention as MatMul(Q, Transpose(K)); autodiff
+// transposes those again for the gradients: BERT h256 L4 has 130 Transposes per training step,
+// most of them these. Computes the same products (oneDNN reads the operand strided).
+TransposeFoldStats fold_transposes(graph::Model& model);
+
 // ---- block_layout.cc
 struct BlockLayoutStats {
   int blocked_values = 0;  // activations kept in the blocked channel layout
@@ -442,6 +459,8 @@ struct TrainingOptions {
   // BatchNormalization nodes only). Callers placing the graph on CUDA devices turn it off (the
   // Trainer does): those kernels do not implement the marks.
   bool fuse_batchnorm_relu = true;
+  // fold_transposes after autodiff; off for CUDA devices likewise (no FusedMatMul kernel).
+  bool fold_transposes = true;
   // block_layout after dce, with the same conditions as fuse_batchnorm_relu (CPU kernels only;
   // replicate's SyncBatchNormalization reads plain values).
   bool block_layout = true;
@@ -475,13 +494,15 @@ struct TrainingGraphInfo {
   AutocastInfo autocast;  // zeros without mixed precision
   ConvAlgorithmStats conv_algorithm;
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
+  TransposeFoldStats transposes;      // zeros when not run
   BlockLayoutStats block_layout;      // zeros when not run
   UpdateScheduleStats schedule;
   WeightCopyStats weight_copies;  // zeros when not run
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
-// select_conv_algorithm (-> fuse_batchnorm_relu) -> attach_optimizer (-> keep_weight_copies)
+// select_conv_algorithm (-> fuse_batchnorm_relu) (-> fold_transposes) -> attach_optimizer
+// (-> keep_weight_copies)
 // -> dce (-> block_layout)
 // (-> replicate ->
 // bucket_allreduce -> dce when replicas > 1 or collectives) -> schedule_updates, the verifier

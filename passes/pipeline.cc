@@ -37,6 +37,11 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
     info.batchnorm_relu = fuse_batchnorm_relu(model);
     stage("fuse_batchnorm_relu");
   }
+  if (opts.fold_transposes) {
+    info.transposes = fold_transposes(model);
+    infer_shapes(model);
+    stage("fold_transposes");
+  }
   // float16's narrow range needs dynamic loss scaling; bfloat16 has float32's exponent range.
   OptimizerOptions optimizer = opts.optimizer;
   optimizer.loss_scaling = optimizer.loss_scaling || opts.precision == graph::DataType::kFloat16;

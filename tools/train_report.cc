@@ -132,6 +132,10 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   if (p.info.batchnorm_relu.fused_sums > 0)
     std::fprintf(f, "fused       Sum into %d ReluGrad nodes (the residual stream's gradient)\n",
                  p.info.batchnorm_relu.fused_sums);
+  if (p.info.transposes.matmul_operands + p.info.transposes.gemm_outputs > 0)
+    std::fprintf(f, "fused       %d Transposes into the MatMuls reading them and %d into the "
+                 "Gemms they transposed (operands read strided, results written transposed)\n",
+                 p.info.transposes.matmul_operands, p.info.transposes.gemm_outputs);
   if (p.info.weight_copies.copies > 0)
     std::fprintf(f, "weights     %d convolution weights (%s elements) kept as bf16 copies, "
                  "rewritten after each update; float32 masters\n",

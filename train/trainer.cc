@@ -369,9 +369,11 @@ void Trainer::build() {
   for (const auto& d : devices_) {
     topts.devices.push_back(d->name());
     // The CUDA kernels implement neither fuse_batchnorm_relu's marks nor block_layout's
-    // (oneDNN's blocked layouts are CPU-only) nor ConvGrad's grad_dtype (kept weight copies).
+    // (oneDNN's blocked layouts are CPU-only) nor ConvGrad's grad_dtype (kept weight copies)
+    // nor FusedMatMul (fold_transposes).
     if (d->kind() == ops::DeviceKind::kCuda) {
       topts.fuse_batchnorm_relu = false;
+      topts.fold_transposes = false;
       topts.block_layout = false;
       topts.keep_weight_copies = false;
     }

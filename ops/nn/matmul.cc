@@ -327,6 +327,12 @@ void infer_matmul(InferenceContext& ctx) {
     return;
   }
   Shape as = *a.shape, bs = *b.shape;
+  // FusedMatMul's transA / transB.
+  for (auto [shape, attr] : {std::pair{&as, "transA"}, std::pair{&bs, "transB"}}) {
+    if (ctx.node.attr_int(attr, 0) == 0) continue;
+    OT_CHECK(shape->size() >= 2, where, ": ", attr, " needs an operand of rank >= 2");
+    std::swap((*shape)[shape->size() - 2], (*shape)[shape->size() - 1]);
+  }
   OT_CHECK(!as.empty() && !bs.empty(), where, ": MatMul operands must have rank >= 1");
   const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;
   if (a_vec) as.insert(as.begin(), Dim::known(1));
@@ -380,17 +386,58 @@ void matmul_reference(const MatMulDims& d, const T* a, const T* b, T* y, const K
   });
 }
 
-// a: (..., M, K) or (K), b: (..., K, N) or (K) -> y: (broadcast(...), M, N), 1-D dims dropped
+// FusedMatMul's transA / transB (kTransposedMatMul): the operand's last two dims swapped.
+std::vector<int64_t> swap_last2(std::span<const int64_t> dims, bool swap) {
+  std::vector<int64_t> d(dims.begin(), dims.end());
+  if (swap && d.size() >= 2) std::swap(d[d.size() - 2], d[d.size() - 1]);
+  return d;
+}
+
+// Row-major strides of `stored` dims, reported in the order of the swapped (logical) dims: a
+// transposed view of the buffer as it is.
+std::vector<int64_t> swapped_strides(std::span<const int64_t> stored) {
+  std::vector<int64_t> st(stored.size());
+  int64_t s = 1;
+  for (size_t i = stored.size(); i-- > 0;) {
+    st[i] = s;
+    s *= stored[i];
+  }
+  if (st.size() >= 2) std::swap(st[st.size() - 2], st[st.size() - 1]);
+  return st;
+}
+
+// x (dims as stored) with its last two dims swapped, as a dense buffer (the reference loop's
+// transposed operands).
+template <typename T>
+std::vector<T> transposed_copy(const T* x, std::span<const int64_t> dims) {
+  const int64_t r = dims[dims.size() - 2], c = dims.back(), plane = r * c;
+  const int64_t planes = product(dims) / std::max<int64_t>(plane, 1);
+  std::vector<T> out(static_cast<size_t>(planes * plane));
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) out[p * plane + j * r + i] = x[p * plane + i * c + j];
+  return out;
+}
+
+// a: (..., M, K) or (K), b: (..., K, N) or (K) -> y: (broadcast(...), M, N), 1-D dims dropped.
+// FusedMatMul (ai.onnxtrain, passes::fold_transposes): transA / transB read A / B (rank >= 2)
+// with their last two dims swapped -- (..., K, M) and (..., N, K) as stored -- through oneDNN
+// strides, so no Transpose writes them out.
 class MatMulKernel final : public Kernel {
  public:
-  explicit MatMulKernel(const graph::Node& node) : where_(node.describe()) {}
+  explicit MatMulKernel(const graph::Node& node)
+      : where_(node.describe()),
+        ta_(node.attr_int("transA", 0) != 0),
+        tb_(node.attr_int("transB", 0) != 0) {}
 
   void prepare(KernelContext& ctx) override {
     const TensorView* a = ctx.input(0);
     const TensorView* b = ctx.input(1);
     OT_CHECK(a && b, where_, ": inputs A and B are required");
     check_same_dtype(where_, *a, *b, "B");
-    d_ = matmul_dims(a->dims, b->dims, where_);
+    OT_CHECK((!ta_ || a->dims.size() >= 2) && (!tb_ || b->dims.size() >= 2), where_,
+             ": transA / transB need an operand of rank >= 2");
+    d_ = matmul_dims(swap_last2(a->dims, ta_), swap_last2(b->dims, tb_), where_);
     a_dims_ = a->dims;
     b_dims_ = b->dims;
     dnnl_.reset();
@@ -402,8 +449,11 @@ class MatMulKernel final : public Kernel {
     ad.insert(ad.end(), {d_.m, d_.k});
     bd.insert(bd.end(), {d_.k, d_.n});
     yd.insert(yd.end(), {d_.m, d_.n});
+    // A transposed operand: its stored (..., K, M) buffer with the last two strides swapped.
+    const std::vector<int64_t> as = ta_ ? swapped_strides(swap_last2(ad, true)) : std::vector<int64_t>{};
+    const std::vector<int64_t> bs = tb_ ? swapped_strides(swap_last2(bd, true)) : std::vector<int64_t>{};
     ThreadBudget budget(ctx.num_threads());
-    dnnl_.init(dnnl_desc(ad, *dt), dnnl_desc(bd, *dt), dnnl_desc(yd, *dt), 1.0f, false);
+    dnnl_.init(dnnl_desc(ad, *dt, as), dnnl_desc(bd, *dt, bs), dnnl_desc(yd, *dt), 1.0f, false);
   }
 
   void run(KernelContext& ctx) override {
@@ -418,12 +468,17 @@ class MatMulKernel final : public Kernel {
     }
     dispatch_numeric(a->dtype, where_, [&](auto tag) {
       using T = decltype(tag);
-      matmul_reference<T>(d_, a->as<T>(), b->as<T>(), y.as<T>(), ctx);
+      std::vector<T> at, bt;
+      if (ta_) at = transposed_copy(a->as<T>(), a->dims);
+      if (tb_) bt = transposed_copy(b->as<T>(), b->dims);
+      matmul_reference<T>(d_, ta_ ? at.data() : a->as<T>(), tb_ ? bt.data() : b->as<T>(),
+                          y.as<T>(), ctx);
     });
   }
 
  private:
   std::string where_;
+  bool ta_ = false, tb_ = false;
   MatMulDims d_;
   std::vector<int64_t> a_dims_, b_dims_;
   DnnlMatmul dnnl_;
@@ -609,6 +664,19 @@ ONNXTRAIN_REGISTER_OP(nn_matmul) {
   s.infer = infer_matmul;
   s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<MatMulKernel>(n); };
   s.gradient = matmul_grad;
+  return s;
+}
+
+// MatMul reading A and/or B transposed in their last two dims (transA, transB; ONNX Runtime's
+// com.microsoft FusedMatMul without alpha): what passes::fold_transposes makes of a MatMul fed
+// by such a Transpose. Training graphs only (after autodiff): no gradient rule; no CUDA kernel
+// (the Trainer does not run the pass for CUDA devices).
+ONNXTRAIN_REGISTER_OP(nn_fused_matmul) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "FusedMatMul";
+  s.infer = infer_matmul;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<MatMulKernel>(n); };
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -846,6 +847,65 @@ TEST(MatMul, BroadcastingAndVectors) {
       {random_tensor(DataType::kFloat, {2, 3}, v), random_tensor(DataType::kFloat, {4, 2}, v)},
       {}};
   EXPECT_THROW(run(bad), Error);
+}
+
+// ai.onnxtrain FusedMatMul (passes::fold_transposes): transA / transB read the operand with its
+// last two dims swapped, through oneDNN's strides (float32) or a transposed copy (the float64
+// reference loop): equal to MatMul on explicitly transposed operands, with broadcasting and a
+// 1-D other operand; a flag on a 1-D operand is refused.
+TEST(MatMul, FusedMatMulReadsTransposedOperands) {
+  auto transposed = [](const Tensor& t) {
+    std::vector<int64_t> d = t.dims();
+    const int64_t r = d[d.size() - 2], c = d.back(), plane = r * c;
+    std::swap(d[d.size() - 2], d[d.size() - 1]);
+    Tensor out(t.dtype(), d);
+    const size_t e = t.dtype() == DataType::kFloat ? 4 : 8;
+    const std::byte* src = t.data();
+    std::byte* dst = out.mutable_data();
+    for (int64_t p = 0; p < t.numel() / plane; ++p)
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < c; ++j)
+          std::memcpy(dst + (p * plane + j * r + i) * e, src + (p * plane + i * c + j) * e, e);
+    return out;
+  };
+  struct Case {
+    std::vector<int64_t> a, b;  // as stored
+    int ta, tb;
+  } cases[] = {{{3, 4}, {5, 4}, 0, 1},          {{4, 3}, {4, 5}, 1, 0},
+               {{4, 3}, {5, 4}, 1, 1},          {{2, 3, 4}, {6, 4}, 0, 1},
+               {{2, 1, 4, 3}, {5, 4, 2}, 1, 0}, {{2, 4, 3}, {2, 5, 4}, 1, 1},
+               {{7}, {2, 3, 7}, 0, 1},          {{2, 6, 3}, {6}, 1, 0}};
+  for (DataType dtype : {DataType::kFloat, DataType::kDouble}) {
+    for (const Case& c : cases) {
+      std::vector<double> av, bv;
+      const Tensor a = random_tensor(dtype, c.a, av), b = random_tensor(dtype, c.b, bv);
+      optest::NodeCall fused{"FusedMatMul",
+                             {{a}, {b}},
+                             {Attribute::make_int("transA", c.ta), Attribute::make_int("transB", c.tb)},
+                             1,
+                             17,
+                             std::string(ops::kOnnxtrainDomain),
+                             2,
+                             {}};
+      const Tensor got = optest::run_node(fused).outputs.at(0);
+      const Tensor want = run(NodeCase{"MatMul", {c.ta ? transposed(a) : a, c.tb ? transposed(b) : b}, {}})[0];
+      ASSERT_EQ(got.dims(), want.dims()) << str(c.a) << " x " << str(c.b);
+      const auto gv = values_of(got), wv = values_of(want);
+      for (size_t i = 0; i < gv.size(); ++i)
+        ASSERT_NEAR(gv[i], wv[i], 1e-6 * (1 + std::abs(wv[i])))
+            << str(c.a) << " x " << str(c.b) << " transA " << c.ta << " transB " << c.tb << " at " << i;
+    }
+  }
+  std::vector<double> v;
+  optest::NodeCall bad{"FusedMatMul",
+                       {{random_tensor(DataType::kFloat, {4}, v)}, {random_tensor(DataType::kFloat, {4, 3}, v)}},
+                       {Attribute::make_int("transA", 1)},
+                       1,
+                       17,
+                       std::string(ops::kOnnxtrainDomain),
+                       2,
+                       {}};
+  EXPECT_THROW(optest::run_node(bad), Error);
 }
 
 // ---------------------------------------------------------------- LRN

@@ -625,8 +625,8 @@ TEST(Replicate, PrintedTinyGraph) {
        {"  %x/r0[N/r0,2] f32, %x/r1[N/r1,2] f32 = ai.onnxtrain.ShardBatch<replicas=2>(%x)  # "
         "shard_batch.x\n",
         "  %y/r1[N/r1,3] f32 = MatMul(%x/r1, %W/r1)  # matmul/r1 @cpu:1\n",
-        "  %W_grad/r1[2,3] f32 = MatMul(%matmul/grad/r1, %loss.error_grad_sum/r1)  # "
-        "matmul/grad/MatMul/r1 @cpu:1\n"
+        "  %W_grad/r1[2,3] f32 = ai.onnxtrain.FusedMatMul<transA=1>(%x/r1, "
+        "%loss.error_grad_sum/r1)  # matmul/grad/MatMul/r1 @cpu:1\n"
         "  %W_grad/r0/allreduced[2,3] f32, %W_grad/r1/allreduced[2,3] f32 = "
         "ai.onnxtrain.AllReduce<replicas=2,reduction=\"sum\">(%W_grad/r0, %W_grad/r1)  # "
         "allreduce.bucket0\n"
