@@ -668,10 +668,10 @@ class ConvGradKernel final : public Kernel {
     grad_dtype_ = conv_grad_dtype(ctx.node(), w->dtype);
     const bool low_x = x->dtype == DataType::kBFloat16 || x->dtype == DataType::kFloat16;
     const bool low_act = w->dtype == DataType::kFloat && low_x;
-    // W the low-precision copy of a float32 master (dW float32): the bf16 matmuls read it as
-    // they would read the master rounded; the float32 GEMMs below need a float32 W.
-    // W in the activations' low precision (the kept copy of a float32 master, or a bf16 model):
-    // the same shapes as around a float32 W, through the bf16 matmuls or else oneDNN.
+    // W in the activations' low precision (the kept copy of a float32 master, dW float32 or
+    // bf16; or a bf16 model): the same shapes as around a float32 W, through the bf16 matmuls
+    // (which read it as they would read the master rounded) or else oneDNN -- the float32 GEMMs
+    // below need a float32 W.
     const bool low_w = low_x && w->dtype == x->dtype;
     gemm_ = !empty && (x->dtype == w->dtype || low_act) &&
             prefer_gemm(setup_, low_act || low_w ? DataType::kFloat : x->dtype, ctx.node());

@@ -327,9 +327,9 @@ void infer_matmul(InferenceContext& ctx) {
     return;
   }
   Shape as = *a.shape, bs = *b.shape;
-  // FusedMatMul's transA / transB.
+  // FusedMatMul's transA / transB (ONNX's MatMul has no such attributes).
   for (auto [shape, attr] : {std::pair{&as, "transA"}, std::pair{&bs, "transB"}}) {
-    if (ctx.node.attr_int(attr, 0) == 0) continue;
+    if (ctx.node.domain != kOnnxtrainDomain || ctx.node.attr_int(attr, 0) == 0) continue;
     OT_CHECK(shape->size() >= 2, where, ": ", attr, " needs an operand of rank >= 2");
     std::swap((*shape)[shape->size() - 2], (*shape)[shape->size() - 1]);
   }
@@ -386,7 +386,7 @@ void matmul_reference(const MatMulDims& d, const T* a, const T* b, T* y, const K
   });
 }
 
-// FusedMatMul's transA / transB (kTransposedMatMul): the operand's last two dims swapped.
+// FusedMatMul's transA / transB: the operand's last two dims swapped.
 std::vector<int64_t> swap_last2(std::span<const int64_t> dims, bool swap) {
   std::vector<int64_t> d(dims.begin(), dims.end());
   if (swap && d.size() >= 2) std::swap(d[d.size() - 2], d[d.size() - 1]);
@@ -427,8 +427,8 @@ class MatMulKernel final : public Kernel {
  public:
   explicit MatMulKernel(const graph::Node& node)
       : where_(node.describe()),
-        ta_(node.attr_int("transA", 0) != 0),
-        tb_(node.attr_int("transB", 0) != 0) {}
+        ta_(node.domain == kOnnxtrainDomain && node.attr_int("transA", 0) != 0),
+        tb_(node.domain == kOnnxtrainDomain && node.attr_int("transB", 0) != 0) {}
 
   void prepare(KernelContext& ctx) override {
     const TensorView* a = ctx.input(0);
