@@ -39,6 +39,12 @@ inline float exp_exponent(float xc) {
   return (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
 }
 
+// x - n ln 2 in two steps (ln 2's high part has 12 significant bits: n * hi is exact).
+inline float exp_reduce(float x, float n) {
+  const float r = x - n * 0.693145751953125f;
+  return r - n * 1.428606765330187045e-6f;
+}
+
 // e^r * 2^n for |r| <= ln2 / 2 (a little beyond is fine), n from exp_exponent.
 inline float exp_reduced(float n, float r) {
   // e^r: Taylor to r^7 (truncation below 5e-9 relative).
@@ -66,10 +72,7 @@ inline float exp_reduced(float n, float r) {
 inline float exp_f32(float x) {
   const float xc = detail::exp_clamp(x);
   const float n = detail::exp_exponent(xc);
-  // r = x - n ln 2 in two steps (ln 2's high part has 12 significant bits: n * hi is exact).
-  float r = xc - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-6f;
-  const float y = detail::exp_reduced(n, r);
+  const float y = detail::exp_reduced(n, detail::exp_reduce(xc, n));
   return x != x ? x : y;
 }
 
@@ -81,10 +84,7 @@ inline float exp_f32(float x) {
 inline float exp_split_f32(float hi, float lo) {
   const float s = hi + lo;
   const float n = detail::exp_exponent(detail::exp_clamp(s));
-  float r = hi - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-6f;
-  r = r + lo;
-  return s < -104.0f ? 0.0f : detail::exp_reduced(n, r);
+  return s < -104.0f ? 0.0f : detail::exp_reduced(n, detail::exp_reduce(hi, n) + lo);
 }
 
 namespace detail {
@@ -157,15 +157,32 @@ inline float erfc_f32(float x) {
 
 // The standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2, with relative accuracy in the lower
 // tail (GELU's x * Phi(x) for negative x).
+namespace detail {
+
+// z = -x / sqrt 2 for Phi(x) = erfc(z) / 2: |z| = a (|x| clamped at 16), and z^2 = x^2 / 2 split
+// from x itself as sq_hi (exact) + sq_lo (z rounded would cost z^2 * 1.2e-7).
+struct NormalArg {
+  float a, sq_hi, sq_lo;
+  explicit NormalArg(float x) {
+    const float ax = x < 0 ? -x : x;
+    const float axc = ax > 16.0f ? 16.0f : ax;
+    a = axc * 0.707106781186547524f;
+    const float hi = high_bits(axc);
+    sq_hi = 0.5f * (hi * hi);
+    sq_lo = 0.5f * ((axc - hi) * (axc + hi));
+  }
+  // Phi(x) from erfc(a) for a >= 0.5 (`tail`); below, from erf.
+  float cdf(float x, float tail) const {
+    const float lower = a < 0.5f ? 1.0f - erf_small(a) : tail;  // erfc(a)
+    return 0.5f * (x < 0 ? lower : 2.0f - lower);
+  }
+};
+
+}  // namespace detail
+
 inline float normal_cdf_f32(float x) {
-  // z = -x / sqrt 2; z^2 = x^2 / 2 is split from x itself (z rounded would cost z^2 * 1.2e-7).
-  const float ax = x < 0 ? -x : x;
-  const float axc = ax > 16.0f ? 16.0f : ax;
-  const float a = axc * 0.707106781186547524f;
-  const float hi = detail::high_bits(axc);
-  const float tail = detail::erfc_tail(a, 0.5f * (hi * hi), 0.5f * ((axc - hi) * (axc + hi)));
-  const float lower = a < 0.5f ? 1.0f - detail::erf_small(a) : tail;  // erfc(|z|)
-  const float r = 0.5f * (x < 0 ? lower : 2.0f - lower);
+  const detail::NormalArg z(x);
+  const float r = z.cdf(x, detail::erfc_tail(z.a, z.sq_hi, z.sq_lo));
   return x != x ? x : r;
 }
 
@@ -175,17 +192,11 @@ inline float normal_cdf_f32(float x) {
 // absolute there (3e-7; its largest value is 1.13) and relative in the lower tail, x < -2
 // (6e-7), where both terms are small.
 inline float gelu_derivative_f32(float x) {
-  const float ax = x < 0 ? -x : x;
-  const float axc = ax > 16.0f ? 16.0f : ax;
-  const float a = axc * 0.707106781186547524f;
-  const float hi = detail::high_bits(axc);
-  const float sq_hi = 0.5f * (hi * hi), sq_lo = 0.5f * ((axc - hi) * (axc + hi));
-  const float e = exp_split_f32(-sq_hi, -sq_lo);  // e^(-x^2/2)
-  const float t = 1.0f / (1.0f + 0.5f * a);
+  const detail::NormalArg z(x);
+  const float e = exp_split_f32(-z.sq_hi, -z.sq_lo);  // e^(-x^2/2)
+  const float t = 1.0f / (1.0f + 0.5f * z.a);
   const float tail = t * e * exp_f32(detail::erfc_tail_poly(t));  // erfc(|x| / sqrt 2)
-  const float lower = a < 0.5f ? 1.0f - detail::erf_small(a) : tail;
-  const float cdf = 0.5f * (x < 0 ? lower : 2.0f - lower);
-  const float r = cdf + x * e * 0.398942280401432678f;
+  const float r = z.cdf(x, tail) + x * e * 0.398942280401432678f;
   return x != x ? x : r;
 }
 
