@@ -22,6 +22,7 @@ bool values_equal(const Value* a, const Value* b, std::string* why, const std::s
   if (!(a->type == b->type))
     return differ(why, cat(w, " '", a->name(), "': type ", format_type(a->type), " vs ",
                            format_type(b->type)));
+  if (a->metadata != b->metadata) return differ(why, cat(w, " '", a->name(), "': metadata differs"));
   return true;
 }
 
@@ -88,6 +89,8 @@ bool graphs_equal(const Graph& a, const Graph& b, std::string* why) {
       return differ(why, cat(w, " initializer ", i, ": '", ia[i]->name(), "' vs '", ib[i]->name(), "'"));
     if (!ia[i]->initializer().equals(ib[i]->initializer()))
       return differ(why, cat(w, " initializer '", ia[i]->name(), "': values differ"));
+    if (ia[i]->metadata != ib[i]->metadata)
+      return differ(why, cat(w, " initializer '", ia[i]->name(), "': metadata differs"));
   }
   if (a.num_nodes() != b.num_nodes())
     return differ(why, cat(w, ": ", a.num_nodes(), " vs ", b.num_nodes(), " nodes"));

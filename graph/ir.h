@@ -144,6 +144,11 @@ class Value {
   const std::string& name() const { return name_; }
   ValueType type;
   std::string doc_string;
+  // The file's metadata_props of this value (its ValueInfoProto in inputs, outputs or
+  // value_info, initializers included), in file order, written back by export. Torch's dynamo
+  // exporter records there what each initializer was in the module (parameter or buffer:
+  // passes::prepare_training reads it).
+  std::vector<std::pair<std::string, std::string>> metadata;
 
   Node* producer() const { return producer_; }
   int producer_output() const { return producer_output_; }

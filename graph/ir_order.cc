@@ -150,6 +150,7 @@ std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,
     for (size_t i = 0; i < n->outputs_.size(); ++i) {
       if (!n->outputs_[i]) continue;
       c->outputs_[i]->type = n->outputs_[i]->type;
+      c->outputs_[i]->metadata = n->outputs_[i]->metadata;
       value_map[n->outputs_[i]] = c->outputs_[i];
     }
     clones.push_back(c);
@@ -173,6 +174,7 @@ std::unique_ptr<Graph> Graph::clone_filtered(Graph* parent,
   auto copy_value = [&](const Value* v) {
     Value* c = g->add_value(v->name_, v->type);
     c->doc_string = v->doc_string;
+    c->metadata = v->metadata;
     map[v] = c;
     return c;
   };
@@ -217,6 +219,7 @@ std::unique_ptr<Graph> Graph::clone_filtered(Graph* parent,
       if (n->outputs_[i]) {
         c->outputs_[i]->type = n->outputs_[i]->type;
         c->outputs_[i]->doc_string = n->outputs_[i]->doc_string;
+        c->outputs_[i]->metadata = n->outputs_[i]->metadata;
         map[n->outputs_[i]] = c->outputs_[i];
       }
     for (size_t i = 0; i < ins.size(); ++i) c->set_input(i, ins[i]);

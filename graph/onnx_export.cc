@@ -10,6 +10,7 @@
 #include "graph/file_io.h"
 #include "graph/onnx_io.h"
 #include "graph/onnx_placement.h"
+#include "graph/onnx_value_metadata.h"
 #include "onnx/onnx_pb.h"
 
 namespace onnxtrain::graph {
@@ -66,6 +67,7 @@ void fill_value_info(const Value& v, onnx::ValueInfoProto* vi) {
   vi->set_name(v.name());
   if (!v.doc_string.empty()) vi->set_doc_string(v.doc_string);
   if (v.type.kind != ValueType::Kind::kUnknown) fill_type(v.type, vi->mutable_type());
+  write_value_metadata(v.metadata, vi);
 }
 
 void fill_tensor(const Tensor& t, const std::string& name, onnx::TensorProto* tp,
@@ -154,8 +156,16 @@ void fill_graph(const Graph& g, onnx::GraphProto* gp, ExternalWriter* ext) {
   }
   for (const Value* v : g.outputs()) fill_value_info(*v, gp->add_output());
   for (const auto& v : g.values()) {
-    if (v->is_graph_input() || v->has_initializer() || v->is_graph_output()) continue;
-    if (v->type.kind == ValueType::Kind::kUnknown && v->doc_string.empty()) continue;
+    if (v->is_graph_input() || v->is_graph_output()) continue;
+    if (v->has_initializer()) {  // only its metadata (the initializer has its type)
+      if (v->metadata.empty()) continue;
+      onnx::ValueInfoProto* vi = gp->add_value_info();
+      vi->set_name(v->name());
+      write_value_metadata(v->metadata, vi);
+      continue;
+    }
+    if (v->type.kind == ValueType::Kind::kUnknown && v->doc_string.empty() && v->metadata.empty())
+      continue;
     fill_value_info(*v, gp->add_value_info());
   }
 }

@@ -14,6 +14,7 @@
 #include "graph/error.h"
 #include "graph/onnx_io.h"
 #include "graph/onnx_placement.h"
+#include "graph/onnx_value_metadata.h"
 #include "graph/verifier.h"
 #include "onnx/onnx_pb.h"
 
@@ -416,6 +417,7 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
     OT_CHECK(!g.find_value(vi.name()), gw, "graph input '", vi.name(), "' is listed twice");
     Value* v = g.add_input(vi.name(), convert_type(vi.type(), cat(gw, "input '", vi.name(), "'")));
     v->doc_string = vi.doc_string();
+    v->metadata = read_value_metadata(vi, cat(gw, "input '", vi.name(), "'"));
   }
   for (const auto& tp : gp.initializer()) {
     OT_CHECK(!tp.name().empty(), gw, "initializer without a name");
@@ -481,7 +483,12 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
 
   for (const auto& vi : gp.value_info()) {
     Value* v = g.find_value(vi.name());
-    if (!v || v->has_initializer() || v->is_graph_input()) continue;
+    if (!v) continue;
+    // An initializer's or input's entry adds its metadata (torch's dynamo exporter writes the
+    // parameter / buffer marks there); its type and doc string came from its own definition.
+    auto metadata = read_value_metadata(vi, cat(gw, "value_info '", vi.name(), "'"));
+    v->metadata.insert(v->metadata.end(), metadata.begin(), metadata.end());
+    if (v->has_initializer() || v->is_graph_input()) continue;
     v->type = convert_type(vi.type(), cat(gw, "value_info '", vi.name(), "'"));
     v->doc_string = vi.doc_string();
   }
@@ -492,6 +499,10 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
     OT_CHECK(v, gw, "graph output '", vi.name(), "' is not defined");
     ValueType t = convert_type(vi.type(), cat(gw, "output '", vi.name(), "'"));
     if (t.kind != ValueType::Kind::kUnknown && v->owner() == &g) v->type = std::move(t);
+    if (v->owner() == &g) {
+      auto metadata = read_value_metadata(vi, cat(gw, "output '", vi.name(), "'"));
+      v->metadata.insert(v->metadata.end(), metadata.begin(), metadata.end());
+    }
     g.add_output(v);
   }
 }

@@ -70,9 +70,15 @@ struct PreparedModel {
   std::string logits;               // the output the loss attaches to (pre-softmax if any)
   // One line per running statistic given its own copy (exporters merge equal initializers).
   std::vector<std::string> untied;
+  // Float initializers on a path to the output that the exporter marked as no parameter of the
+  // module (torch.export's buffers and constants, e.g. a rotary embedding's inv_freq): fixed, as
+  // torch keeps them, and named in the training plan. --trainable cannot pick them.
+  std::vector<std::string> buffers;
 };
 // Picks the trainable parameters (float initializers on a differentiable path to the trained
-// output, never BN running statistics or shape constants), switches BatchNormalization and
+// output, never BN running statistics, shape constants or what the exporter marked as buffers:
+// torch's dynamo exporter writes each initializer's torch.export input kind into its value
+// metadata, and only PARAMETER ones train where it did), switches BatchNormalization and
 // Dropout to training mode (running statistics wired back through `<stat>.updated` outputs).
 // A running statistic that other nodes share (an exporter merged equal initializers) or that a
 // Constant node gives is first copied into an initializer of that BN's own (`untied`).

@@ -125,6 +125,18 @@ Value* logits_of(Value* out, int64_t opset) {
   return out;
 }
 
+// torch.export's record of what an initializer was in the module, which torch's dynamo exporter
+// (torch.onnx.export(dynamo=True), torch 2.5+) writes into the value's metadata: PARAMETER,
+// BUFFER (running statistics, a rotary embedding's inv_freq, position ids), CONSTANT_TENSOR.
+constexpr const char* kTorchInputKindKey = "pkg.torch.export.graph_signature.InputSpec.kind";
+
+// True when the exporter marked `v` as something other than a parameter of the module.
+bool marked_not_parameter(const Value& v) {
+  for (const auto& [key, value] : v.metadata)
+    if (key == kTorchInputKindKey) return value != "PARAMETER";
+  return false;
+}
+
 // Initializers the trained value depends on through float data (minus the fixed inputs).
 std::unordered_set<const Value*> reachable_parameters(Value* from) {
   std::unordered_set<const Value*> seen, params;
@@ -164,15 +176,20 @@ std::regex compile(const Model& m, const char* option, const std::string& patter
 // Applies trainable_regex, then freeze_regex (regex_search: a match anywhere in the name). A
 // pattern must match at least one candidate, or it is most likely a typo.
 std::vector<std::string> filter_parameters(const Model& m, const std::vector<std::string>& all,
+                                           const std::vector<std::string>& buffers,
                                            const TrainableOptions& opts) {
   std::vector<std::string> names = all;
   auto apply = [&](const char* option, const std::string& pattern, bool keep_matches) {
     if (pattern.empty()) return;
     const std::regex re = compile(m, option, pattern);
-    OT_CHECK(std::any_of(all.begin(), all.end(),
-                         [&](const std::string& n) { return std::regex_search(n, re); }),
-             where(m), option, " '", pattern, "' matches none of the ", all.size(),
-             " trainable parameters (the first is '", all.front(), "')");
+    auto matches = [&](const std::string& n) { return std::regex_search(n, re); };
+    const auto buffer = std::find_if(buffers.begin(), buffers.end(), matches);
+    OT_CHECK(std::any_of(all.begin(), all.end(), matches), where(m), option, " '", pattern,
+             "' matches none of the ", all.size(), " trainable parameters (the first is '",
+             all.front(), "')",
+             buffer == buffers.end()
+                 ? std::string()
+                 : cat("; '", *buffer, "' is a buffer the exporter marked, which stays fixed"));
     std::erase_if(names,
                   [&](const std::string& n) { return std::regex_search(n, re) != keep_matches; });
   };
@@ -382,11 +399,20 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
 
   const std::unordered_set<const Value*> reachable = reachable_parameters(out);
   std::vector<std::string> candidates;
-  for (const Value* v : g.initializers())
-    if (reachable.count(v)) candidates.push_back(v->name());
+  for (const Value* v : g.initializers()) {
+    if (!reachable.count(v)) continue;
+    if (marked_not_parameter(*v))
+      prepared.buffers.push_back(v->name());
+    else
+      candidates.push_back(v->name());
+  }
   OT_CHECK(!candidates.empty(), where(model), "no float initializer feeds output '", out->name(),
-           "', so there is nothing to train");
-  prepared.params = filter_parameters(model, candidates, opts);
+           "', so there is nothing to train",
+           prepared.buffers.empty()
+               ? std::string()
+               : cat(" (the exporter marked the ", prepared.buffers.size(),
+                     " that do as buffers, e.g. '", prepared.buffers.front(), "')"));
+  prepared.params = filter_parameters(model, candidates, prepared.buffers, opts);
   OT_CHECK(!prepared.params.empty(), where(model),
            "freeze_regex / trainable_regex leave no trainable parameter (freeze_regex '",
            opts.freeze_regex, "', trainable_regex '", opts.trainable_regex, "')");

@@ -151,6 +151,17 @@ void exp_grad(GradientBuilder& b) {
 void log_grad(GradientBuilder& b) {
   if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Div", {b.output_grad(0), b.input(0)}));
 }
+// d sin(x) = cos(x), d cos(x) = -sin(x): from the other function of the same x (rotary position
+// embeddings compute both of one angle; a trainable angle is rare, so no fused gradient op).
+void sin_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, b.emit1("Mul", {b.output_grad(0), b.emit1("Cos", {b.input(0)})}));
+}
+void cos_grad(GradientBuilder& b) {
+  if (b.needs_input_grad(0))
+    b.set_input_grad(
+        0, b.emit1("Neg", {b.emit1("Mul", {b.output_grad(0), b.emit1("Sin", {b.input(0)})})}));
+}
 void neg_grad(GradientBuilder& b) {
   if (b.needs_input_grad(0)) b.set_input_grad(0, b.emit1("Neg", {b.output_grad(0)}));
 }
@@ -195,10 +206,10 @@ ONNXTRAIN_REGISTER_OP(ew_round) {
   return unary_op<RoundFn, FloatTypes>("Round", 11);
 }
 ONNXTRAIN_REGISTER_OP(ew_sin) {
-  return unary_op<SinFn, FloatTypes>("Sin", 7);
+  return with_gradient(unary_op<SinFn, FloatTypes>("Sin", 7), sin_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_cos) {
-  return unary_op<CosFn, FloatTypes>("Cos", 7);
+  return with_gradient(unary_op<CosFn, FloatTypes>("Cos", 7), cos_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_tan) {
   return unary_op<TanFn, FloatTypes>("Tan", 7);

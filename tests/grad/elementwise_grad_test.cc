@@ -181,6 +181,8 @@ TEST(ElementwiseGrad, UnaryMath) {
   run(unary("Abs", away(rnd(shape, 64), {0.0})));
   run(unary("Reciprocal", away(rnd(shape, 65, -2, 2), {0.0}, 0.4)));
   run(unary("Erf", rnd(shape, 66, -2, 2)));
+  run(unary("Sin", rnd(shape, 67, -4, 4)));  // over more than a period: both signs of each
+  run(unary("Cos", rnd(shape, 68, -4, 4)));
 }
 
 TEST(ElementwiseGrad, Clip) {

@@ -113,6 +113,14 @@ MODELS = {
     "gpt2": (hf("GPT2LMHeadModel", "GPT2Config", tuple_out=False, vocab_size=VOCAB, n_positions=64, n_embd=32,
                 n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                 use_cache=False), "lm"),
+    # Llama-family decoders (rotary position embeddings, RMSNorm, SiLU-gated MLP, grouped-query
+    # attention): the dynamo export computes the rotary angles from the inv_freq buffer.
+    "llama": (hf("LlamaForCausalLM", "LlamaConfig", tuple_out=False, vocab_size=VOCAB,
+                 hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, use_cache=False), "lm"),
+    "qwen2": (hf("Qwen2ForCausalLM", "Qwen2Config", tuple_out=False, vocab_size=VOCAB,
+                 hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, use_cache=False), "lm"),
     "hf_vit": (hf("ViTForImageClassification", "ViTConfig", tuple_out=False, image_size=32, patch_size=8,
                   hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -359,6 +367,17 @@ class Case:
             ok = eot <= tol and leot <= ltol
             detail = (f"params err {eot:.2e} (torch f32 {e32:.2e}, tol {tol:.2e}, worst {worst}); "
                       f"loss {lot:.6f} vs {l64:.6f} err {leot:.1e} (f32 {le32:.1e}, tol {ltol:.1e})")
+            # Buffers torch does not train (a rotary embedding's inv_freq; BN's statistics are
+            # state and checked below) leave the step as they came, bit for bit.
+            exported = initializers(path)
+            fixed = [n for n, _ in model.named_buffers() if n in exported and n in pot
+                     and not n.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+            moved = [n for n in fixed if not np.array_equal(pot[n], exported[n])]
+            if moved:
+                ok = False
+                detail += f"; buffers changed by training: {moved[:3]}"
+            elif fixed:
+                detail += f"; {len(fixed)} buffer(s) unchanged"
             # BN running statistics: reported, not gated (ONNX's running_var takes the biased
             # batch variance, torch's the unbiased one)
             for stat in ("running_mean", "running_var"):

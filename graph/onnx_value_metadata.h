@@ -1,0 +1,48 @@
+// A ValueInfoProto's metadata_props (field 4, ONNX 1.16): the onnx.proto this project builds
+// against predates the field, so protobuf keeps it among the message's unknown fields. Import
+// reads it from there and export writes it back the same way (Value::metadata), so a file's
+// value metadata survives onnxtrain -- a trained model keeps torch's parameter / buffer marks.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <google/protobuf/unknown_field_set.h>
+
+#include "graph/error.h"
+#include "onnx/onnx_pb.h"
+
+namespace onnxtrain::graph {
+
+inline constexpr int kValueInfoMetadataField = 4;
+
+// `where` names the value in the error a malformed entry gives.
+inline std::vector<std::pair<std::string, std::string>> read_value_metadata(
+    const onnx::ValueInfoProto& vi, const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const google::protobuf::UnknownFieldSet& fields = vi.unknown_fields();
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = fields.field(i);
+    if (f.number() != kValueInfoMetadataField) continue;
+    onnx::StringStringEntryProto entry;
+    OT_CHECK(f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED &&
+                 entry.ParseFromString(f.length_delimited()),
+             where, ": metadata_props entry ", out.size(), " is not a key/value pair");
+    out.emplace_back(entry.key(), entry.value());
+  }
+  return out;
+}
+
+inline void write_value_metadata(const std::vector<std::pair<std::string, std::string>>& metadata,
+                                 onnx::ValueInfoProto* vi) {
+  for (const auto& [key, value] : metadata) {
+    onnx::StringStringEntryProto entry;
+    entry.set_key(key);
+    entry.set_value(value);
+    vi->mutable_unknown_fields()->AddLengthDelimited(kValueInfoMetadataField,
+                                                     entry.SerializeAsString());
+  }
+}
+
+}  // namespace onnxtrain::graph
