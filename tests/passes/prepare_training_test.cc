@@ -183,6 +183,34 @@ TEST(PrepareTraining, OnlyDifferentiableFloatInitializersOnThePath) {
   EXPECT_EQ(prepare_training(*m2, {}, "aux").params, (std::vector<std::string>{"V"}));
 }
 
+// torch's dynamo exporter marks each initializer with its torch.export input kind: a BUFFER (a
+// rotary embedding's inv_freq) or a CONSTANT_TENSOR stays fixed, as torch leaves it; PARAMETER
+// and unmarked initializers train. --trainable naming only a buffer says why it matches nothing.
+TEST(PrepareTraining, InitializersTheExporterMarkedAsBuffersStayFixed) {
+  const std::string kind = "pkg.torch.export.graph_signature.InputSpec.kind";
+  auto build = [&] {
+    auto m = fixed_inputs_model();
+    Graph& g = *m->graph;
+    g.find_value("W")->metadata = {{"pkg.torch.onnx.original_node_name", "p_w"}, {kind, "PARAMETER"}};
+    g.find_value("b")->metadata = {{kind, "BUFFER"}};
+    return m;
+  };
+  auto m = build();
+  const PreparedModel p = prepare_training(*m, {});
+  EXPECT_EQ(p.params, (std::vector<std::string>{"W"}));
+  EXPECT_EQ(p.buffers, (std::vector<std::string>{"b"}));
+  auto m2 = build();
+  m2->graph->find_value("b")->metadata = {{kind, "CONSTANT_TENSOR"}};
+  EXPECT_EQ(prepare_training(*m2, {}).params, (std::vector<std::string>{"W"}));
+  auto m3 = build();
+  expect_error([&] { prepare_training(*m3, regexes("", "^b$")); },
+               "'b' is a buffer the exporter marked, which stays fixed");
+  auto m4 = build();
+  m4->graph->find_value("W")->metadata = {{kind, "BUFFER"}};
+  expect_error([&] { prepare_training(*m4, {}); },
+               "nothing to train (the exporter marked the 2 that do as buffers, e.g. 'W')");
+}
+
 TEST(PrepareTraining, HalfAndDoubleInitializersAreTrainable) {
   for (DataType dt : {DataType::kFloat16, DataType::kDouble}) {
     auto m = empty_model(17);

@@ -56,6 +56,50 @@ TEST(OnnxIO, SmallModelRoundTripsAndPassesChecker) {
   EXPECT_EQ(back->graph->find_value("w")->initializer().data_as<float>()[7], 8.f);
 }
 
+// ValueInfoProto.metadata_props (field 4, ONNX 1.16; this build's onnx.proto predates it):
+// what torch's dynamo exporter writes for every initializer (parameter or buffer) is read on
+// import -- from value_info entries of initializers too -- written back on export, and a
+// malformed entry is a one-line error naming the value.
+TEST(OnnxIO, ValueMetadataRoundTrips) {
+  const std::string kind = "pkg.torch.export.graph_signature.InputSpec.kind";
+  auto m = small_model();
+  Graph& g = *m->graph;
+  g.find_value("x")->metadata = {{kind, "USER_INPUT"}};
+  g.find_value("w")->metadata = {{kind, "PARAMETER"}, {"pkg.torch.onnx.original_node_name", "p_w"}};
+  g.find_value("b")->metadata = {{kind, "BUFFER"}};
+  g.find_value("xw")->metadata = {{"note", "an intermediate"}};
+  g.find_value("y")->metadata = {{"note", "the output"}};
+  const std::string bytes = export_onnx_bytes(*m);
+  onnx::ModelProto proto;
+  ASSERT_TRUE(proto.ParseFromString(bytes));
+  EXPECT_NO_THROW(onnx::checker::check_model(proto));
+  auto back = import_onnx_bytes(bytes, "meta.onnx", "");
+  std::string why;
+  EXPECT_TRUE(models_equal(*m, *back, &why)) << why;
+  EXPECT_EQ(back->graph->find_value("b")->metadata, g.find_value("b")->metadata);
+  EXPECT_EQ(back->graph->find_value("w")->metadata.size(), 2u);
+  // A changed entry is a difference.
+  back->graph->find_value("b")->metadata = {{kind, "PARAMETER"}};
+  EXPECT_FALSE(models_equal(*m, *back, &why));
+  EXPECT_NE(why.find("'b': metadata differs"), std::string::npos) << why;
+  // Cloning keeps it (the trainer writes the trained model from a clone of the original).
+  EXPECT_EQ(m->clone()->graph->find_value("w")->metadata, g.find_value("w")->metadata);
+
+  // Field 4 that is not a key/value pair.
+  onnx::ModelProto bad = proto;
+  for (auto& vi : *bad.mutable_graph()->mutable_value_info())
+    if (vi.name() == "b") vi.mutable_unknown_fields()->AddVarint(4, 7);
+  try {
+    import_onnx_bytes(bad.SerializeAsString(), "bad.onnx", "");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("value_info 'b': metadata_props entry 1 is not a "
+                                         "key/value pair"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(OnnxIO, EveryDtypeAndAttributeKindRoundTrips) {
   auto m = std::make_unique<Model>();
   m->set_opset("", 17);
