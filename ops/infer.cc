@@ -116,10 +116,10 @@ std::optional<graph::Shape> dims_of_input(const InferenceContext& ctx, size_t i)
   if (!t || t->dims().size() > 1 || t->numel() > kFoldMaxElements) return std::nullopt;
   if (t->dtype() != DataType::kInt64 && t->dtype() != DataType::kInt32) return std::nullopt;
   graph::Shape out;
-  for (int64_t v : to_int64s(*t, ctx.where())) {
-    if (v < 0) return std::nullopt;  // a -1 for Reshape is no dim; keep "unknown" unambiguous
-    out.push_back(Dim::known(v));
-  }
+  // A negative entry (Reshape's -1 next to symbolic dims, as torch's dynamo exporter writes
+  // view(batch, seq, -1, head_dim)) is no size: an unknown entry, which Reshape's rule solves
+  // from the element count where it can.
+  for (int64_t v : to_int64s(*t, ctx.where())) out.push_back(v < 0 ? Dim{} : Dim::known(v));
   return out;
 }
 

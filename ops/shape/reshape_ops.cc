@@ -2,6 +2,8 @@
 // Unsqueeze. One shape rule per op, over graph::Shape, serves inference (symbolic dims) and the
 // kernel (concrete dims); the kernel itself is a plain copy.
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
@@ -24,17 +26,55 @@ Dim dim_or_unknown(int64_t v) {
   return v >= 0 ? Dim::known(v) : Dim{};
 }
 
+// Where exactly one dim of `out` is unknown (a -1, or a size computed at run time) and the
+// element counts of `in` and `out` are products of known sizes and symbols that `out`'s others
+// account for (batch N of [N, 16, 96] -> [N, 16, ?, 24]), the unknown dim is their quotient:
+// Reshape keeps the element count. Otherwise `out` stays as it is.
+void solve_one_unknown(const Shape& in, Shape& out) {
+  size_t unknown = out.size();
+  int64_t out_known = 1, in_known = 1;
+  std::multiset<std::string> symbols;  // in's symbols not yet matched by one of out's
+  for (const Dim& d : in) {
+    if (d.is_known()) {
+      if (__builtin_mul_overflow(in_known, d.value, &in_known)) return;
+    } else if (d.param.empty()) {
+      return;  // an unknown input dim: nothing to divide
+    } else {
+      symbols.insert(d.param);
+    }
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    const Dim& d = out[k];
+    if (d.is_known()) {
+      if (__builtin_mul_overflow(out_known, d.value, &out_known)) return;
+    } else if (!d.param.empty()) {
+      auto it = symbols.find(d.param);
+      if (it == symbols.end()) return;
+      symbols.erase(it);
+    } else if (unknown < out.size()) {
+      return;  // two unknowns
+    } else {
+      unknown = k;
+    }
+  }
+  if (unknown == out.size() || !symbols.empty() || out_known <= 0 || in_known % out_known != 0)
+    return;
+  out[unknown] = Dim::known(in_known / out_known);
+}
+
 // ---- Reshape: shape entries 0 (copy the input dim, or a real 0 with allowzero) and -1 (infer).
 std::optional<Shape> reshape_rule(const std::optional<Shape>& in, const ArgSource& args) {
   const std::string& where = args.where();
   auto target = args.opset() < 5 ? std::optional(args.node().attr_ints("shape")) : args.ints(1);
   if (!target) {
-    // A target built from Shape ops: its known entries are sizes, its symbols are dims of the
-    // input (never 0 or -1), so the output has them as they are; only unknown entries stay open.
+    // A target built from Shape ops: its known entries are sizes (0: the input's dim), its
+    // symbols are dims of the input, so the output has them as they are; its unknown entries
+    // (a -1, or a size computed at run time) stay open unless the element count gives one.
     if (auto d = args.opset() >= 5 ? args.dims(1) : std::nullopt) {
       const bool allowzero = args.opset() >= 14 && args.node().attr_int("allowzero", 0) != 0;
       for (size_t k = 0; k < d->size(); ++k)
         if ((*d)[k] == Dim::known(0) && !allowzero) (*d)[k] = in && k < in->size() ? (*in)[k] : Dim{};
+      if (in) solve_one_unknown(*in, *d);
       return *d;
     }
     auto rank = args.static_length(1);

@@ -121,6 +121,10 @@ MODELS = {
     "qwen2": (hf("Qwen2ForCausalLM", "Qwen2Config", tuple_out=False, vocab_size=VOCAB,
                  hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, use_cache=False), "lm"),
+    # GPT-NeoX (Pythia): the fused qkv viewed as [batch, seq, -1, 3*head_dim] and chunked.
+    "gpt_neox": (hf("GPTNeoXForCausalLM", "GPTNeoXConfig", tuple_out=False, vocab_size=VOCAB,
+                    hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64, use_cache=False), "lm"),
     "hf_vit": (hf("ViTForImageClassification", "ViTConfig", tuple_out=False, image_size=32, patch_size=8,
                   hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

@@ -203,6 +203,58 @@ TEST(LowerSequences, SplitAfterViewWithSymbolicBatch) {
   }
 }
 
+// The dynamo exporter's GPT-NeoX attention: qkv [batch, 16, 96] viewed as [batch, 16, -1, 24]
+// (view(bsz, seq, -1, 3 * head_dim)) through Concat(Reshape(Squeeze(Shape(mask)[0:1]), [-1]),
+// [16], [-1], [24]), transposed to heads first and chunked into q, k, v on the last axis. The -1
+// is solved from the element count (the batch symbol cancels): [batch, 16, 4, 24], so the split
+// into pieces of 8 is static and lowers (it was refused: "axis -1 has no known size").
+TEST(LowerSequences, SplitAfterViewWithMinusOneNextToSymbolicBatch) {
+  auto m = new_model(18);
+  Graph& g = *m->graph;
+  Value* mask = g.add_input("mask", ValueType::tensor(DataType::kInt64, Shape{Dim::symbol("batch"),
+                                                                             Dim::known(16)}));
+  Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("batch"),
+                                                                        Dim::known(16),
+                                                                        Dim::known(96)}));
+  Node* shape = g.add_node("Shape", {mask}, {"sh"}, "sh");
+  shape->set_attr(attr("end", 1));
+  Value* b = node1(g, "Squeeze", {shape->output(0)}, "b");
+  Value* b1 = node1(g, "Reshape", {b, constant(g, "minus1", i64({1}, {-1}))}, "b1");
+  Value* target = node1(g, "Concat",
+                        {b1, constant(g, "c16", i64({1}, {16})), constant(g, "m1", i64({1}, {-1})),
+                         constant(g, "c24", i64({1}, {24}))},
+                        "target", {attr("axis", 0)});
+  Node* view = g.add_node("Reshape", {x, target}, {"v"}, "v");
+  view->set_attr(attr("allowzero", 1));
+  Node* heads = g.add_node("Transpose", {view->output(0)}, {"t"}, "t");
+  heads->set_attr(graph::Attribute::make_ints("perm", {0, 2, 1, 3}));
+  Value* seq = node1(g, "SplitToSequence", {heads->output(0), constant(g, "eight", i64({}, {8}))},
+                     "seq", {attr("axis", -1)});
+  g.add_output(node1(g, "SequenceAt", {seq, constant(g, "i", i64({}, {2}))}, "v_states"));
+  infer_shapes(*m);
+  EXPECT_EQ(graph::format_shape(view->output(0)->type.shape),
+            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(4),
+                                      Dim::known(24)}));
+  lower_all(*m);
+  EXPECT_EQ(graph::format_shape(m->graph->outputs()[0]->type.shape),
+            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(4), Dim::known(16),
+                                      Dim::known(8)}));
+  for (int64_t batch : {1, 3}) {
+    const std::vector<float> xs = iota(batch * 16 * 96);
+    auto out = passtest::run(*m, {{"mask", i64({batch, 16}, std::vector<int64_t>(batch * 16, 1))},
+                                  {"x", f32({batch, 16, 96}, xs)}});
+    ASSERT_EQ(out["v_states"].dims(), (std::vector<int64_t>{batch, 4, 16, 8}));
+    // v_states[n, h, s, j] = x[n, s, h * 24 + 16 + j]
+    const float* got = out["v_states"].data_as<float>();
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t s2 = 0; s2 < 16; ++s2)
+          for (int64_t j = 0; j < 8; ++j)
+            ASSERT_EQ(got[((n * 4 + h) * 16 + s2) * 8 + j], xs[(n * 16 + s2) * 96 + h * 24 + 16 + j])
+                << n << " " << h << " " << s2 << " " << j;
+  }
+}
+
 // dynamo's token-type ids in BERT: ids [1, 8] expanded to [batch, 8] through a target built from
 // Shape ops (Concat(Reshape(Squeeze(Shape(mask)[0:1]), [-1]), [8])). The Expand keeps the batch
 // symbol, so an Add of the embedded result with another [batch, 8, ...] value is [batch, 8, ...]
