@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "ops/elementwise/dtypes.h"
+#include "ops/nn/nn_util.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
 
@@ -31,8 +32,12 @@ struct ResizeAttrs {
   int scales_input = 2, sizes_input = 3, roi_input = 1;  // -1: not an input at this opset
 };
 
+// ResizeGrad carries its forward node's attributes, and `upsample` = 1 when that was Upsample.
+constexpr const char* kUpsampleAttr = "upsample";
+
 bool is_upsample(const graph::Node& node) {
-  return node.op_type == "Upsample";
+  return node.op_type == "Upsample" ||
+         (node.op_type == "ResizeGrad" && node.attr_int(kUpsampleAttr, 0) != 0);
 }
 
 template <typename C>
@@ -339,7 +344,10 @@ void infer_resize(InferenceContext& ctx) {
 
 // ---- kernel
 
-ResizeArgs kernel_args(const KernelContext& ctx, const ResizeAttrs& a, const std::string& where) {
+// `shift`: where the forward's inputs start among the node's (ResizeGrad's: after dY and X's
+// shape, so 1).
+ResizeArgs kernel_args(const KernelContext& ctx, const ResizeAttrs& a, const std::string& where,
+                       int shift = 0) {
   ResizeArgs args;
   if (a.scales_input < 0) {
     const graph::Attribute* s = ctx.node().find_attr("scales");
@@ -347,7 +355,7 @@ ResizeArgs kernel_args(const KernelContext& ctx, const ResizeAttrs& a, const std
     args.scales = std::vector<double>(s->floats().begin(), s->floats().end());
   }
   auto given = [&](int i) -> const TensorView* {
-    const TensorView* v = i >= 0 ? ctx.input(i) : nullptr;
+    const TensorView* v = i >= 0 ? ctx.input(i + shift) : nullptr;
     return v && v->numel() > 0 ? v : nullptr;
   };
   if (const TensorView* v = given(a.scales_input))
@@ -442,6 +450,139 @@ class ResizeKernel final : public Kernel {
   }
 };
 
+// ---- gradient: Resize is linear in x, y = sum over taps of w * x[tap], so
+// dx[tap] += w * dy for every output element (nothing outside a tf_crop_and_resize crop).
+
+// The number of leading axes whose taps are the identity (one tap j -> j of weight 1): the
+// scatter splits over them, as no output element there reaches another block.
+size_t identity_prefix(const std::vector<AxisTaps>& taps, std::span<const int64_t> in,
+                       const std::vector<int64_t>& out) {
+  size_t p = 0;
+  for (; p + 1 < out.size(); ++p) {
+    const AxisTaps& t = taps[p];
+    if (out[p] != in[p]) break;
+    bool identity = true;
+    for (int64_t j = 0; j < out[p] && identity; ++j)
+      identity = !t.outside[j] && t.first[j + 1] - t.first[j] == 1 && t.idx[t.first[j]] == j &&
+                 t.weight[t.first[j]] == 1.0;
+    if (!identity) break;
+  }
+  return p;
+}
+
+// dx = resample's transpose, summed in double per block of the identity prefix and rounded once.
+template <typename T>
+void resample_grad(const KernelContext& ctx, const T* dy, T* dx, std::span<const int64_t> in,
+                   const std::vector<int64_t>& out, const std::vector<AxisTaps>& taps) {
+  const size_t rank = out.size(), p = identity_prefix(taps, in, out);
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * in[d];
+  int64_t blocks = 1, rows = 1;  // rows: output rows (all axes but the last) per block
+  for (size_t d = 0; d < p; ++d) blocks *= in[d];
+  for (size_t d = p; d + 1 < rank; ++d) rows *= out[d];
+  const int64_t block_in = p == 0 ? numel(in) : stride[p - 1], last = out[rank - 1];
+  const AxisTaps& lt = taps[rank - 1];
+  ctx.parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(static_cast<size_t>(block_in));
+    std::vector<int64_t> coord(rank, 0);
+    std::vector<std::pair<int64_t, double>> combos, next;
+    for (int64_t b = begin; b < end; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      const T* dyb = dy + b * rows * last;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t rem = r;
+        for (size_t d = rank - 1; d-- > p;) {
+          coord[d] = rem % out[d];
+          rem /= out[d];
+        }
+        combos.assign(1, {0, 1.0});
+        bool outside = false;
+        for (size_t d = p; d + 1 < rank && !outside; ++d) {
+          const AxisTaps& t = taps[d];
+          const auto c = static_cast<size_t>(coord[d]);
+          outside = t.outside[c];
+          next.clear();
+          for (const auto& [off, w] : combos)
+            for (int64_t k = t.first[c]; k < t.first[c + 1]; ++k)
+              next.emplace_back(off + t.idx[k] * stride[d], w * t.weight[k]);
+          combos.swap(next);
+        }
+        if (outside) continue;
+        const T* dyr = dyb + r * last;
+        for (int64_t j = 0; j < last; ++j) {
+          if (lt.outside[j]) continue;
+          const auto g = static_cast<double>(static_cast<ew::compute_t<T>>(dyr[j]));
+          if (g == 0) continue;
+          for (const auto& [off, w] : combos)
+            for (int64_t k = lt.first[j]; k < lt.first[j + 1]; ++k)
+              acc[static_cast<size_t>(off + lt.idx[k])] += g * w * lt.weight[k];
+        }
+      }
+      T* dxb = dx + b * block_in;
+      for (int64_t i = 0; i < block_in; ++i) dxb[i] = from_double<T>(acc[i], false);
+    }
+  });
+}
+
+// ai.onnxtrain.ResizeGrad(dY, x_shape, <the forward's inputs after X>) with the forward's
+// attributes -> dX (x_shape's dims, dY's dtype).
+class ResizeGradKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const std::vector<int64_t> in = shape::view_ints(*ctx.input(1), where);
+    OT_CHECK(!in.empty(), where, ": x has rank 0");
+    const ResizeAttrs a = attrs_of(ctx.node(), ctx.opset(), where);
+    const Geometry g = geometry(a, in, kernel_args(ctx, a, where, 1), where);
+    OT_CHECK(dy.dims == g.out, where, ": dY has shape ", join_dims(dy.dims), ", the resize gives ",
+             join_dims(g.out));
+    TensorView& dx = ctx.output(0, in);
+    if (dx.numel() == 0) return;
+    std::vector<AxisTaps> taps;
+    for (size_t d = 0; d < g.out.size(); ++d) taps.push_back(axis_taps(a, g, d, in[d]));
+    ew::dispatch(ew::FloatTypes{} + ew::HalfTypes{} + ew::TypeList<ew::BFloat16>{}, dy.dtype,
+                 where, [&]<typename T>(Tag<T>) {
+                   resample_grad<T>(ctx, dy.as<T>(), dx.as<T>(), in, g.out, taps);
+                 });
+  }
+};
+
+void infer_resize_grad(InferenceContext& ctx) {
+  const ValueType& dy = tensor_input(ctx, 0);
+  std::optional<Shape> shape;
+  if (const graph::Tensor* t = ctx.input_value(1))
+    shape = to_shape(to_int64s(*t, ctx.where()));
+  else if (const graph::Shape* d = ctx.input_dim_value(1))
+    shape = *d;
+  else if (auto rank = known_dims(tensor_input(ctx, 1)); rank && rank->size() == 1)
+    shape = Shape(static_cast<size_t>((*rank)[0]));
+  set_output(ctx, 0, dy.dtype, shape);
+}
+
+void resize_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const graph::Node& n = b.node();
+  graph::Value* x = b.input(0);
+  // X's dims: a constant where they are all known (X need not stay alive), else Shape(X).
+  graph::Value* x_shape = nullptr;
+  if (x->shape() && std::all_of(x->shape()->begin(), x->shape()->end(),
+                                [](const graph::Dim& d) { return d.is_known(); })) {
+    std::vector<int64_t> dims;
+    for (const graph::Dim& d : *x->shape()) dims.push_back(d.value);
+    const auto rank = static_cast<int64_t>(dims.size());
+    x_shape = b.constant(graph::Tensor::from_vector<int64_t>(DataType::kInt64, {rank}, dims),
+                         "x_shape");
+  } else {
+    x_shape = b.emit1("Shape", {x});
+  }
+  std::vector<graph::Value*> inputs{b.output_grad(0), x_shape};
+  for (int i = 1; i < b.num_inputs(); ++i) inputs.push_back(b.input(i));
+  std::vector<graph::Attribute> attrs = n.attributes;
+  if (is_upsample(n)) attrs.push_back(graph::Attribute::make_int(kUpsampleAttr, 1));
+  b.set_input_grad(0, b.emit1("ResizeGrad", inputs, std::move(attrs), kOnnxtrainDomain));
+}
+
 OpSchema make_resize(const char* op, int since, int until) {
   OpSchema s;
   s.op_type = op;
@@ -449,6 +590,7 @@ OpSchema make_resize(const char* op, int since, int until) {
   s.until_version = until;
   s.infer = infer_resize;
   s.cpu_kernel = [](const graph::Node&) { return std::make_unique<ResizeKernel>(); };
+  s.gradient = resize_gradient;
   return s;
 }
 
@@ -464,6 +606,14 @@ ONNXTRAIN_REGISTER_OP(resize_11) {
 // Upsample-7: scales attribute; 9: scales input. Deprecated from opset 10.
 ONNXTRAIN_REGISTER_OP(upsample_7) {
   return make_resize("Upsample", 7, 9);
+}
+ONNXTRAIN_REGISTER_OP(resize_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "ResizeGrad";
+  s.infer = infer_resize_grad;
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<ResizeGradKernel>(); };
+  return s;
 }
 
 }  // namespace onnxtrain::ops::nn
