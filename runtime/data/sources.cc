@@ -217,15 +217,24 @@ std::vector<int64_t> tail_dims(const std::vector<int64_t>& dims) {
 LoadedData load_named(const DataSpec& spec, const LoadOptions& options);
 
 LoadedData load_npy(const DataSpec& spec, const LoadOptions& options) {
-  if (options.inputs.size() == 1 && options.inputs[0].dtype != graph::DataType::kFloat) {
-    // A model with one integer (or double) input: npy:X,Y is npy:INPUT=X,labels=Y.
+  auto as_named = [&] {  // npy:X,Y as npy:INPUT=X,labels=Y
     DataSpec named = spec;
     named.kind = DataSpec::Kind::kNamedNpy;
     named.files = {{options.inputs[0].name, spec.x_path}, {options.labels_name, spec.y_path}};
     return load_named(named, options);
-  }
+  };
+  // A model with one integer (or double) input.
+  if (options.inputs.size() == 1 && options.inputs[0].dtype != graph::DataType::kFloat)
+    return as_named();
   graph::Tensor x = read_npy(spec.x_path);
   graph::Tensor y = read_npy(spec.y_path);
+  // Class labels per position (a segmentation mask (N,H,W), per token (N,T)): the named path
+  // matches them to the model's output.
+  const bool int_labels =
+      y.dtype() == graph::DataType::kInt64 || y.dtype() == graph::DataType::kInt32;
+  if (int_labels && options.inputs.size() == 1 &&
+      (y.rank() > 2 || (y.rank() == 2 && y.dims()[1] != 1)))
+    return as_named();
   OT_CHECK(x.dtype() == graph::DataType::kFloat || x.dtype() == graph::DataType::kDouble,
            spec.x_path, ": features must be float32 (or float64), not ",
            graph::dtype_short_name(x.dtype()));

@@ -56,6 +56,7 @@ EXPECTED_FAIL = {
 
 
 # ---- the models: name -> (builder, kind); kind "image" (x float [N,3,H,W], labels [N]),
+# "seg" (the same x, labels [N,H,W]),
 # "seqcls" (input_ids + attention_mask, labels [N]), "lm" (input_ids + attention_mask, per-token labels [N,T])
 
 def tv(name, **kw):
@@ -75,6 +76,23 @@ def swin_small():
     from torchvision.models.swin_transformer import SwinTransformer
     return SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
                            window_size=[4, 4], stochastic_depth_prob=0.0, num_classes=CLASSES)
+
+
+class SegmentationOut(torch.nn.Module):
+    """A torchvision segmentation model's "out" map (its forward returns a dict)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
+def lraspp():
+    from torchvision.models.segmentation import lraspp_mobilenet_v3_large
+    return SegmentationOut(lraspp_mobilenet_v3_large(num_classes=CLASSES, weights=None,
+                                                     weights_backbone=None))
 
 
 def hf(cls_name, cfg_name, tuple_out=True, **cfg):
@@ -101,6 +119,9 @@ MODELS = {
     "densenet121": (tv("densenet121"), "image"),
     "convnext_tiny": (tv("convnext_tiny", stochastic_depth_prob=0.0), "image"),
     "regnet_y_400mf": (tv("regnet_y_400mf"), "image"),
+    # Semantic segmentation (per-pixel labels [N, H, W]): bilinear Resize back to the input
+    # size, whose gradient ORT's training builder lacks.
+    "lraspp": (lraspp, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
@@ -142,11 +163,12 @@ IMAGE_SIZE = {"vit_small": 32, "swin_small": 32, "hf_vit": 32}
 def make_batch(kind, name=""):
     """(inputs as an ordered name -> numpy dict, labels numpy) for one full batch."""
     g = np.random.default_rng(0)
-    if kind in ("image", "hf_image"):
+    if kind in ("image", "hf_image", "seg"):
         hw = IMAGE_SIZE.get(name, 64)
         x = g.standard_normal((BATCH, 3, hw, hw)).astype(np.float32)
         name = "pixel_values" if kind == "hf_image" else "input"
-        return {name: x}, g.integers(0, CLASSES, BATCH).astype(np.int64)
+        labels = (BATCH, hw, hw) if kind == "seg" else BATCH
+        return {name: x}, g.integers(0, CLASSES, labels).astype(np.int64)
     ids = g.integers(2, VOCAB, (BATCH, SEQ)).astype(np.int64)
     if kind == "seqcls":
         mask = np.ones((BATCH, SEQ), np.int64)
@@ -275,7 +297,7 @@ class Case:
     def export(self, model, inputs):
         path = os.path.join(self.dir, "model.onnx")
         names = list(inputs)
-        out = ["logits"] if self.kind != "image" else ["output"]
+        out = ["logits"] if self.kind not in ("image", "seg") else ["output"]
         t = {k: torch.from_numpy(v) for k, v in inputs.items()}
         args, kwargs = ((t["input"],), {}) if names == ["input"] else ((), t)
         with warnings.catch_warnings():
@@ -338,7 +360,7 @@ class Case:
                 for k in inputs:
                     cmd += ["--input", f"{k}={os.path.join(self.dir, k + '.npy')}"]
                 run(cmd, self.log)
-                yo = np.load(os.path.join(outdir, ("output" if self.kind == "image" else "logits") + ".npy"))
+                yo = np.load(os.path.join(outdir, ("output" if self.kind in ("image", "seg") else "logits") + ".npy"))
                 e32 = float(np.max(np.abs(y32 - y64)))
                 eot = float(np.max(np.abs(yo.astype(np.float64) - y64)))
                 tol = 2 * e32 + 16 * EPS32 * float(np.max(np.abs(y64)))
@@ -353,7 +375,7 @@ class Case:
             l64, p64, b64 = torch_step(model, inputs, labels, self.kind, torch.float64)
             l32, p32, b32 = torch_step(model, inputs, labels, self.kind, torch.float32)
             data = (f"npy:{os.path.join(self.dir, 'input.npy')},{os.path.join(self.dir, 'labels.npy')}"
-                    if self.kind == "image" else f"npz:{os.path.join(self.dir, 'batch.npz')}")
+                    if self.kind in ("image", "seg") else f"npz:{os.path.join(self.dir, 'batch.npz')}")
             t0 = time.time()
             lot, pot = self.train(path, data, "r1", 1, has_bn)
             self.t_train = time.time() - t0
@@ -414,7 +436,7 @@ class Case:
         # non-finite loss stops onnxtrain with exit 1)
         try:
             data = (f"npy:{os.path.join(self.dir, 'input.npy')},{os.path.join(self.dir, 'labels.npy')}"
-                    if self.kind == "image" else f"npz:{os.path.join(self.dir, 'batch.npz')}")
+                    if self.kind in ("image", "seg") else f"npz:{os.path.join(self.dir, 'batch.npz')}")
             losses, _ = self.train(path, data, "bf16", 1, has_bn,
                                    ["--precision", "bf16", "--optimizer", "adam", "--lr",
                                     str(BF16_LR), "--steps", str(BF16_STEPS),
