@@ -37,9 +37,9 @@ data:
                           dataset) for a model input (C,H,W). npz: and NAME=FILE feed each
                           array to the model input of its name, in the dtype the input
                           declares (token ids, masks, features); the array 'labels' holds
-                          class labels, (N) or per token (N,T), or float targets. synthetic:N
-                          fills integer inputs with ids below the embedding table they index,
-                          masks with 1s
+                          class labels, (N), per token (N,T) or per pixel (N,H,W), or float
+                          targets (npy:X.npy,Y.npy too). synthetic:N fills integer inputs with
+                          ids below the embedding table they index, masks with 1s
   --labels NAME           the array of npz:/NAME=FILE data holding the labels (default labels)
   --val-data SPEC         validation data ('none' = no validation; default: the dataset's
                           test split when it has one)
