@@ -1,6 +1,9 @@
 // LayerNormalization (opset 17): standardize X over dims[axis:], then scale and shift. Statistics
 // are computed in double and stored as `stash_type` (float by default). The gradient is the
 // ai.onnxtrain LayerNormalizationGrad op, which recomputes the row statistics from X.
+// InstanceNormalization (opset 6; torch exports GroupNorm as it too, over (N, groups, -1)):
+// the same row statistics over each (n, c) plane, one scale and bias per channel; its gradient
+// is ai.onnxtrain InstanceNormalizationGrad.
 #include <algorithm>
 #include <cmath>
 
@@ -355,7 +358,167 @@ void layer_norm_gradient(GradientBuilder& b) {
   if (want_bias) b.set_input_grad(2, grads[2]);
 }
 
+// ---- InstanceNormalization
+
+// The (n, c) planes of X: rows of `n` elements, channel c = row % channels.
+struct Planes {
+  int64_t rows = 0, n = 0, channels = 0;
+};
+
+Planes planes_of(const TensorView& x, const TensorView& scale, const TensorView* bias,
+                 const std::string& where) {
+  OT_CHECK(x.rank() >= 3, where, ": X must have rank >= 3 (N, C, D1, ...), got rank ", x.rank());
+  const int64_t c = x.dims[1];
+  OT_CHECK(scale.dtype == x.dtype && (!bias || bias->dtype == x.dtype), where,
+           ": scale and B must have X's type");
+  OT_CHECK(scale.numel() == c && scale.rank() == 1 && (!bias || (bias->numel() == c && bias->rank() == 1)),
+           where, ": scale and B must have shape (", c, ") for X's ", c, " channels");
+  Planes p;
+  p.channels = c;
+  p.rows = x.dims[0] * c;
+  p.n = p.rows == 0 ? 0 : x.numel() / p.rows;
+  return p;
+}
+
+// X: (N, C, D1...), scale: (C), B: (C) -> Y: X's shape;
+//   y = (x - mean) * rstd * scale[c] + B[c] over each (n, c) plane (row_stats, as LayerNorm's).
+class InstanceNormKernel final : public Kernel {
+ public:
+  explicit InstanceNormKernel(const graph::Node& node) : node_(node) {}
+  void run(KernelContext& ctx) override {
+    const std::string where = node_.describe();
+    const TensorView& x = *ctx.input(0);
+    OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs scale and B are required");
+    const TensorView& scale = *ctx.input(1);
+    const TensorView& bias = *ctx.input(2);
+    const Planes p = planes_of(x, scale, &bias, where);
+    const double eps = node_.attr_float("epsilon", 1e-5f);
+    TensorView& y = ctx.output(0, x.dims);
+    if (p.n == 0) return;
+    dispatch<FloatTypes>(x.dtype, where, [&]<typename T>() {
+      const T* xs = x.as<T>();
+      const T* w = scale.as<T>();
+      const T* b = bias.as<T>();
+      T* ys = y.as<T>();
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 3 * p.n));
+      ctx.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* xr = xs + r * p.n;
+          T* yr = ys + r * p.n;
+          const RowStats st = row_stats(xr, p.n, eps);
+          const int64_t c = r % p.channels;
+          const double k = st.rstd * static_cast<double>(w[c]), off = static_cast<double>(b[c]);
+          for (int64_t e = 0; e < p.n; ++e)
+            yr[e] = static_cast<T>((static_cast<double>(xr[e]) - st.mean) * k + off);
+        }
+      });
+    });
+  }
+
+ private:
+  const graph::Node& node_;
+};
+
+// dY, X: (N, C, D1...), scale: (C) -> dX: X's shape, dScale: (C), dB: (C). Per plane, with
+// xhat = (x - mean) * rstd: dX = scale[c] * rstd * (dY - mean(dY) - xhat * mean(dY * xhat));
+// dScale[c] = sum over n of the planes' sum(dY * xhat), dB[c] of their sum(dY), in n order.
+class InstanceNormGradKernel final : public Kernel {
+ public:
+  explicit InstanceNormGradKernel(const graph::Node& node) : node_(node) {}
+  void run(KernelContext& ctx) override {
+    const std::string where = node_.describe();
+    const TensorView& dy = *ctx.input(0);
+    const TensorView& x = *ctx.input(1);
+    const TensorView& scale = *ctx.input(2);
+    OT_CHECK(dy.dims == x.dims && dy.dtype == x.dtype, where, ": dY and X must agree in shape and type");
+    const Planes p = planes_of(x, scale, nullptr, where);
+    const double eps = node_.attr_float("epsilon", 1e-5f);
+    TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x.dims) : nullptr;
+    TensorView* dscale = ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, scale.dims) : nullptr;
+    TensorView* dbias = ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, scale.dims) : nullptr;
+    std::vector<double> sum_g(static_cast<size_t>(p.rows)), sum_gx(static_cast<size_t>(p.rows));
+    dispatch<FloatTypes>(x.dtype, where, [&]<typename T>() {
+      const T* xs = x.as<T>();
+      const T* gs = dy.as<T>();
+      const T* w = scale.as<T>();
+      T* dxs = dx ? dx->as<T>() : nullptr;
+      const double inv_n = p.n ? 1.0 / static_cast<double>(p.n) : 0.0;
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 4 * p.n));
+      ctx.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* xr = xs + r * p.n;
+          const T* gr = gs + r * p.n;
+          const RowStats st = row_stats(xr, p.n, eps);
+          double sg = 0, sgx = 0;
+          for (int64_t e = 0; e < p.n; ++e) {
+            const double g = static_cast<double>(gr[e]);
+            sg += g;
+            sgx += g * (static_cast<double>(xr[e]) - st.mean) * st.rstd;
+          }
+          sum_g[static_cast<size_t>(r)] = sg;
+          sum_gx[static_cast<size_t>(r)] = sgx;
+          if (!dxs) continue;
+          const double k = static_cast<double>(w[r % p.channels]) * st.rstd;
+          const double mg = sg * inv_n, mgx = sgx * inv_n;
+          T* dxr = dxs + r * p.n;
+          for (int64_t e = 0; e < p.n; ++e) {
+            const double xh = (static_cast<double>(xr[e]) - st.mean) * st.rstd;
+            dxr[e] = static_cast<T>(k * (static_cast<double>(gr[e]) - mg - xh * mgx));
+          }
+        }
+      });
+      auto per_channel = [&](const std::vector<double>& part, TensorView& out) {
+        T* o = out.as<T>();
+        for (int64_t c = 0; c < p.channels; ++c) {
+          double acc = 0;
+          for (int64_t r = c; r < p.rows; r += p.channels) acc += part[static_cast<size_t>(r)];
+          o[c] = static_cast<T>(acc);
+        }
+      };
+      if (dscale) per_channel(sum_gx, *dscale);
+      if (dbias) per_channel(sum_g, *dbias);
+    });
+  }
+
+ private:
+  const graph::Node& node_;
+};
+
+void instance_norm_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0) && !b.needs_input_grad(1) && !b.needs_input_grad(2)) return;
+  auto grads = b.emit("InstanceNormalizationGrad", {b.output_grad(0), b.input(0), b.input(1)}, 3,
+                      {graph::Attribute::make_float("epsilon",
+                                                    b.node().attr_float("epsilon", 1e-5f))},
+                      kOnnxtrainDomain);
+  for (int i = 0; i < 3; ++i) b.set_input_grad(i, grads[static_cast<size_t>(i)]);
+}
+
+void infer_instance_norm_grad(InferenceContext& ctx) {
+  propagate_type(ctx, 0, 1);
+  propagate_type(ctx, 1, 2);
+  propagate_type(ctx, 2, 2);
+}
+
 }  // namespace
+
+ONNXTRAIN_REGISTER_OP(instance_normalization) {
+  OpSchema s;
+  s.op_type = "InstanceNormalization";
+  s.since_version = 6;
+  s.infer = [](InferenceContext& ctx) { propagate_type(ctx); };
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<InstanceNormKernel>(n); };
+  s.gradient = instance_norm_gradient;
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(instance_normalization_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "InstanceNormalizationGrad";
+  s.infer = infer_instance_norm_grad;
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<InstanceNormGradKernel>(n); };
+  return s;
+}
 
 ONNXTRAIN_REGISTER_OP(layer_normalization) {
   OpSchema s;

@@ -1,5 +1,5 @@
 // Finite-difference checks of the gradient rules of Softmax/LogSoftmax, the losses, the Reduce*
-// ops, LayerNormalization and Dropout, over random shapes and attributes.
+// ops, LayerNormalization, InstanceNormalization and Dropout, over random shapes and attributes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -258,6 +258,30 @@ TEST(ReduceGrad, LayerNormalization) {
   check_layer_norm(DataType::kDouble, 1010, true, true);
   check_layer_norm(DataType::kDouble, 1011, false, true);
   check_layer_norm(DataType::kFloat, 1012, true, false);
+}
+
+// ---- InstanceNormalization (torch's GroupNorm export too: (N, groups, -1) planes)
+
+TEST(ReduceGrad, InstanceNormalization) {
+  struct Spec {
+    std::vector<int64_t> x;
+    DataType dt;
+  };
+  uint64_t seed = 1100;
+  for (const Spec& sp : {Spec{{2, 3, 4}, DataType::kDouble}, Spec{{2, 2, 3, 3}, DataType::kDouble},
+                         Spec{{1, 3, 2, 2, 3}, DataType::kDouble}, Spec{{3, 2, 5}, DataType::kFloat}}) {
+    GradCase c;
+    c.op_type = "InstanceNormalization";
+    c.opset = 17;
+    c.attributes = {Attribute::make_float("epsilon", 1e-3f)};
+    const int64_t ch = sp.x[1];
+    c.inputs = {checked(random_tensor(sp.dt, sp.x, seed, -2, 2)),
+                checked(random_tensor(sp.dt, {ch}, seed + 1, 0.5, 1.5)),
+                checked(random_tensor(sp.dt, {ch}, seed + 2))};
+    c.label = "InstanceNormalization " + dims_str(sp.x) + (sp.dt == DataType::kFloat ? " f32" : "");
+    check_gradient(c);
+    seed += 3;
+  }
 }
 
 // ---- Dropout

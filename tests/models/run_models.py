@@ -95,6 +95,32 @@ def lraspp():
                                                      weights_backbone=None))
 
 
+class TinyUNet(torch.nn.Module):
+    """A diffusion-style U-Net block stack: GroupNorm + SiLU convolutions, a strided
+    downsampling, nearest upsampling with a skip concatenation, an InstanceNorm, PixelShuffle
+    and a bilinear resize (torch exports GroupNorm as InstanceNormalization over groups)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.inc = nn.Conv2d(3, 16, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 16)
+        self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.gn2 = nn.GroupNorm(8, 32)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.mix = nn.Conv2d(48, 16, 3, padding=1)
+        self.inorm = nn.InstanceNorm2d(16, affine=True)
+        self.shuffle = nn.PixelShuffle(2)
+        self.head = nn.Conv2d(4, CLASSES, 1)
+
+    def forward(self, x):
+        a = F.silu(self.gn1(self.inc(x)))
+        b = F.silu(self.gn2(self.down(a)))
+        c = F.silu(self.inorm(self.mix(torch.cat([a, self.up(b)], 1))))
+        y = self.head(self.shuffle(c))
+        return F.interpolate(y, scale_factor=0.5, mode="bilinear")
+
+
 def hf(cls_name, cfg_name, tuple_out=True, **cfg):
     # tuple_out: return_dict=False; GPT-2 and ViT in transformers 5 then fail inside their own
     # forward ('tuple' has no 'last_hidden_state'), so they return a ModelOutput (logits only)
@@ -122,6 +148,7 @@ MODELS = {
     # Semantic segmentation (per-pixel labels [N, H, W]): bilinear Resize back to the input
     # size, whose gradient ORT's training builder lacks.
     "lraspp": (lraspp, "seg"),
+    "tiny_unet": (TinyUNet, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
