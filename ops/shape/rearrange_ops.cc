@@ -1,4 +1,5 @@
-// Fixed rearrangements: DepthToSpace / SpaceToDepth (a 6-D view of the input, permuted),
+// Fixed rearrangements: DepthToSpace / SpaceToDepth (a 6-D view of the input, permuted; their
+// gradients permute back),
 // ReverseSequence (per-batch reversed strided windows), Trilu and EyeLike (triangle / diagonal
 // masks).
 #include <algorithm>
@@ -36,9 +37,15 @@ BlockView space_to_depth(std::span<const int64_t> x, int64_t b, const std::strin
   return BlockView{{n, c, h, b, w, b}, {0, 3, 5, 1, 2, 4}, {n, c * b * b, h, w}};
 }
 
+// The forward op of `node`: DepthToSpace / SpaceToDepth, or their ai.onnxtrain ...Grad (which
+// carry the forward's attributes).
+bool is_space_to_depth(const graph::Node& node) {
+  return node.op_type == "SpaceToDepth" || node.op_type == "SpaceToDepthGrad";
+}
+
 BlockView block_view(const graph::Node& node, std::span<const int64_t> x) {
   const int64_t b = node.attr_int("blocksize", 0);
-  if (node.op_type == "SpaceToDepth") return space_to_depth(x, b, node.describe());
+  if (is_space_to_depth(node)) return space_to_depth(x, b, node.describe());
   const std::string mode = node.attr_string("mode", "DCR");
   OT_CHECK(mode == "DCR" || mode == "CRD", node.describe(), ": unknown mode '", mode, "'");
   return depth_to_space(x, b, mode == "CRD", node.describe());
@@ -62,6 +69,67 @@ class BlockKernel : public Kernel {
     permute_copy(&ctx, e, v.view, v.perm, out_elems(ctx.output(0, v.out)), elems(x));
   }
 };
+
+// The forward's input dims from its output dims y (the inverse of BlockView::out).
+std::vector<int64_t> block_input_dims(const graph::Node& node, std::span<const int64_t> y) {
+  const std::string where = node.describe();
+  OT_CHECK(y.size() == 4, where, ": dY must have rank 4, got ", y.size());
+  const int64_t b = node.attr_int("blocksize", 0);
+  OT_CHECK(b > 0, where, ": blocksize ", b, " must be > 0");
+  if (is_space_to_depth(node)) {
+    OT_CHECK(y[1] % (b * b) == 0, where, ": dY's channels ", y[1],
+             " are not divisible by blocksize^2");
+    return {y[0], y[1] / (b * b), y[2] * b, y[3] * b};
+  }
+  OT_CHECK(y[2] % b == 0 && y[3] % b == 0, where, ": dY's spatial dims are not divisible by ",
+           "blocksize ", b);
+  return {y[0], y[1] * b * b, y[2] / b, y[3] / b};
+}
+
+void infer_block_grad(InferenceContext& ctx) {
+  const ValueType& dy = tensor_input(ctx, 0);
+  auto dims = known_dims(dy);
+  std::optional<std::vector<int64_t>> x;
+  if (dims) x = block_input_dims(ctx.node, *dims);
+  set_output_dims(ctx, 0, dy.dtype, x, dy.shape ? 4 : -1);
+}
+
+// ai.onnxtrain DepthToSpaceGrad / SpaceToDepthGrad(dY) with the forward's attributes -> dX: the
+// forward is a permutation of a 6-D view, so dX is dY viewed as the permuted 6-D shape and
+// permuted back.
+class BlockGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const TensorView& dy = *ctx.input(0);
+    const ElemKind e = addressable_elem(dy.dtype, ctx.node().describe());
+    const std::vector<int64_t> x = block_input_dims(ctx.node(), dy.dims);
+    const BlockView v = block_view(ctx.node(), x);
+    std::vector<int64_t> permuted(6), inverse(6);
+    for (size_t i = 0; i < 6; ++i) {
+      permuted[i] = v.view[static_cast<size_t>(v.perm[i])];
+      inverse[static_cast<size_t>(v.perm[i])] = static_cast<int64_t>(i);
+    }
+    permute_copy(&ctx, e, permuted, inverse, out_elems(ctx.output(0, x)), elems(dy));
+  }
+};
+
+void block_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  b.set_input_grad(0, b.emit1(b.node().op_type + "Grad", {b.output_grad(0)}, b.node().attributes,
+                              kOnnxtrainDomain));
+}
+
+OpSchema block_op(const char* op_type) {
+  OpSchema s = make_op(op_type, infer_block, factory_of<BlockKernel>());
+  s.gradient = block_gradient;
+  return s;
+}
+
+OpSchema block_grad_op(const char* op_type) {
+  OpSchema s = make_op(op_type, infer_block_grad, factory_of<BlockGradKernel>());
+  s.domain = kOnnxtrainDomain;
+  return s;
+}
 
 // ---- ReverseSequence: x (.., T, .., B, ..), sequence_lens (B) -> x with each batch's first
 // sequence_lens[b] time steps reversed.
@@ -176,10 +244,16 @@ class EyeLikeKernel : public Kernel {
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_depth_to_space) {
-  return make_op("DepthToSpace", infer_block, factory_of<BlockKernel>());
+  return block_op("DepthToSpace");
 }
 ONNXTRAIN_REGISTER_OP(shape_space_to_depth) {
-  return make_op("SpaceToDepth", infer_block, factory_of<BlockKernel>());
+  return block_op("SpaceToDepth");
+}
+ONNXTRAIN_REGISTER_OP(shape_depth_to_space_grad) {
+  return block_grad_op("DepthToSpaceGrad");
+}
+ONNXTRAIN_REGISTER_OP(shape_space_to_depth_grad) {
+  return block_grad_op("SpaceToDepthGrad");
 }
 ONNXTRAIN_REGISTER_OP(shape_reverse_sequence) {
   return make_op("ReverseSequence", infer_like_input, factory_of<ReverseSequenceKernel>());

@@ -1,5 +1,6 @@
 // Finite-difference checks of the shape ops' gradient rules (Reshape, Flatten, Squeeze,
-// Unsqueeze, Transpose, Concat, Split, Slice, Gather, Expand, Pad, Tile) over random shapes.
+// Unsqueeze, Transpose, DepthToSpace, SpaceToDepth, Concat, Split, Slice, Gather, Expand, Pad,
+// Tile) over random shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,6 +102,25 @@ TEST(ShapeGrad, Transpose) {
   }
   check_gradient(one_input("Transpose", random_tensor(DataType::kFloat, {2, 3, 4}, 36), 13,
                            "(2,3,4) reversed"));
+}
+
+// DepthToSpace (PixelShuffle exports as mode CRD) and SpaceToDepth are permutations: their
+// gradients (ai.onnxtrain ...Grad) permute dY back.
+TEST(ShapeGrad, DepthToSpaceSpaceToDepth) {
+  for (const char* mode : {"DCR", "CRD"}) {
+    GradCase c = one_input("DepthToSpace", random_tensor(DataType::kDouble, {2, 8, 2, 3}, 40), 13,
+                           std::string("(2,8,2,3) blocksize 2 ") + mode);
+    c.attributes = {Attribute::make_int("blocksize", 2), Attribute::make_string("mode", mode)};
+    check_gradient(c);
+  }
+  GradCase s2d = one_input("SpaceToDepth", random_tensor(DataType::kDouble, {2, 3, 6, 3}, 41), 13,
+                           "(2,3,6,3) blocksize 3");
+  s2d.attributes = {Attribute::make_int("blocksize", 3)};
+  check_gradient(s2d);
+  GradCase f32 = one_input("DepthToSpace", random_tensor(DataType::kFloat, {1, 9, 2, 2}, 42), 13,
+                           "f32 (1,9,2,2) blocksize 3 CRD");
+  f32.attributes = {Attribute::make_int("blocksize", 3), Attribute::make_string("mode", "CRD")};
+  check_gradient(f32);
 }
 
 TEST(ShapeGrad, Concat) {
