@@ -306,6 +306,59 @@ struct TanhGradFn {  // (dy, y)
   }
 };
 
+struct CeluGradFn {  // (dy, x): 1 above 0, exp(x / alpha) below
+  float alpha;
+  explicit CeluGradFn(const graph::Node& n) : alpha(n.attr_float("alpha", 1.0f)) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return x > T{0} ? dy : dy * std::exp(x / static_cast<T>(alpha));
+  }
+};
+
+struct SoftsignGradFn {  // (dy, x): 1 / (1 + |x|)^2
+  template <typename T>
+  T operator()(T dy, T x) const {
+    const T d = T{1} + std::abs(x);
+    return dy / (d * d);
+  }
+};
+
+struct ThresholdedReluGradFn {  // (dy, x): 1 above alpha
+  float alpha;
+  explicit ThresholdedReluGradFn(const graph::Node& n) : alpha(n.attr_float("alpha", 1.0f)) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return x > static_cast<T>(alpha) ? dy : T{0};
+  }
+};
+
+struct ShrinkGradFn {  // (dy, x): 1 outside [-lambd, lambd]
+  float lambd;
+  explicit ShrinkGradFn(const graph::Node& n) : lambd(n.attr_float("lambd", 0.5f)) {}
+  template <typename T>
+  T operator()(T dy, T x) const {
+    const auto l = static_cast<T>(lambd);
+    return x < -l || x > l ? dy : T{0};
+  }
+};
+
+// Mish (opset 18): x tanh(softplus(x)); d/dx = t + x sigmoid(x) (1 - t^2), t = tanh(softplus(x)).
+struct MishFn {
+  template <typename T>
+  T operator()(T x) const {
+    return x * std::tanh(SoftplusFn{}(x));
+  }
+};
+
+struct MishGradFn {  // (dy, x)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    const T t = std::tanh(SoftplusFn{}(x));
+    const T s = T{1} / (T{1} + std::exp(-x));
+    return dy * (t + x * s * (T{1} - t * t));
+  }
+};
+
 struct SoftplusGradFn {  // (dy, x): d softplus = sigmoid(x)
   template <typename T>
   T operator()(T dy, T x) const {
@@ -399,16 +452,6 @@ class ClipGradKernel final : public Kernel {
   }
 };
 
-// A rule "dX = <op_type>(dY, X or Y)" with the forward attributes.
-template <bool kFromOutput>
-GradientFn fused_grad(std::string op_type) {
-  return [op_type = std::move(op_type)](GradientBuilder& b) {
-    if (!b.needs_input_grad(0)) return;
-    graph::Value* z = kFromOutput ? b.output(0) : b.input(0);
-    b.set_input_grad(0, emit_grad_op(b, op_type, {b.output_grad(0), z}));
-  };
-}
-
 void prelu_grad(GradientBuilder& b) {
   std::vector<graph::Value*> g =
       b.emit("PReluGrad", {b.output_grad(0), b.input(0), b.input(1)}, 2, {}, kOnnxtrainDomain);
@@ -461,6 +504,24 @@ ONNXTRAIN_REGISTER_OP(ew_tanh_grad) {
 ONNXTRAIN_REGISTER_OP(ew_softplus_grad) {
   return grad_op<SoftplusGradFn>("SoftplusGrad");
 }
+ONNXTRAIN_REGISTER_OP(ew_celu_grad) {
+  return grad_op<CeluGradFn>("CeluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_softsign_grad) {
+  return grad_op<SoftsignGradFn>("SoftsignGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_thresholded_relu_grad) {
+  return grad_op<ThresholdedReluGradFn>("ThresholdedReluGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_shrink_grad) {
+  return grad_op<ShrinkGradFn>("ShrinkGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_mish_grad) {
+  return grad_op<MishGradFn>("MishGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_mish) {
+  return with_gradient(unary_op<MishFn, FloatTypes>("Mish", 18), fused_grad<false>("MishGrad"));
+}
 ONNXTRAIN_REGISTER_OP(ew_gelu_grad) {
   return grad_op<GeluGradFn, GeluTypes>("GeluGrad");
 }
@@ -490,7 +551,7 @@ ONNXTRAIN_REGISTER_OP(ew_selu) {
   return with_gradient(unary_op<SeluFn, FloatTypes>("Selu"), fused_grad<false>("SeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_celu) {
-  return unary_op<CeluFn, FloatTypes>("Celu", 12);
+  return with_gradient(unary_op<CeluFn, FloatTypes>("Celu", 12), fused_grad<false>("CeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_sigmoid) {
   return with_gradient(unary_op<SigmoidFn, FloatTypes>("Sigmoid"),
@@ -512,16 +573,19 @@ ONNXTRAIN_REGISTER_OP(ew_softplus) {
                        fused_grad<false>("SoftplusGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_softsign) {
-  return unary_op<SoftsignFn, FloatTypes>("Softsign");
+  return with_gradient(unary_op<SoftsignFn, FloatTypes>("Softsign"),
+                       fused_grad<false>("SoftsignGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_gelu) {
   return with_gradient(unary_op<GeluFn, GeluTypes>("Gelu", 20), fused_grad<false>("GeluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_thresholded_relu) {
-  return unary_op<ThresholdedReluFn, FloatTypes>("ThresholdedRelu", 10);
+  return with_gradient(unary_op<ThresholdedReluFn, FloatTypes>("ThresholdedRelu", 10),
+                       fused_grad<false>("ThresholdedReluGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_shrink) {
-  return unary_op<ShrinkFn, NumericTypes>("Shrink", 9);
+  return with_gradient(unary_op<ShrinkFn, NumericTypes>("Shrink", 9),
+                       fused_grad<false>("ShrinkGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_clip) {
   return with_gradient(make_schema("Clip", infer_same, factory<ClipKernel>()), clip_grad);

@@ -25,6 +25,17 @@ graph::Value* scalar_like(GradientBuilder& b, graph::Value* like, double v,
 graph::Value* emit_grad_op(GradientBuilder& b, const std::string& op_type,
                            const std::vector<graph::Value*>& inputs);
 
+// A rule "dX = <op_type>(dY, X or Y)" in ai.onnxtrain with the forward attributes (a grad op
+// served by GradKernel below: grad_op).
+template <bool kFromOutput>
+GradientFn fused_grad(std::string op_type) {
+  return [op_type = std::move(op_type)](GradientBuilder& b) {
+    if (!b.needs_input_grad(0)) return;
+    graph::Value* z = kFromOutput ? b.output(0) : b.input(0);
+    b.set_input_grad(0, emit_grad_op(b, op_type, {b.output_grad(0), z}));
+  };
+}
+
 // The schema with its gradient rule set.
 inline OpSchema with_gradient(OpSchema s, GradientFn g) {
   s.gradient = std::move(g);

@@ -129,6 +129,66 @@ struct ReciprocalGradFn {  // (dy, y): d (1/x) = -1/x^2 = -y^2
   }
 };
 
+// Inverse and hyperbolic trigonometry, (dy, x) unless noted.
+struct TanGradFn {  // (dy, y): 1 + tan(x)^2
+  template <typename T>
+  T operator()(T dy, T y) const {
+    return dy * (T{1} + y * y);
+  }
+};
+struct AsinGradFn {  // 1 / sqrt(1 - x^2)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy / std::sqrt(T{1} - x * x);
+  }
+};
+struct AcosGradFn {  // -1 / sqrt(1 - x^2)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return -dy / std::sqrt(T{1} - x * x);
+  }
+};
+struct AtanGradFn {  // 1 / (1 + x^2)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy / (T{1} + x * x);
+  }
+};
+struct SinhGradFn {  // cosh(x)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy * std::cosh(x);
+  }
+};
+struct CoshGradFn {  // sinh(x)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy * std::sinh(x);
+  }
+};
+struct AsinhGradFn {  // 1 / sqrt(x^2 + 1)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy / std::sqrt(x * x + T{1});
+  }
+};
+struct AcoshGradFn {  // 1 / sqrt(x^2 - 1)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy / std::sqrt(x * x - T{1});
+  }
+};
+struct AtanhGradFn {  // 1 / (1 - x^2)
+  template <typename T>
+  T operator()(T dy, T x) const {
+    return dy / (T{1} - x * x);
+  }
+};
+
+// Floor, Ceil, Round and Sign are flat wherever they are differentiable: their gradient is zero
+// (torch's too), so the rule contributes nothing and the inputs get no gradient from them.
+void zero_grad(GradientBuilder&) {}
+
 void sqrt_grad(GradientBuilder& b) {
   if (b.needs_input_grad(0))
     b.set_input_grad(0, emit_grad_op(b, "SqrtGrad", {b.output_grad(0), b.output(0)}));
@@ -168,6 +228,33 @@ void neg_grad(GradientBuilder& b) {
 
 }  // namespace
 
+ONNXTRAIN_REGISTER_OP(ew_tan_grad) {
+  return grad_op<TanGradFn>("TanGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_asin_grad) {
+  return grad_op<AsinGradFn>("AsinGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_acos_grad) {
+  return grad_op<AcosGradFn>("AcosGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_atan_grad) {
+  return grad_op<AtanGradFn>("AtanGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_sinh_grad) {
+  return grad_op<SinhGradFn>("SinhGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_cosh_grad) {
+  return grad_op<CoshGradFn>("CoshGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_asinh_grad) {
+  return grad_op<AsinhGradFn>("AsinhGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_acosh_grad) {
+  return grad_op<AcoshGradFn>("AcoshGrad");
+}
+ONNXTRAIN_REGISTER_OP(ew_atanh_grad) {
+  return grad_op<AtanhGradFn>("AtanhGrad");
+}
 ONNXTRAIN_REGISTER_OP(ew_sqrt_grad) {
   return grad_op<SqrtGradFn>("SqrtGrad");
 }
@@ -197,13 +284,13 @@ ONNXTRAIN_REGISTER_OP(ew_reciprocal) {
   return with_gradient(unary_op<ReciprocalFn, FloatTypes>("Reciprocal"), reciprocal_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_floor) {
-  return unary_op<FloorFn, FloatTypes>("Floor");
+  return with_gradient(unary_op<FloorFn, FloatTypes>("Floor"), zero_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_ceil) {
-  return unary_op<CeilFn, FloatTypes>("Ceil");
+  return with_gradient(unary_op<CeilFn, FloatTypes>("Ceil"), zero_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_round) {
-  return unary_op<RoundFn, FloatTypes>("Round", 11);
+  return with_gradient(unary_op<RoundFn, FloatTypes>("Round", 11), zero_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sin) {
   return with_gradient(unary_op<SinFn, FloatTypes>("Sin", 7), sin_grad);
@@ -212,31 +299,31 @@ ONNXTRAIN_REGISTER_OP(ew_cos) {
   return with_gradient(unary_op<CosFn, FloatTypes>("Cos", 7), cos_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_tan) {
-  return unary_op<TanFn, FloatTypes>("Tan", 7);
+  return with_gradient(unary_op<TanFn, FloatTypes>("Tan", 7), fused_grad<true>("TanGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_asin) {
-  return unary_op<AsinFn, FloatTypes>("Asin", 7);
+  return with_gradient(unary_op<AsinFn, FloatTypes>("Asin", 7), fused_grad<false>("AsinGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_acos) {
-  return unary_op<AcosFn, FloatTypes>("Acos", 7);
+  return with_gradient(unary_op<AcosFn, FloatTypes>("Acos", 7), fused_grad<false>("AcosGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_atan) {
-  return unary_op<AtanFn, FloatTypes>("Atan", 7);
+  return with_gradient(unary_op<AtanFn, FloatTypes>("Atan", 7), fused_grad<false>("AtanGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_sinh) {
-  return unary_op<SinhFn, FloatTypes>("Sinh", 9);
+  return with_gradient(unary_op<SinhFn, FloatTypes>("Sinh", 9), fused_grad<false>("SinhGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_cosh) {
-  return unary_op<CoshFn, FloatTypes>("Cosh", 9);
+  return with_gradient(unary_op<CoshFn, FloatTypes>("Cosh", 9), fused_grad<false>("CoshGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_asinh) {
-  return unary_op<AsinhFn, FloatTypes>("Asinh", 9);
+  return with_gradient(unary_op<AsinhFn, FloatTypes>("Asinh", 9), fused_grad<false>("AsinhGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_acosh) {
-  return unary_op<AcoshFn, FloatTypes>("Acosh", 9);
+  return with_gradient(unary_op<AcoshFn, FloatTypes>("Acosh", 9), fused_grad<false>("AcoshGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_atanh) {
-  return unary_op<AtanhFn, FloatTypes>("Atanh", 9);
+  return with_gradient(unary_op<AtanhFn, FloatTypes>("Atanh", 9), fused_grad<false>("AtanhGrad"));
 }
 ONNXTRAIN_REGISTER_OP(ew_neg) {
   return with_gradient(unary_op<NegFn, SignedTypes>("Neg"), neg_grad);
@@ -245,7 +332,7 @@ ONNXTRAIN_REGISTER_OP(ew_abs) {
   return with_gradient(unary_op<AbsFn, NumericTypes>("Abs"), abs_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_sign) {
-  return unary_op<SignFn, NumericTypes>("Sign", 9);
+  return with_gradient(unary_op<SignFn, NumericTypes>("Sign", 9), zero_grad);
 }
 ONNXTRAIN_REGISTER_OP(ew_isnan) {
   return unary_bool_op<IsNaNFn, FloatHalfTypes>("IsNaN", 9);
