@@ -22,7 +22,8 @@ bool values_equal(const Value* a, const Value* b, std::string* why, const std::s
   if (!(a->type == b->type))
     return differ(why, cat(w, " '", a->name(), "': type ", format_type(a->type), " vs ",
                            format_type(b->type)));
-  if (a->metadata != b->metadata) return differ(why, cat(w, " '", a->name(), "': metadata differs"));
+  if (a->metadata != b->metadata)
+    return differ(why, cat(w, " '", a->name(), "': metadata differs"));
   return true;
 }
 

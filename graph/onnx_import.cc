@@ -2,11 +2,11 @@
 // before anything is allocated or read, and every error names the file and the field.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>

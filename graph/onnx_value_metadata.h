@@ -4,11 +4,11 @@
 // value metadata survives onnxtrain -- a trained model keeps torch's parameter / buffer marks.
 #pragma once
 
+#include <google/protobuf/unknown_field_set.h>
+
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <google/protobuf/unknown_field_set.h>
 
 #include "graph/error.h"
 #include "onnx/onnx_pb.h"

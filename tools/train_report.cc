@@ -92,12 +92,12 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
   std::fprintf(f, "parameters  %s trainable in %zu tensors\n",
                grouped(r.trainable_parameters).c_str(), p.info.prepared.params.size());
   if (const std::vector<std::string>& b = p.info.prepared.buffers; !b.empty())
-    std::fprintf(f, "buffers     %s fixed, as in torch: %s%s\n",
-                 b.size() == 1
-                     ? "1 initializer the exporter marked as a module buffer stays"
-                     : cat(b.size(), " initializers the exporter marked as module buffers stay")
-                           .c_str(),
-                 b.front().c_str(), b.size() > 1 ? ", ..." : "");
+    std::fprintf(
+        f, "buffers     %s fixed, as in torch: %s%s\n",
+        b.size() == 1
+            ? "1 initializer the exporter marked as a module buffer stays"
+            : cat(b.size(), " initializers the exporter marked as module buffers stay").c_str(),
+        b.front().c_str(), b.size() > 1 ? ", ..." : "");
   std::fprintf(f, "optimizer   %s, lr %g, schedule %s\n",
                std::string(train::optimizer_kind_name(o.optimizer.kind)).c_str(),
                static_cast<double>(o.schedule.lr), o.schedule.lr_schedule.c_str());

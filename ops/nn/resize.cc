@@ -541,8 +541,8 @@ class ResizeGradKernel final : public Kernel {
     if (dx.numel() == 0) return;
     std::vector<AxisTaps> taps;
     for (size_t d = 0; d < g.out.size(); ++d) taps.push_back(axis_taps(a, g, d, in[d]));
-    ew::dispatch(ew::FloatTypes{} + ew::HalfTypes{} + ew::TypeList<ew::BFloat16>{}, dy.dtype,
-                 where, [&]<typename T>(Tag<T>) {
+    ew::dispatch(ew::FloatTypes{} + ew::HalfTypes{} + ew::TypeList<ew::BFloat16>{}, dy.dtype, where,
+                 [&]<typename T>(Tag<T>) {
                    resample_grad<T>(ctx, dy.as<T>(), dx.as<T>(), in, g.out, taps);
                  });
   }
@@ -571,8 +571,8 @@ void resize_gradient(GradientBuilder& b) {
     std::vector<int64_t> dims;
     for (const graph::Dim& d : *x->shape()) dims.push_back(d.value);
     const auto rank = static_cast<int64_t>(dims.size());
-    x_shape = b.constant(graph::Tensor::from_vector<int64_t>(DataType::kInt64, {rank}, dims),
-                         "x_shape");
+    x_shape =
+        b.constant(graph::Tensor::from_vector<int64_t>(DataType::kInt64, {rank}, dims), "x_shape");
   } else {
     x_shape = b.emit1("Shape", {x});
   }

@@ -371,7 +371,8 @@ Planes planes_of(const TensorView& x, const TensorView& scale, const TensorView*
   const int64_t c = x.dims[1];
   OT_CHECK(scale.dtype == x.dtype && (!bias || bias->dtype == x.dtype), where,
            ": scale and B must have X's type");
-  OT_CHECK(scale.numel() == c && scale.rank() == 1 && (!bias || (bias->numel() == c && bias->rank() == 1)),
+  OT_CHECK(scale.numel() == c && scale.rank() == 1 &&
+               (!bias || (bias->numel() == c && bias->rank() == 1)),
            where, ": scale and B must have shape (", c, ") for X's ", c, " channels");
   Planes p;
   p.channels = c;
@@ -400,7 +401,8 @@ class InstanceNormKernel final : public Kernel {
       const T* w = scale.as<T>();
       const T* b = bias.as<T>();
       T* ys = y.as<T>();
-      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 3 * p.n));
+      const int64_t grain =
+          std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 3 * p.n));
       ctx.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* xr = xs + r * p.n;
@@ -430,12 +432,15 @@ class InstanceNormGradKernel final : public Kernel {
     const TensorView& dy = *ctx.input(0);
     const TensorView& x = *ctx.input(1);
     const TensorView& scale = *ctx.input(2);
-    OT_CHECK(dy.dims == x.dims && dy.dtype == x.dtype, where, ": dY and X must agree in shape and type");
+    OT_CHECK(dy.dims == x.dims && dy.dtype == x.dtype, where,
+             ": dY and X must agree in shape and type");
     const Planes p = planes_of(x, scale, nullptr, where);
     const double eps = node_.attr_float("epsilon", 1e-5f);
     TensorView* dx = ctx.has_output(0) ? &ctx.output(0, x.dims) : nullptr;
-    TensorView* dscale = ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, scale.dims) : nullptr;
-    TensorView* dbias = ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, scale.dims) : nullptr;
+    TensorView* dscale =
+        ctx.num_outputs() > 1 && ctx.has_output(1) ? &ctx.output(1, scale.dims) : nullptr;
+    TensorView* dbias =
+        ctx.num_outputs() > 2 && ctx.has_output(2) ? &ctx.output(2, scale.dims) : nullptr;
     std::vector<double> sum_g(static_cast<size_t>(p.rows)), sum_gx(static_cast<size_t>(p.rows));
     dispatch<FloatTypes>(x.dtype, where, [&]<typename T>() {
       const T* xs = x.as<T>();
@@ -443,7 +448,8 @@ class InstanceNormGradKernel final : public Kernel {
       const T* w = scale.as<T>();
       T* dxs = dx ? dx->as<T>() : nullptr;
       const double inv_n = p.n ? 1.0 / static_cast<double>(p.n) : 0.0;
-      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 4 * p.n));
+      const int64_t grain =
+          std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, 4 * p.n));
       ctx.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* xr = xs + r * p.n;
@@ -486,10 +492,10 @@ class InstanceNormGradKernel final : public Kernel {
 
 void instance_norm_gradient(GradientBuilder& b) {
   if (!b.needs_input_grad(0) && !b.needs_input_grad(1) && !b.needs_input_grad(2)) return;
-  auto grads = b.emit("InstanceNormalizationGrad", {b.output_grad(0), b.input(0), b.input(1)}, 3,
-                      {graph::Attribute::make_float("epsilon",
-                                                    b.node().attr_float("epsilon", 1e-5f))},
-                      kOnnxtrainDomain);
+  auto grads =
+      b.emit("InstanceNormalizationGrad", {b.output_grad(0), b.input(0), b.input(1)}, 3,
+             {graph::Attribute::make_float("epsilon", b.node().attr_float("epsilon", 1e-5f))},
+             kOnnxtrainDomain);
   for (int i = 0; i < 3; ++i) b.set_input_grad(i, grads[static_cast<size_t>(i)]);
 }
 

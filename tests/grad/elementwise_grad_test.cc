@@ -149,6 +149,13 @@ TEST(ElementwiseGrad, Activations) {
   run(unary("Softplus", rnd(shape, 37, -3, 3)));
   run(unary("Gelu", rnd(shape, 38, -3, 3), {}, 20));
   run(unary("Gelu", rnd(shape, 39, -3, 3), {Attribute::make_string("approximate", "tanh")}, 20));
+  run(unary("Celu", away(rnd(shape, 44, -2, 2), {0.0}), {Attribute::make_float("alpha", 0.7f)}, 12));
+  run(unary("Softsign", rnd(shape, 45, -3, 3)));
+  run(unary("ThresholdedRelu", away(rnd(shape, 46, -2, 2), {0.5}),
+            {Attribute::make_float("alpha", 0.5f)}, 10));
+  run(unary("Shrink", away(rnd(shape, 47, -2, 2), {-0.4, 0.4}),
+            {Attribute::make_float("lambd", 0.4f), Attribute::make_float("bias", 0.1f)}, 9));
+  run(unary("Mish", rnd(shape, 48, -4, 3), {}, 18));
 }
 
 TEST(ElementwiseGrad, Float32Activations) {
@@ -183,6 +190,25 @@ TEST(ElementwiseGrad, UnaryMath) {
   run(unary("Erf", rnd(shape, 66, -2, 2)));
   run(unary("Sin", rnd(shape, 67, -4, 4)));  // over more than a period: both signs of each
   run(unary("Cos", rnd(shape, 68, -4, 4)));
+  run(unary("Tan", rnd(shape, 69, -1.2, 1.2)));
+  run(unary("Asin", rnd(shape, 70, -0.8, 0.8)));
+  run(unary("Acos", rnd(shape, 71, -0.8, 0.8)));
+  run(unary("Atan", rnd(shape, 72, -3, 3)));
+  run(unary("Sinh", rnd(shape, 73, -2, 2)));
+  run(unary("Cosh", rnd(shape, 74, -2, 2)));
+  run(unary("Asinh", rnd(shape, 75, -3, 3)));
+  run(unary("Acosh", rnd(shape, 76, 1.3, 3)));
+  run(unary("Atanh", rnd(shape, 77, -0.8, 0.8)));
+}
+
+// Floor, Ceil, Round and Sign have zero gradients (flat between their steps, as in torch); the
+// inputs stay off the steps by more than the finite-difference step.
+TEST(ElementwiseGrad, PiecewiseConstant) {
+  const std::vector<int64_t> shape{2, 5};
+  run(unary("Floor", away(rnd(shape, 80, -2, 2), {-2, -1, 0, 1, 2}, 0.05)));
+  run(unary("Ceil", away(rnd(shape, 81, -2, 2), {-2, -1, 0, 1, 2}, 0.05)));
+  run(unary("Round", away(rnd(shape, 82, -2, 2), {-1.5, -0.5, 0.5, 1.5}, 0.05)));
+  run(unary("Sign", away(rnd(shape, 83, -2, 2), {0.0}, 0.05)));
 }
 
 TEST(ElementwiseGrad, Clip) {

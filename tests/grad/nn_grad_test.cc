@@ -287,30 +287,58 @@ TEST(NnGrad, Resize) {
   };
   auto str = [](const char* k, const char* v) { return Attribute::make_string(k, v); };
   const std::vector<Spec> specs = {
-      {{2, 2, 3, 3}, {str("mode", "linear")}, none, f64s({1, 1, 2, 2}), none, 13,
+      {{2, 2, 3, 3},
+       {str("mode", "linear")},
+       none,
+       f64s({1, 1, 2, 2}),
+       none,
+       13,
        "linear half_pixel x2"},
       {{1, 2, 3, 4},
        {str("mode", "linear"), str("coordinate_transformation_mode", "align_corners")},
-       none, none, sizes({1, 2, 5, 3}), 13, "linear align_corners sizes"},
+       none,
+       none,
+       sizes({1, 2, 5, 3}),
+       13,
+       "linear align_corners sizes"},
       {{1, 2, 4, 6},
        {str("mode", "nearest"), str("coordinate_transformation_mode", "asymmetric"),
         str("nearest_mode", "floor")},
-       none, f64s({1, 1, 0.5, 0.5}), none, 13, "nearest asymmetric /2"},
-      {{1, 1, 4, 4},
-       {str("mode", "nearest")}, none, f64s({1, 1, 2, 3}), none, 13, "nearest x2 x3"},
+       none,
+       f64s({1, 1, 0.5, 0.5}),
+       none,
+       13,
+       "nearest asymmetric /2"},
+      {{1, 1, 4, 4}, {str("mode", "nearest")}, none, f64s({1, 1, 2, 3}), none, 13, "nearest x2 x3"},
       {{1, 2, 3, 3},
        {str("mode", "cubic"), Attribute::make_int("exclude_outside", 1)},
-       none, f64s({1, 1, 1.5, 1.5}), none, 13, "cubic exclude_outside x1.5"},
+       none,
+       f64s({1, 1, 1.5, 1.5}),
+       none,
+       13,
+       "cubic exclude_outside x1.5"},
       {{1, 2, 6, 5},
        {str("mode", "linear"), Attribute::make_int("antialias", 1),
         Attribute::make_ints("axes", {2, 3})},
-       none, f64s({0.5, 0.6}), none, 18, "linear antialias axes /2"},
-      {{3, 2, 2}, {str("mode", "linear")}, none, f64s({2, 1, 1.5}), none, 13,
+       none,
+       f64s({0.5, 0.6}),
+       none,
+       18,
+       "linear antialias axes /2"},
+      {{3, 2, 2},
+       {str("mode", "linear")},
+       none,
+       f64s({2, 1, 1.5}),
+       none,
+       13,
        "linear resized leading axis"},
       {{1, 1, 4, 4},
        {str("mode", "linear"), str("coordinate_transformation_mode", "tf_crop_and_resize"),
         Attribute::make_float("extrapolation_value", 0.25f)},
-       f64s({0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3}), none, sizes({1, 1, 3, 5}), 13,
+       f64s({0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3}),
+       none,
+       sizes({1, 1, 3, 5}),
+       13,
        "tf_crop_and_resize extrapolated"},
   };
   uint64_t seed = 900;
@@ -334,10 +362,9 @@ TEST(NnGrad, Resize) {
   f32.op_type = "Resize";
   f32.label = "Resize linear x2 f32";
   f32.attributes = {str("mode", "linear")};
-  f32.inputs = {GradInput{rnd({1, 3, 4, 4}, seed++, -1, 1, kF32)}, none,
-                GradInput{Tensor::from_vector(kF32, {4}, std::vector<float>{1, 1, 2, 2}), false,
-                          true},
-                none};
+  f32.inputs = {
+      GradInput{rnd({1, 3, 4, 4}, seed++, -1, 1, kF32)}, none,
+      GradInput{Tensor::from_vector(kF32, {4}, std::vector<float>{1, 1, 2, 2}), false, true}, none};
   run(f32);
 }
 

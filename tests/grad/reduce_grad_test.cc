@@ -268,8 +268,9 @@ TEST(ReduceGrad, InstanceNormalization) {
     DataType dt;
   };
   uint64_t seed = 1100;
-  for (const Spec& sp : {Spec{{2, 3, 4}, DataType::kDouble}, Spec{{2, 2, 3, 3}, DataType::kDouble},
-                         Spec{{1, 3, 2, 2, 3}, DataType::kDouble}, Spec{{3, 2, 5}, DataType::kFloat}}) {
+  for (const Spec& sp :
+       {Spec{{2, 3, 4}, DataType::kDouble}, Spec{{2, 2, 3, 3}, DataType::kDouble},
+        Spec{{1, 3, 2, 2, 3}, DataType::kDouble}, Spec{{3, 2, 5}, DataType::kFloat}}) {
     GradCase c;
     c.op_type = "InstanceNormalization";
     c.opset = 17;

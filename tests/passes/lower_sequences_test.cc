@@ -211,11 +211,11 @@ TEST(LowerSequences, SplitAfterViewWithSymbolicBatch) {
 TEST(LowerSequences, SplitAfterViewWithMinusOneNextToSymbolicBatch) {
   auto m = new_model(18);
   Graph& g = *m->graph;
-  Value* mask = g.add_input("mask", ValueType::tensor(DataType::kInt64, Shape{Dim::symbol("batch"),
-                                                                             Dim::known(16)}));
-  Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, Shape{Dim::symbol("batch"),
-                                                                        Dim::known(16),
-                                                                        Dim::known(96)}));
+  Value* mask = g.add_input(
+      "mask", ValueType::tensor(DataType::kInt64, Shape{Dim::symbol("batch"), Dim::known(16)}));
+  Value* x = g.add_input(
+      "x", ValueType::tensor(DataType::kFloat,
+                             Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(96)}));
   Node* shape = g.add_node("Shape", {mask}, {"sh"}, "sh");
   shape->set_attr(attr("end", 1));
   Value* b = node1(g, "Squeeze", {shape->output(0)}, "b");
@@ -233,12 +233,12 @@ TEST(LowerSequences, SplitAfterViewWithMinusOneNextToSymbolicBatch) {
   g.add_output(node1(g, "SequenceAt", {seq, constant(g, "i", i64({}, {2}))}, "v_states"));
   infer_shapes(*m);
   EXPECT_EQ(graph::format_shape(view->output(0)->type.shape),
-            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(4),
-                                      Dim::known(24)}));
+            graph::format_shape(
+                Shape{Dim::symbol("batch"), Dim::known(16), Dim::known(4), Dim::known(24)}));
   lower_all(*m);
   EXPECT_EQ(graph::format_shape(m->graph->outputs()[0]->type.shape),
-            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(4), Dim::known(16),
-                                      Dim::known(8)}));
+            graph::format_shape(
+                Shape{Dim::symbol("batch"), Dim::known(4), Dim::known(16), Dim::known(8)}));
   for (int64_t batch : {1, 3}) {
     const std::vector<float> xs = iota(batch * 16 * 96);
     auto out = passtest::run(*m, {{"mask", i64({batch, 16}, std::vector<int64_t>(batch * 16, 1))},
@@ -250,7 +250,8 @@ TEST(LowerSequences, SplitAfterViewWithMinusOneNextToSymbolicBatch) {
       for (int64_t h = 0; h < 4; ++h)
         for (int64_t s2 = 0; s2 < 16; ++s2)
           for (int64_t j = 0; j < 8; ++j)
-            ASSERT_EQ(got[((n * 4 + h) * 16 + s2) * 8 + j], xs[(n * 16 + s2) * 96 + h * 24 + 16 + j])
+            ASSERT_EQ(got[((n * 4 + h) * 16 + s2) * 8 + j],
+                      xs[(n * 16 + s2) * 96 + h * 24 + 16 + j])
                 << n << " " << h << " " << s2 << " " << j;
   }
 }

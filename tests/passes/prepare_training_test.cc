@@ -191,7 +191,8 @@ TEST(PrepareTraining, InitializersTheExporterMarkedAsBuffersStayFixed) {
   auto build = [&] {
     auto m = fixed_inputs_model();
     Graph& g = *m->graph;
-    g.find_value("W")->metadata = {{"pkg.torch.onnx.original_node_name", "p_w"}, {kind, "PARAMETER"}};
+    g.find_value("W")->metadata = {{"pkg.torch.onnx.original_node_name", "p_w"},
+                                   {kind, "PARAMETER"}};
     g.find_value("b")->metadata = {{kind, "BUFFER"}};
     return m;
   };
