@@ -375,6 +375,37 @@ T from_double(double v, bool exact) {
   }
 }
 
+// The tap combinations of one output row over axes [from, rank - 1): the row's index r within
+// those axes decoded into `coord`, then every combination's offset into the input (strides
+// `stride`) and product of weights in `combos` (`next` is scratch). False when the row lies
+// outside the crop on one of those axes (tf_crop_and_resize).
+struct RowTaps {
+  std::vector<int64_t> coord;
+  std::vector<std::pair<int64_t, double>> combos, next;
+
+  bool find(const std::vector<AxisTaps>& taps, const std::vector<int64_t>& out,
+            const std::vector<int64_t>& stride, size_t from, int64_t r) {
+    const size_t rank = out.size();
+    coord.resize(rank);
+    for (size_t d = rank - 1; d-- > from;) {
+      coord[d] = r % out[d];
+      r /= out[d];
+    }
+    combos.assign(1, {0, 1.0});
+    for (size_t d = from; d + 1 < rank; ++d) {
+      const AxisTaps& t = taps[d];
+      const auto c = static_cast<size_t>(coord[d]);
+      if (t.outside[c]) return false;
+      next.clear();
+      for (const auto& [off, w] : combos)
+        for (int64_t k = t.first[c]; k < t.first[c + 1]; ++k)
+          next.emplace_back(off + t.idx[k] * stride[d], w * t.weight[k]);
+      combos.swap(next);
+    }
+    return true;
+  }
+};
+
 // y[o..., j] = sum over taps of every axis of prod(weights) * x[taps]; outside the crop on any
 // axis: extrapolation_value.
 template <typename T>
@@ -390,27 +421,10 @@ void resample(const KernelContext& ctx, const TensorView& x, T* y, const std::ve
   const AxisTaps& lt = taps[rank - 1];
   const T extra = from_double<T>(extrapolation, false);
   ctx.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> coord(rank, 0);
-    std::vector<std::pair<int64_t, double>> combos, next;
+    RowTaps row;
+    const auto& combos = row.combos;
     for (int64_t r = begin; r < end; ++r) {
-      int64_t rem = r;
-      for (size_t d = rank - 1; d-- > 0;) {
-        coord[d] = rem % out[d];
-        rem /= out[d];
-      }
-      // Offsets and weights of every tap combination over the leading axes.
-      combos.assign(1, {0, 1.0});
-      bool outside = false;
-      for (size_t d = 0; d + 1 < rank && !outside; ++d) {
-        const AxisTaps& t = taps[d];
-        const auto c = static_cast<size_t>(coord[d]);
-        outside = t.outside[c];
-        next.clear();
-        for (const auto& [off, w] : combos)
-          for (int64_t k = t.first[c]; k < t.first[c + 1]; ++k)
-            next.emplace_back(off + t.idx[k] * stride[d], w * t.weight[k]);
-        combos.swap(next);
-      }
+      const bool outside = !row.find(taps, out, stride, 0, r);
       T* yr = y + r * last;
       for (int64_t j = 0; j < last; ++j) {
         if (outside || lt.outside[j]) {
@@ -484,30 +498,13 @@ void resample_grad(const KernelContext& ctx, const T* dy, T* dx, std::span<const
   const AxisTaps& lt = taps[rank - 1];
   ctx.parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(block_in));
-    std::vector<int64_t> coord(rank, 0);
-    std::vector<std::pair<int64_t, double>> combos, next;
+    RowTaps row;
+    const auto& combos = row.combos;
     for (int64_t b = begin; b < end; ++b) {
       std::fill(acc.begin(), acc.end(), 0.0);
       const T* dyb = dy + b * rows * last;
       for (int64_t r = 0; r < rows; ++r) {
-        int64_t rem = r;
-        for (size_t d = rank - 1; d-- > p;) {
-          coord[d] = rem % out[d];
-          rem /= out[d];
-        }
-        combos.assign(1, {0, 1.0});
-        bool outside = false;
-        for (size_t d = p; d + 1 < rank && !outside; ++d) {
-          const AxisTaps& t = taps[d];
-          const auto c = static_cast<size_t>(coord[d]);
-          outside = t.outside[c];
-          next.clear();
-          for (const auto& [off, w] : combos)
-            for (int64_t k = t.first[c]; k < t.first[c + 1]; ++k)
-              next.emplace_back(off + t.idx[k] * stride[d], w * t.weight[k]);
-          combos.swap(next);
-        }
-        if (outside) continue;
+        if (!row.find(taps, out, stride, p, r)) continue;
         const T* dyr = dyb + r * last;
         for (int64_t j = 0; j < last; ++j) {
           if (lt.outside[j]) continue;
