@@ -1,0 +1,466 @@
+// LSTM (opsets 7, 14) and its gradient, ai.onnxtrain LSTMGrad. Gate order i, o, f, c as ONNX
+// writes W / R / B; default activations (Sigmoid, Tanh, Tanh) only. The forward also takes
+// peepholes, clip and input_forget; the gradient refuses them (torch exports none of the three).
+// sequence_lens must be absent or all equal the sequence length. The gradient recomputes the
+// forward's gates (no extra outputs on the forward node), then runs backpropagation through time.
+// Matrix products: oneDNN's sgemm for float32, a plain loop for float64 (gradient checks).
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ops/elementwise/dtypes.h"
+#include "ops/nn/nn_util.h"
+#include "ops/shape/copy.h"
+#include "ops/shape_util.h"
+
+namespace onnxtrain::ops::nn {
+namespace {
+
+struct LstmAttrs {
+  int64_t hidden = 0;
+  int dirs = 1;
+  bool reverse = false;  // direction "reverse" (one direction running backwards in time)
+  bool layout1 = false;  // layout 1: batch first
+  double clip = 0;       // 0: none
+  bool input_forget = false;
+};
+
+LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
+  LstmAttrs a;
+  a.hidden = node.attr_int("hidden_size", 0);
+  OT_CHECK(a.hidden > 0, where, ": attribute hidden_size is required (> 0)");
+  const std::string dir = node.attr_string("direction", "forward");
+  OT_CHECK(dir == "forward" || dir == "reverse" || dir == "bidirectional", where,
+           ": direction must be forward, reverse or bidirectional, got '", dir, "'");
+  a.dirs = dir == "bidirectional" ? 2 : 1;
+  a.reverse = dir == "reverse";
+  a.layout1 = node.attr_int("layout", 0) != 0;
+  a.clip = node.attr_float("clip", 0.0f);
+  a.input_forget = node.attr_int("input_forget", 0) != 0;
+  if (const graph::Attribute* acts = node.find_attr("activations")) {
+    const std::vector<std::string> defaults{"Sigmoid", "Tanh", "Tanh"};
+    for (size_t k = 0; k < acts->strings().size(); ++k)
+      OT_CHECK(acts->strings()[k] == defaults[k % 3], where, ": activation '",
+               acts->strings()[k], "' is not supported (only Sigmoid, Tanh, Tanh)");
+  }
+  return a;
+}
+
+// C[m, n] (+)= sum_k A[m, k] B[n, k] (B transposed), or with `a_t` A[k, m]; row-major, C
+// overwritten when !accumulate.
+template <typename T>
+void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c,
+          bool accumulate, const KernelContext& ctx) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    ThreadBudget budget(ctx.num_threads());
+    OT_CHECK(dnnl_sgemm(a_t ? 'T' : 'N', 'T', m, n, k, 1.0f, a, a_t ? m : k, b, k,
+                        accumulate ? 1.0f : 0.0f, c, n) == dnnl_success,
+             "LSTM: oneDNN sgemm failed");
+  } else {
+    ctx.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          T acc = accumulate ? c[i * n + j] : T{0};
+          for (int64_t q = 0; q < k; ++q) acc += (a_t ? a[q * m + i] : a[i * k + q]) * b[j * k + q];
+          c[i * n + j] = acc;
+        }
+    });
+  }
+}
+
+// C[m, n] (+)= A[m, k] B[k, n] (B not transposed).
+template <typename T>
+void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
+             const KernelContext& ctx) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    ThreadBudget budget(ctx.num_threads());
+    OT_CHECK(dnnl_sgemm('N', 'N', m, n, k, 1.0f, a, k, b, n, accumulate ? 1.0f : 0.0f, c, n) ==
+                 dnnl_success,
+             "LSTM: oneDNN sgemm failed");
+  } else {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T acc = accumulate ? c[i * n + j] : T{0};
+        for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
+        c[i * n + j] = acc;
+      }
+  }
+}
+
+template <typename T>
+T sigmoid(T x) {
+  return T{1} / (T{1} + std::exp(-x));
+}
+
+// The shapes every LSTM kernel checks: X (T, N, I) or (N, T, I), W (D, 4H, I), R (D, 4H, H),
+// B (D, 8H), initial_h / initial_c (D, N, H) or (N, D, H), P (D, 3H).
+struct LstmShape {
+  int64_t steps = 0, batch = 0, input = 0;
+};
+
+LstmShape lstm_shape(const LstmAttrs& a, const TensorView& x, const TensorView& w,
+                     const TensorView& r, const TensorView* b, const TensorView* h0,
+                     const TensorView* c0, const TensorView* p, const TensorView* lens,
+                     const std::string& where) {
+  OT_CHECK(x.rank() == 3, where, ": X must have rank 3, got ", x.rank());
+  LstmShape s;
+  s.steps = a.layout1 ? x.dims[1] : x.dims[0];
+  s.batch = a.layout1 ? x.dims[0] : x.dims[1];
+  s.input = x.dims[2];
+  const int64_t h = a.hidden, d = a.dirs;
+  auto expect = [&](const TensorView* t, std::vector<int64_t> dims, const char* name) {
+    if (!t) return;
+    OT_CHECK(t->dims == dims && t->dtype == x.dtype, where, ": ", name, " must be ",
+             graph::dtype_short_name(x.dtype), " (", join_dims(dims), "), got ",
+             graph::dtype_short_name(t->dtype), " (", join_dims(t->dims), ")");
+  };
+  expect(&w, {d, 4 * h, s.input}, "W");
+  expect(&r, {d, 4 * h, h}, "R");
+  expect(b, {d, 8 * h}, "B");
+  const std::vector<int64_t> state =
+      a.layout1 ? std::vector<int64_t>{s.batch, d, h} : std::vector<int64_t>{d, s.batch, h};
+  expect(h0, state, "initial_h");
+  expect(c0, state, "initial_c");
+  expect(p, {d, 3 * h}, "P");
+  if (lens) {
+    const std::vector<int64_t> v = shape::view_ints(*lens, where);
+    OT_CHECK(static_cast<int64_t>(v.size()) == s.batch &&
+                 std::all_of(v.begin(), v.end(), [&](int64_t n) { return n == s.steps; }),
+             where, ": sequence_lens other than the full length ", s.steps,
+             " for every sequence are not supported");
+  }
+  return s;
+}
+
+// X and the initial states in layout 0 (a copy from layout 1).
+template <typename T>
+std::vector<T> time_major(const TensorView* t, int64_t outer, int64_t inner, int64_t row,
+                          bool layout1) {
+  std::vector<T> out(static_cast<size_t>(outer * inner * row), T{0});
+  if (!t) return out;
+  const T* src = t->as<T>();
+  for (int64_t a = 0; a < outer; ++a)
+    for (int64_t b = 0; b < inner; ++b)
+      std::copy_n(src + (layout1 ? (b * outer + a) : (a * inner + b)) * row, row,
+                  out.data() + (a * inner + b) * row);
+  return out;
+}
+
+// One direction's forward over all steps. xw: (T*N, 4H) = X W^T + Wb + Rb (filled here); h, c:
+// (N, H) initial states in, final states out. Per step (in run order) `record` receives the
+// step's time index, gates (N, 4H: i, o, f, g after activation), c_prev and c_new.
+template <typename T, typename Record>
+void lstm_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
+                    const T* b, const T* p, bool backwards, std::vector<T>& h, std::vector<T>& c,
+                    T* y, int64_t y_stride, const KernelContext& ctx, Record&& record) {
+  const int64_t H = a.hidden, N = s.batch, G = 4 * H;
+  std::vector<T> xw(static_cast<size_t>(s.steps * N * G));
+  gemm<T>(false, s.steps * N, G, s.input, x, w, xw.data(), false, ctx);
+  if (b)
+    for (int64_t row = 0; row < s.steps * N; ++row)
+      for (int64_t j = 0; j < G; ++j) xw[row * G + j] += b[j] + b[G + j];
+  std::vector<T> gates(static_cast<size_t>(N * G)), c_prev(c.size());
+  const T clip = static_cast<T>(a.clip);
+  auto clipped = [&](T v) { return clip > 0 ? std::clamp(v, -clip, clip) : v; };
+  for (int64_t k = 0; k < s.steps; ++k) {
+    const int64_t t = backwards ? s.steps - 1 - k : k;
+    std::copy_n(xw.data() + t * N * G, N * G, gates.data());
+    gemm<T>(false, N, G, H, h.data(), r, gates.data(), true, ctx);
+    c_prev = c;
+    for (int64_t n = 0; n < N; ++n) {
+      T* g = gates.data() + n * G;
+      for (int64_t j = 0; j < H; ++j) {
+        const T cp = c_prev[n * H + j];
+        const T i = sigmoid(clipped(g[j] + (p ? p[j] * cp : T{0})));
+        const T f = a.input_forget ? T{1} - i
+                                   : sigmoid(clipped(g[2 * H + j] + (p ? p[2 * H + j] * cp : T{0})));
+        const T cand = std::tanh(clipped(g[3 * H + j]));
+        const T cn = f * cp + i * cand;
+        const T o = sigmoid(clipped(g[H + j] + (p ? p[H + j] * cn : T{0})));
+        g[j] = i;
+        g[H + j] = o;
+        g[2 * H + j] = f;
+        g[3 * H + j] = cand;
+        c[n * H + j] = cn;
+        h[n * H + j] = o * std::tanh(cn);
+      }
+    }
+    if (y)
+      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
+    record(t, gates, c_prev, c);
+  }
+}
+
+// X, W, R, [B, sequence_lens, initial_h, initial_c, P] -> [Y, Y_h, Y_c]
+class LstmKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = lstm_attrs(ctx.node(), where);
+    const TensorView& x = *ctx.input(0);
+    OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
+    const TensorView *b = ctx.input(3), *h0 = ctx.input(5), *c0 = ctx.input(6), *p = ctx.input(7);
+    const LstmShape s = lstm_shape(a, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p,
+                                   ctx.input(4), where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, T_, N, s.input, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
+      std::vector<T> y(static_cast<size_t>(T_ * D * N * H)), yh(hs.size()), yc(cs.size());
+      for (int d = 0; d < D; ++d) {
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        std::vector<T> c(cs.begin() + d * N * H, cs.begin() + (d + 1) * N * H);
+        const int64_t G = 4 * H;
+        lstm_direction<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+                          ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+                          p ? p->as<T>() + d * 3 * H : nullptr, a.reverse || d == 1, h, c,
+                          y.data() + d * N * H, D * N * H, ctx,
+                          [](int64_t, const auto&, const auto&, const auto&) {});
+        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
+        std::copy(c.begin(), c.end(), yc.begin() + d * N * H);
+      }
+      if (ctx.num_outputs() > 0 && ctx.has_output(0)) {
+        TensorView& out = ctx.output(0, a.layout1 ? std::vector<int64_t>{N, T_, D, H}
+                                                  : std::vector<int64_t>{T_, D, N, H});
+        T* o = out.as<T>();
+        for (int64_t t = 0; t < T_; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t n = 0; n < N; ++n)
+              std::copy_n(y.data() + ((t * D + d) * N + n) * H, H,
+                          o + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H);
+      }
+      auto state = [&](int i, const std::vector<T>& v) {
+        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+        TensorView& out = ctx.output(i, a.layout1 ? std::vector<int64_t>{N, D, H}
+                                                  : std::vector<int64_t>{D, N, H});
+        T* o = out.as<T>();
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t n = 0; n < N; ++n)
+            std::copy_n(v.data() + (d * N + n) * H, H, o + (a.layout1 ? n * D + d : d * N + n) * H);
+      };
+      state(1, yh);
+      state(2, yc);
+    });
+  }
+};
+
+void infer_lstm(InferenceContext& ctx) {
+  const ValueType& x = tensor_input(ctx, 0);
+  const LstmAttrs a = lstm_attrs(ctx.node, ctx.where());
+  std::optional<Shape> y, state;
+  if (x.shape && x.shape->size() == 3) {
+    const Dim t = (*x.shape)[a.layout1 ? 1 : 0], n = (*x.shape)[a.layout1 ? 0 : 1];
+    const Dim d = Dim::known(a.dirs), h = Dim::known(a.hidden);
+    y = a.layout1 ? Shape{n, t, d, h} : Shape{t, d, n, h};
+    state = a.layout1 ? Shape{n, d, h} : Shape{d, n, h};
+  }
+  for (size_t i = 0; i < ctx.node.outputs().size(); ++i)
+    set_output(ctx, i, x.dtype, i == 0 ? y : state);
+}
+
+// ---- gradient
+
+// dY, dY_h, dY_c (each optional), X, W, R, [B, initial_h, initial_c] with the forward's
+// attributes -> dX, dW, dR, dB, d initial_h, d initial_c.
+class LstmGradKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = lstm_attrs(ctx.node(), where);
+    OT_CHECK(a.clip == 0 && !a.input_forget, where,
+             ": the LSTM gradient does not support clip or input_forget");
+    const TensorView *dy = ctx.input(0), *dyh = ctx.input(1), *dyc = ctx.input(2);
+    const TensorView& x = *ctx.input(3);
+    const TensorView& w = *ctx.input(4);
+    const TensorView& r = *ctx.input(5);
+    const TensorView *b = ctx.input(6), *h0 = ctx.input(7), *c0 = ctx.input(8);
+    const LstmShape s = lstm_shape(a, x, w, r, b, h0, c0, nullptr, nullptr, where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 4 * H, I = s.input;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
+      // dY in layout 0 as (T, D, N, H); dY_h / dY_c as (D, N, H).
+      std::vector<T> gy(static_cast<size_t>(T_ * D * N * H), T{0});
+      if (dy) {
+        const T* src = dy->as<T>();
+        for (int64_t t = 0; t < T_; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t n = 0; n < N; ++n)
+              std::copy_n(src + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H,
+                          H, gy.data() + ((t * D + d) * N + n) * H);
+      }
+      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
+      const std::vector<T> gc = time_major<T>(dyc, D, N, H, a.layout1);
+      std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
+          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
+          dh0(hs.size()), dc0(cs.size());
+      for (int d = 0; d < D; ++d) {
+        const T* wd = w.as<T>() + d * G * I;
+        const T* rd = r.as<T>() + d * G * H;
+        const bool backwards = a.reverse || d == 1;
+        // Forward again, keeping each step's gates, c_prev, c and h_prev (by time index).
+        std::vector<T> gates(static_cast<size_t>(T_ * N * G)), cprev(static_cast<size_t>(T_ * N * H)),
+            cnew(cprev.size()), hprev(cprev.size());
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        std::vector<T> c(cs.begin() + d * N * H, cs.begin() + (d + 1) * N * H);
+        std::vector<T> h_before = h;
+        lstm_direction<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr, nullptr,
+                          backwards, h, c, nullptr, 0, ctx,
+                          [&](int64_t t, const std::vector<T>& g, const std::vector<T>& cp,
+                              const std::vector<T>& cn) {
+                            std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
+                            std::copy(cp.begin(), cp.end(), cprev.begin() + t * N * H);
+                            std::copy(cn.begin(), cn.end(), cnew.begin() + t * N * H);
+                            std::copy(h_before.begin(), h_before.end(), hprev.begin() + t * N * H);
+                            // h after this step is the next step's h_prev.
+                            for (int64_t e = 0; e < N * H; ++e) {
+                              const int64_t j = e % H, n = e / H;
+                              h_before[e] = g[n * G + H + j] * std::tanh(cn[e]);
+                            }
+                          });
+        // Backpropagation through time, last run step first.
+        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
+        std::vector<T> dc(gc.begin() + d * N * H, gc.begin() + (d + 1) * N * H);
+        std::vector<T> da(static_cast<size_t>(N * G)), dh_prev(static_cast<size_t>(N * H));
+        T* dwd = dw.data() + d * G * I;
+        T* drd = dr.data() + d * G * H;
+        for (int64_t k = T_ - 1; k >= 0; --k) {
+          const int64_t t = backwards ? T_ - 1 - k : k;
+          const T* g = gates.data() + t * N * G;
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < H; ++j) {
+              const int64_t e = n * H + j;
+              const T i = g[n * G + j], o = g[n * G + H + j], f = g[n * G + 2 * H + j],
+                      cand = g[n * G + 3 * H + j];
+              const T cn = cnew[t * N * H + e], cp = cprev[t * N * H + e];
+              const T hgrad = dh[e] + gy[((t * D + d) * N + n) * H + j];
+              const T tc = std::tanh(cn);
+              const T dcn = dc[e] + hgrad * o * (T{1} - tc * tc);
+              T* dag = da.data() + n * G;
+              dag[j] = dcn * cand * i * (T{1} - i);
+              dag[H + j] = hgrad * tc * o * (T{1} - o);
+              dag[2 * H + j] = dcn * cp * f * (T{1} - f);
+              dag[3 * H + j] = dcn * i * (T{1} - cand * cand);
+              dc[e] = dcn * f;
+            }
+          // dX_t = dA W, dW += dA^T X_t, dR += dA^T h_prev, dB, dh_prev = dA R.
+          gemm_nn<T>(N, I, G, da.data(), wd, dx.data() + t * N * I, true, ctx);
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t q = 0; q < G; ++q) {
+              const T v = da[n * G + q];
+              db[d * 2 * G + q] += v;
+              db[d * 2 * G + G + q] += v;
+            }
+          gemm_nn<T>(N, H, G, da.data(), rd, dh_prev.data(), false, ctx);
+          accumulate_outer<T>(G, I, N, da.data(), xs.data() + t * N * I, dwd, ctx);
+          accumulate_outer<T>(G, H, N, da.data(), hprev.data() + t * N * H, drd, ctx);
+          dh = dh_prev;
+        }
+        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
+        std::copy(dc.begin(), dc.end(), dc0.begin() + d * N * H);
+      }
+      auto put = [&](int i, const std::vector<T>& v, std::vector<int64_t> dims) {
+        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+        std::copy(v.begin(), v.end(), ctx.output(i, dims).template as<T>());
+      };
+      if (ctx.num_outputs() > 0 && ctx.has_output(0)) {  // dX back to X's layout
+        T* o = ctx.output(0, x.dims).template as<T>();
+        for (int64_t t = 0; t < T_; ++t)
+          for (int64_t n = 0; n < N; ++n)
+            std::copy_n(dx.data() + (t * N + n) * I, I,
+                        o + (a.layout1 ? n * T_ + t : t * N + n) * I);
+      }
+      put(1, dw, w.dims);
+      put(2, dr, r.dims);
+      if (b) put(3, db, b->dims);
+      auto state = [&](int i, const std::vector<T>& v, const TensorView* like) {
+        if (!like || ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+        T* o = ctx.output(i, like->dims).template as<T>();
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t n = 0; n < N; ++n)
+            std::copy_n(v.data() + (d * N + n) * H, H, o + (a.layout1 ? n * D + d : d * N + n) * H);
+      };
+      state(4, dh0, h0);
+      state(5, dc0, c0);
+    });
+  }
+
+ private:
+  // out[g, q] += sum_n a[n, g] v[n, q]: (G x Q) += A^T (N x G)^T (N x Q).
+  template <typename T>
+  static void accumulate_outer(int64_t g, int64_t q, int64_t n, const T* a, const T* v, T* out,
+                               const KernelContext& ctx) {
+    if constexpr (std::is_same_v<T, float>) {
+      ThreadBudget budget(ctx.num_threads());
+      OT_CHECK(dnnl_sgemm('T', 'N', g, q, n, 1.0f, a, g, v, q, 1.0f, out, q) == dnnl_success,
+               "LSTM: oneDNN sgemm failed");
+    } else {
+      for (int64_t i = 0; i < g; ++i)
+        for (int64_t j = 0; j < q; ++j) {
+          T acc = out[i * q + j];
+          for (int64_t k = 0; k < n; ++k) acc += a[k * g + i] * v[k * q + j];
+          out[i * q + j] = acc;
+        }
+    }
+  }
+};
+
+void infer_lstm_grad(InferenceContext& ctx) {
+  // dX like X (input 3), dW like W, dR like R, dB like B, d initial_h / c like them; an output
+  // whose input is absent is never written (X's dtype, no shape).
+  for (size_t i = 0; i < ctx.node.outputs().size(); ++i) {
+    if (ctx.input_type(i + 3))
+      propagate_type(ctx, i, i + 3);
+    else
+      set_output(ctx, i, tensor_input(ctx, 3).dtype, std::nullopt);
+  }
+}
+
+void lstm_gradient(GradientBuilder& b) {
+  const graph::Node& n = b.node();
+  OT_CHECK(!n.input(4) || n.inputs().size() <= 4, n.describe(),
+           ": the LSTM gradient does not support sequence_lens");
+  OT_CHECK(n.inputs().size() <= 7 || !n.input(7), n.describe(),
+           ": the LSTM gradient does not support peepholes (P)");
+  const LstmAttrs a = lstm_attrs(n, n.describe());
+  OT_CHECK(a.clip == 0 && !a.input_forget, n.describe(),
+           ": the LSTM gradient does not support clip or input_forget");
+  auto in = [&](int i) { return i < b.num_inputs() ? b.input(i) : nullptr; };
+  auto og = [&](int i) { return i < b.num_outputs() ? b.output_grad(i) : nullptr; };
+  std::vector<graph::Value*> inputs{og(0), og(1), og(2), in(0), in(1), in(2), in(3), in(5), in(6)};
+  std::vector<graph::Value*> grads =
+      b.emit("LSTMGrad", inputs, 6, n.attributes, kOnnxtrainDomain);
+  const int forward_slot[6] = {0, 1, 2, 3, 5, 6};
+  for (int k = 0; k < 6; ++k)
+    if (in(forward_slot[k]) && b.needs_input_grad(forward_slot[k]))
+      b.set_input_grad(forward_slot[k], grads[static_cast<size_t>(k)]);
+}
+
+}  // namespace
+
+ONNXTRAIN_REGISTER_OP(lstm) {
+  OpSchema s;
+  s.op_type = "LSTM";
+  s.since_version = 7;
+  s.infer = infer_lstm;
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<LstmKernel>(); };
+  s.gradient = lstm_gradient;
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(lstm_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "LSTMGrad";
+  s.infer = infer_lstm_grad;
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<LstmGradKernel>(); };
+  return s;
+}
+
+}  // namespace onnxtrain::ops::nn
