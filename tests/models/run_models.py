@@ -121,6 +121,21 @@ class TinyUNet(torch.nn.Module):
         return F.interpolate(y, scale_factor=0.5, mode="bilinear")
 
 
+class LSTMClassifier(torch.nn.Module):
+    """Token classifier over a 2-layer bidirectional LSTM (the ONNX LSTM op in both exports)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.lstm = torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
+        self.out = torch.nn.Linear(64, 3)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
+        h, _ = self.lstm(x)
+        return self.out(h[:, -1])
+
+
 def hf(cls_name, cfg_name, tuple_out=True, **cfg):
     # tuple_out: return_dict=False; GPT-2 and ViT in transformers 5 then fail inside their own
     # forward ('tuple' has no 'last_hidden_state'), so they return a ModelOutput (logits only)
@@ -151,6 +166,7 @@ MODELS = {
     "tiny_unet": (TinyUNet, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
+    "lstm": (LSTMClassifier, "seqcls"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
     "distilbert": (hf("DistilBertForSequenceClassification", "DistilBertConfig", vocab_size=VOCAB,
                       dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
