@@ -27,7 +27,8 @@ struct LstmAttrs {
   bool input_forget = false;
 };
 
-LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
+// `gates`: 4 (LSTM: activations Sigmoid, Tanh, Tanh) or 3 (GRU: Sigmoid, Tanh).
+LstmAttrs rnn_attrs(const graph::Node& node, const std::string& where, int gates) {
   LstmAttrs a;
   a.hidden = node.attr_int("hidden_size", 0);
   OT_CHECK(a.hidden > 0, where, ": attribute hidden_size is required (> 0)");
@@ -40,12 +41,19 @@ LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
   a.clip = node.attr_float("clip", 0.0f);
   a.input_forget = node.attr_int("input_forget", 0) != 0;
   if (const graph::Attribute* acts = node.find_attr("activations")) {
-    const std::vector<std::string> defaults{"Sigmoid", "Tanh", "Tanh"};
+    const std::vector<std::string> defaults = gates == 4
+                                                  ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+                                                  : std::vector<std::string>{"Sigmoid", "Tanh"};
     for (size_t k = 0; k < acts->strings().size(); ++k)
-      OT_CHECK(acts->strings()[k] == defaults[k % 3], where, ": activation '",
-               acts->strings()[k], "' is not supported (only Sigmoid, Tanh, Tanh)");
+      OT_CHECK(acts->strings()[k] == defaults[k % defaults.size()], where, ": activation '",
+               acts->strings()[k], "' is not supported (only the defaults, ",
+               gates == 4 ? "Sigmoid, Tanh, Tanh" : "Sigmoid, Tanh", ")");
   }
   return a;
+}
+
+LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
+  return rnn_attrs(node, where, 4);
 }
 
 // C[m, n] (+)= sum_k A[m, k] B[n, k] (B transposed), or with `a_t` A[k, m]; row-major, C
@@ -102,10 +110,10 @@ struct LstmShape {
   int64_t steps = 0, batch = 0, input = 0;
 };
 
-LstmShape lstm_shape(const LstmAttrs& a, const TensorView& x, const TensorView& w,
-                     const TensorView& r, const TensorView* b, const TensorView* h0,
-                     const TensorView* c0, const TensorView* p, const TensorView* lens,
-                     const std::string& where) {
+LstmShape rnn_shape(const LstmAttrs& a, int gates, const TensorView& x, const TensorView& w,
+                    const TensorView& r, const TensorView* b, const TensorView* h0,
+                    const TensorView* c0, const TensorView* p, const TensorView* lens,
+                    const std::string& where) {
   OT_CHECK(x.rank() == 3, where, ": X must have rank 3, got ", x.rank());
   LstmShape s;
   s.steps = a.layout1 ? x.dims[1] : x.dims[0];
@@ -118,9 +126,9 @@ LstmShape lstm_shape(const LstmAttrs& a, const TensorView& x, const TensorView& 
              graph::dtype_short_name(x.dtype), " (", join_dims(dims), "), got ",
              graph::dtype_short_name(t->dtype), " (", join_dims(t->dims), ")");
   };
-  expect(&w, {d, 4 * h, s.input}, "W");
-  expect(&r, {d, 4 * h, h}, "R");
-  expect(b, {d, 8 * h}, "B");
+  expect(&w, {d, gates * h, s.input}, "W");
+  expect(&r, {d, gates * h, h}, "R");
+  expect(b, {d, 2 * gates * h}, "B");
   const std::vector<int64_t> state =
       a.layout1 ? std::vector<int64_t>{s.batch, d, h} : std::vector<int64_t>{d, s.batch, h};
   expect(h0, state, "initial_h");
@@ -148,6 +156,79 @@ std::vector<T> time_major(const TensorView* t, int64_t outer, int64_t inner, int
       std::copy_n(src + (layout1 ? (b * outer + a) : (a * inner + b)) * row, row,
                   out.data() + (a * inner + b) * row);
   return out;
+}
+
+// Y (T, D, N, H) computed in layout 0 -> output 0 in the node's layout.
+template <typename T>
+void write_y(KernelContext& ctx, const LstmAttrs& a, const LstmShape& s, const std::vector<T>& y) {
+  if (ctx.num_outputs() == 0 || !ctx.has_output(0)) return;
+  const int64_t T_ = s.steps, D = a.dirs, N = s.batch, H = a.hidden;
+  T* o = ctx.output(0, a.layout1 ? std::vector<int64_t>{N, T_, D, H}
+                                 : std::vector<int64_t>{T_, D, N, H})
+             .template as<T>();
+  for (int64_t t = 0; t < T_; ++t)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t n = 0; n < N; ++n)
+        std::copy_n(y.data() + ((t * D + d) * N + n) * H, H,
+                    o + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H);
+}
+
+// dY in the node's layout (absent: zeros) -> (T, D, N, H).
+template <typename T>
+std::vector<T> read_y(const TensorView* dy, const LstmAttrs& a, const LstmShape& s) {
+  const int64_t T_ = s.steps, D = a.dirs, N = s.batch, H = a.hidden;
+  std::vector<T> out(static_cast<size_t>(T_ * D * N * H), T{0});
+  if (!dy) return out;
+  const T* src = dy->as<T>();
+  for (int64_t t = 0; t < T_; ++t)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t n = 0; n < N; ++n)
+        std::copy_n(src + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H, H,
+                    out.data() + ((t * D + d) * N + n) * H);
+  return out;
+}
+
+// A state (D, N, H) -> output i in the node's layout.
+template <typename T>
+void write_state(KernelContext& ctx, int i, const LstmAttrs& a, const LstmShape& s,
+                 const std::vector<T>& v) {
+  if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+  const int64_t D = a.dirs, N = s.batch, H = a.hidden;
+  T* o = ctx.output(i, a.layout1 ? std::vector<int64_t>{N, D, H} : std::vector<int64_t>{D, N, H})
+             .template as<T>();
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t n = 0; n < N; ++n)
+      std::copy_n(v.data() + (d * N + n) * H, H, o + (a.layout1 ? n * D + d : d * N + n) * H);
+}
+
+// dX (T, N, I) -> output 0 in X's layout.
+template <typename T>
+void write_dx(KernelContext& ctx, const LstmAttrs& a, const LstmShape& s,
+              const std::vector<int64_t>& x_dims, const std::vector<T>& dx) {
+  if (ctx.num_outputs() == 0 || !ctx.has_output(0)) return;
+  T* o = ctx.output(0, x_dims).template as<T>();
+  for (int64_t t = 0; t < s.steps; ++t)
+    for (int64_t n = 0; n < s.batch; ++n)
+      std::copy_n(dx.data() + (t * s.batch + n) * s.input, s.input,
+                  o + (a.layout1 ? n * s.steps + t : t * s.batch + n) * s.input);
+}
+
+// out[g, q] += sum_n a[n, g] v[n, q]: (G x Q) += A^T V for A (N x G), V (N x Q).
+template <typename T>
+void accumulate_outer(int64_t g, int64_t q, int64_t n, const T* a, const T* v, T* out,
+                      const KernelContext& ctx) {
+  if constexpr (std::is_same_v<T, float>) {
+    ThreadBudget budget(ctx.num_threads());
+    OT_CHECK(dnnl_sgemm('T', 'N', g, q, n, 1.0f, a, g, v, q, 1.0f, out, q) == dnnl_success,
+             "RNN: oneDNN sgemm failed");
+  } else {
+    for (int64_t i = 0; i < g; ++i)
+      for (int64_t j = 0; j < q; ++j) {
+        T acc = out[i * q + j];
+        for (int64_t k = 0; k < n; ++k) acc += a[k * g + i] * v[k * q + j];
+        out[i * q + j] = acc;
+      }
+  }
 }
 
 // One direction's forward over all steps. xw: (T*N, 4H) = X W^T + Wb + Rb (filled here); h, c:
@@ -204,8 +285,8 @@ class LstmKernel final : public Kernel {
     const TensorView& x = *ctx.input(0);
     OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
     const TensorView *b = ctx.input(3), *h0 = ctx.input(5), *c0 = ctx.input(6), *p = ctx.input(7);
-    const LstmShape s = lstm_shape(a, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p,
-                                   ctx.input(4), where);
+    const LstmShape s = rnn_shape(a, 4, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p,
+                                  ctx.input(4), where);
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, s.input, a.layout1);
@@ -224,27 +305,9 @@ class LstmKernel final : public Kernel {
         std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
         std::copy(c.begin(), c.end(), yc.begin() + d * N * H);
       }
-      if (ctx.num_outputs() > 0 && ctx.has_output(0)) {
-        TensorView& out = ctx.output(0, a.layout1 ? std::vector<int64_t>{N, T_, D, H}
-                                                  : std::vector<int64_t>{T_, D, N, H});
-        T* o = out.as<T>();
-        for (int64_t t = 0; t < T_; ++t)
-          for (int64_t d = 0; d < D; ++d)
-            for (int64_t n = 0; n < N; ++n)
-              std::copy_n(y.data() + ((t * D + d) * N + n) * H, H,
-                          o + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H);
-      }
-      auto state = [&](int i, const std::vector<T>& v) {
-        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
-        TensorView& out = ctx.output(i, a.layout1 ? std::vector<int64_t>{N, D, H}
-                                                  : std::vector<int64_t>{D, N, H});
-        T* o = out.as<T>();
-        for (int64_t d = 0; d < D; ++d)
-          for (int64_t n = 0; n < N; ++n)
-            std::copy_n(v.data() + (d * N + n) * H, H, o + (a.layout1 ? n * D + d : d * N + n) * H);
-      };
-      state(1, yh);
-      state(2, yc);
+      write_y<T>(ctx, a, s, y);
+      write_state<T>(ctx, 1, a, s, yh);
+      write_state<T>(ctx, 2, a, s, yc);
     });
   }
 };
@@ -279,22 +342,13 @@ class LstmGradKernel final : public Kernel {
     const TensorView& w = *ctx.input(4);
     const TensorView& r = *ctx.input(5);
     const TensorView *b = ctx.input(6), *h0 = ctx.input(7), *c0 = ctx.input(8);
-    const LstmShape s = lstm_shape(a, x, w, r, b, h0, c0, nullptr, nullptr, where);
+    const LstmShape s = rnn_shape(a, 4, x, w, r, b, h0, c0, nullptr, nullptr, where);
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 4 * H, I = s.input;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
-      // dY in layout 0 as (T, D, N, H); dY_h / dY_c as (D, N, H).
-      std::vector<T> gy(static_cast<size_t>(T_ * D * N * H), T{0});
-      if (dy) {
-        const T* src = dy->as<T>();
-        for (int64_t t = 0; t < T_; ++t)
-          for (int64_t d = 0; d < D; ++d)
-            for (int64_t n = 0; n < N; ++n)
-              std::copy_n(src + (a.layout1 ? ((n * T_ + t) * D + d) : ((t * D + d) * N + n)) * H,
-                          H, gy.data() + ((t * D + d) * N + n) * H);
-      }
+      const std::vector<T> gy = read_y<T>(dy, a, s);
       const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
       const std::vector<T> gc = time_major<T>(dyc, D, N, H, a.layout1);
       std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
@@ -369,46 +423,15 @@ class LstmGradKernel final : public Kernel {
         if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
         std::copy(v.begin(), v.end(), ctx.output(i, dims).template as<T>());
       };
-      if (ctx.num_outputs() > 0 && ctx.has_output(0)) {  // dX back to X's layout
-        T* o = ctx.output(0, x.dims).template as<T>();
-        for (int64_t t = 0; t < T_; ++t)
-          for (int64_t n = 0; n < N; ++n)
-            std::copy_n(dx.data() + (t * N + n) * I, I,
-                        o + (a.layout1 ? n * T_ + t : t * N + n) * I);
-      }
+      write_dx<T>(ctx, a, s, x.dims, dx);
       put(1, dw, w.dims);
       put(2, dr, r.dims);
       if (b) put(3, db, b->dims);
-      auto state = [&](int i, const std::vector<T>& v, const TensorView* like) {
-        if (!like || ctx.num_outputs() <= i || !ctx.has_output(i)) return;
-        T* o = ctx.output(i, like->dims).template as<T>();
-        for (int64_t d = 0; d < D; ++d)
-          for (int64_t n = 0; n < N; ++n)
-            std::copy_n(v.data() + (d * N + n) * H, H, o + (a.layout1 ? n * D + d : d * N + n) * H);
-      };
-      state(4, dh0, h0);
-      state(5, dc0, c0);
+      if (h0) write_state<T>(ctx, 4, a, s, dh0);
+      if (c0) write_state<T>(ctx, 5, a, s, dc0);
     });
   }
 
- private:
-  // out[g, q] += sum_n a[n, g] v[n, q]: (G x Q) += A^T (N x G)^T (N x Q).
-  template <typename T>
-  static void accumulate_outer(int64_t g, int64_t q, int64_t n, const T* a, const T* v, T* out,
-                               const KernelContext& ctx) {
-    if constexpr (std::is_same_v<T, float>) {
-      ThreadBudget budget(ctx.num_threads());
-      OT_CHECK(dnnl_sgemm('T', 'N', g, q, n, 1.0f, a, g, v, q, 1.0f, out, q) == dnnl_success,
-               "LSTM: oneDNN sgemm failed");
-    } else {
-      for (int64_t i = 0; i < g; ++i)
-        for (int64_t j = 0; j < q; ++j) {
-          T acc = out[i * q + j];
-          for (int64_t k = 0; k < n; ++k) acc += a[k * g + i] * v[k * q + j];
-          out[i * q + j] = acc;
-        }
-    }
-  }
 };
 
 void infer_lstm_grad(InferenceContext& ctx) {
