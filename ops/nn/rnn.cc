@@ -1,7 +1,8 @@
-// LSTM (opsets 7, 14) and its gradient, ai.onnxtrain LSTMGrad. Gate order i, o, f, c as ONNX
-// writes W / R / B; default activations (Sigmoid, Tanh, Tanh) only. The forward also takes
-// peepholes, clip and input_forget; the gradient refuses them (torch exports none of the three).
-// sequence_lens must be absent or all equal the sequence length. The gradient recomputes the
+// LSTM and GRU (opsets 7, 14) and their gradients, ai.onnxtrain LSTMGrad / GRUGrad, with the
+// default activations only. LSTM gates i, o, f, c as ONNX writes W / R / B; its forward also
+// takes peepholes, clip and input_forget, which the gradient refuses (torch exports none of the
+// three). GRU gates z, r, h; the gradient needs linear_before_reset = 1, as torch exports it.
+// sequence_lens must be absent or all equal the sequence length. A gradient recomputes the
 // forward's gates (no extra outputs on the forward node), then runs backpropagation through time.
 // Matrix products: oneDNN's sgemm for float32, a plain loop for float64 (gradient checks).
 #include <algorithm>
@@ -465,7 +466,253 @@ void lstm_gradient(GradientBuilder& b) {
       b.set_input_grad(forward_slot[k], grads[static_cast<size_t>(k)]);
 }
 
+// ---- GRU (opsets 7, 14): gates z, r, h. With linear_before_reset (torch's GRU):
+//   h~ = tanh(X Wh^T + Wbh + r (.) (H_prev Rh^T + Rbh)), else tanh(X Wh^T + Wbh + (r (.) H_prev)
+//   Rh^T + Rbh); H = (1 - z) (.) h~ + z (.) H_prev. The gradient takes linear_before_reset = 1.
+
+// One direction's forward. Per run step, `record(t, gates, hr, h_prev)` gets the step's time
+// index, its gates (N, 3H: z, r, h~ after activation), hr = H_prev Rh^T + Rbh (N, H; with
+// linear_before_reset) and H_prev.
+template <typename T, typename Record>
+void gru_direction(const LstmAttrs& a, bool lbr, const LstmShape& s, const T* x, const T* w,
+                   const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
+                   int64_t y_stride, const KernelContext& ctx, Record&& record) {
+  const int64_t H = a.hidden, N = s.batch, G = 3 * H;
+  std::vector<T> xw(static_cast<size_t>(s.steps * N * G));
+  gemm<T>(false, s.steps * N, G, s.input, x, w, xw.data(), false, ctx);
+  if (b)
+    for (int64_t row = 0; row < s.steps * N; ++row)
+      for (int64_t j = 0; j < G; ++j) xw[row * G + j] += b[j] + (j < 2 * H ? b[G + j] : T{0});
+  const T* rbh = b ? b + G + 2 * H : nullptr;
+  std::vector<T> gates(static_cast<size_t>(N * G)), hr(static_cast<size_t>(N * H)),
+      rh(static_cast<size_t>(N * H)), h_prev(h.size()), zr(static_cast<size_t>(N * 2 * H));
+  const T clip = static_cast<T>(a.clip);
+  auto clipped = [&](T v) { return clip > 0 ? std::clamp(v, -clip, clip) : v; };
+  for (int64_t k = 0; k < s.steps; ++k) {
+    const int64_t t = backwards ? s.steps - 1 - k : k;
+    h_prev = h;
+    std::copy_n(xw.data() + t * N * G, N * G, gates.data());
+    // z and r: + H_prev [Rz; Rr]^T.
+    gemm<T>(false, N, 2 * H, H, h_prev.data(), r, zr.data(), false, ctx);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < 2 * H; ++j) gates[n * G + j] += zr[n * 2 * H + j];
+    for (int64_t e = 0; e < N * 2 * H; ++e) {
+      const int64_t n = e / (2 * H), j = e % (2 * H);
+      gates[n * G + j] = sigmoid(clipped(gates[n * G + j]));
+    }
+    if (lbr) {  // hr = H_prev Rh^T + Rbh; h~ = tanh(xw_h + r hr)
+      gemm<T>(false, N, H, H, h_prev.data(), r + 2 * H * H, hr.data(), false, ctx);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) {
+          const int64_t e = n * H + j;
+          if (rbh) hr[e] += rbh[j];
+          T& g = gates[n * G + 2 * H + j];
+          g = std::tanh(clipped(g + gates[n * G + H + j] * hr[e]));
+        }
+    } else {  // h~ = tanh(xw_h + (r H_prev) Rh^T + Rbh)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) rh[n * H + j] = gates[n * G + H + j] * h_prev[n * H + j];
+      gemm<T>(false, N, H, H, rh.data(), r + 2 * H * H, hr.data(), false, ctx);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) {
+          T& g = gates[n * G + 2 * H + j];
+          g = std::tanh(clipped(g + hr[n * H + j] + (rbh ? rbh[j] : T{0})));
+        }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < H; ++j) {
+        const T z = gates[n * G + j], cand = gates[n * G + 2 * H + j];
+        h[n * H + j] = (T{1} - z) * cand + z * h_prev[n * H + j];
+      }
+    if (y)
+      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
+    record(t, gates, hr, h_prev);
+  }
+}
+
+// X, W, R, [B, sequence_lens, initial_h] -> [Y, Y_h]
+class GruKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, 3);
+    const bool lbr = ctx.node().attr_int("linear_before_reset", 0) != 0;
+    const TensorView& x = *ctx.input(0);
+    OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
+    const TensorView *b = ctx.input(3), *h0 = ctx.input(5);
+    const LstmShape s = rnn_shape(a, 3, x, *ctx.input(1), *ctx.input(2), b, h0, nullptr, nullptr,
+                                  ctx.input(4), where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, G = 3 * H;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, s.steps, N, s.input, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      std::vector<T> y(static_cast<size_t>(s.steps * D * N * H)), yh(hs.size());
+      for (int d = 0; d < D; ++d) {
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        gru_direction<T>(a, lbr, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+                         ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+                         a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx,
+                         [](int64_t, const auto&, const auto&, const auto&) {});
+        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
+      }
+      write_y<T>(ctx, a, s, y);
+      write_state<T>(ctx, 1, a, s, yh);
+    });
+  }
+};
+
+// dY, dY_h (optional), X, W, R, [B, initial_h] with the forward's attributes -> dX, dW, dR, dB,
+// d initial_h. linear_before_reset = 1 only.
+class GruGradKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, 3);
+    OT_CHECK(ctx.node().attr_int("linear_before_reset", 0) != 0 && a.clip == 0, where,
+             ": the GRU gradient needs linear_before_reset = 1 (torch's GRU) and no clip");
+    const TensorView *dy = ctx.input(0), *dyh = ctx.input(1);
+    const TensorView& x = *ctx.input(2);
+    const TensorView& w = *ctx.input(3);
+    const TensorView& r = *ctx.input(4);
+    const TensorView *b = ctx.input(5), *h0 = ctx.input(6);
+    const LstmShape s = rnn_shape(a, 3, x, w, r, b, h0, nullptr, nullptr, nullptr, where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H, I = s.input;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      const std::vector<T> gy = read_y<T>(dy, a, s);
+      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
+      std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
+          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
+          dh0(hs.size());
+      for (int d = 0; d < D; ++d) {
+        const T* wd = w.as<T>() + d * G * I;
+        const T* rd = r.as<T>() + d * G * H;
+        const bool backwards = a.reverse || d == 1;
+        std::vector<T> gates(static_cast<size_t>(T_ * N * G)), hrs(static_cast<size_t>(T_ * N * H)),
+            hprev(hrs.size());
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        gru_direction<T>(a, true, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr,
+                         backwards, h, nullptr, 0, ctx,
+                         [&](int64_t t, const std::vector<T>& g, const std::vector<T>& hr,
+                             const std::vector<T>& hp) {
+                           std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
+                           std::copy(hr.begin(), hr.end(), hrs.begin() + t * N * H);
+                           std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
+                         });
+        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
+        std::vector<T> dax(static_cast<size_t>(N * G)), dah(static_cast<size_t>(N * G)),
+            dh_prev(static_cast<size_t>(N * H));
+        T* dwd = dw.data() + d * G * I;
+        T* drd = dr.data() + d * G * H;
+        for (int64_t k = T_ - 1; k >= 0; --k) {
+          const int64_t t = backwards ? T_ - 1 - k : k;
+          const T* g = gates.data() + t * N * G;
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < H; ++j) {
+              const int64_t e = n * H + j;
+              const T z = g[n * G + j], rg = g[n * G + H + j], cand = g[n * G + 2 * H + j];
+              const T hp = hprev[t * N * H + e], hr = hrs[t * N * H + e];
+              const T dht = dh[e] + gy[((t * D + d) * N + n) * H + j];
+              const T dac = dht * (T{1} - z) * (T{1} - cand * cand);  // h~'s pre-activation
+              const T daz = dht * (hp - cand) * z * (T{1} - z);
+              const T dar = dac * hr * rg * (T{1} - rg);
+              dax[n * G + j] = daz;
+              dax[n * G + H + j] = dar;
+              dax[n * G + 2 * H + j] = dac;
+              dah[n * G + j] = daz;
+              dah[n * G + H + j] = dar;
+              dah[n * G + 2 * H + j] = dac * rg;  // through hr = H_prev Rh^T + Rbh
+              dh_prev[e] = dht * z;
+            }
+          gemm_nn<T>(N, I, G, dax.data(), wd, dx.data() + t * N * I, true, ctx);
+          accumulate_outer<T>(G, I, N, dax.data(), xs.data() + t * N * I, dwd, ctx);
+          accumulate_outer<T>(G, H, N, dah.data(), hprev.data() + t * N * H, drd, ctx);
+          gemm_nn<T>(N, H, G, dah.data(), rd, dh_prev.data(), true, ctx);
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t q = 0; q < G; ++q) {
+              db[d * 2 * G + q] += dax[n * G + q];
+              db[d * 2 * G + G + q] += dah[n * G + q];
+            }
+          dh = dh_prev;
+        }
+        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
+      }
+      write_dx<T>(ctx, a, s, x.dims, dx);
+      auto put = [&](int i, const std::vector<T>& v, const std::vector<int64_t>& dims) {
+        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+        std::copy(v.begin(), v.end(), ctx.output(i, dims).template as<T>());
+      };
+      put(1, dw, w.dims);
+      put(2, dr, r.dims);
+      if (b) put(3, db, b->dims);
+      if (h0) write_state<T>(ctx, 4, a, s, dh0);
+    });
+  }
+};
+
+void infer_gru(InferenceContext& ctx) {
+  const ValueType& x = tensor_input(ctx, 0);
+  const LstmAttrs a = rnn_attrs(ctx.node, ctx.where(), 3);
+  std::optional<Shape> y, state;
+  if (x.shape && x.shape->size() == 3) {
+    const Dim t = (*x.shape)[a.layout1 ? 1 : 0], n = (*x.shape)[a.layout1 ? 0 : 1];
+    const Dim d = Dim::known(a.dirs), h = Dim::known(a.hidden);
+    y = a.layout1 ? Shape{n, t, d, h} : Shape{t, d, n, h};
+    state = a.layout1 ? Shape{n, d, h} : Shape{d, n, h};
+  }
+  for (size_t i = 0; i < ctx.node.outputs().size(); ++i)
+    set_output(ctx, i, x.dtype, i == 0 ? y : state);
+}
+
+void infer_gru_grad(InferenceContext& ctx) {
+  for (size_t i = 0; i < ctx.node.outputs().size(); ++i) {
+    if (ctx.input_type(i + 2))
+      propagate_type(ctx, i, i + 2);
+    else
+      set_output(ctx, i, tensor_input(ctx, 2).dtype, std::nullopt);
+  }
+}
+
+void gru_gradient(GradientBuilder& b) {
+  const graph::Node& n = b.node();
+  OT_CHECK(n.inputs().size() <= 4 || !n.input(4), n.describe(),
+           ": the GRU gradient does not support sequence_lens");
+  OT_CHECK(n.attr_int("linear_before_reset", 0) != 0, n.describe(),
+           ": the GRU gradient needs linear_before_reset = 1 (torch's GRU)");
+  OT_CHECK(rnn_attrs(n, n.describe(), 3).clip == 0, n.describe(),
+           ": the GRU gradient does not support clip");
+  auto in = [&](int i) { return i < b.num_inputs() ? b.input(i) : nullptr; };
+  auto og = [&](int i) { return i < b.num_outputs() ? b.output_grad(i) : nullptr; };
+  std::vector<graph::Value*> grads = b.emit(
+      "GRUGrad", {og(0), og(1), in(0), in(1), in(2), in(3), in(5)}, 5, n.attributes,
+      kOnnxtrainDomain);
+  const int forward_slot[5] = {0, 1, 2, 3, 5};
+  for (int k = 0; k < 5; ++k)
+    if (in(forward_slot[k]) && b.needs_input_grad(forward_slot[k]))
+      b.set_input_grad(forward_slot[k], grads[static_cast<size_t>(k)]);
+}
+
 }  // namespace
+
+ONNXTRAIN_REGISTER_OP(gru) {
+  OpSchema s;
+  s.op_type = "GRU";
+  s.since_version = 7;
+  s.infer = infer_gru;
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<GruKernel>(); };
+  s.gradient = gru_gradient;
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(gru_grad) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "GRUGrad";
+  s.infer = infer_gru_grad;
+  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<GruGradKernel>(); };
+  return s;
+}
 
 ONNXTRAIN_REGISTER_OP(lstm) {
   OpSchema s;

@@ -412,6 +412,47 @@ TEST(NnGrad, LSTM) {
   }
 }
 
+// GRU with linear_before_reset = 1 (torch's): every input's gradient, Y and Y_h in the loss.
+TEST(NnGrad, GRU) {
+  struct Spec {
+    const char* direction;
+    int64_t layout;
+    bool bias_and_state;
+    DataType dt;
+  };
+  const int64_t steps = 3, batch = 2, input = 3, hidden = 2;
+  uint64_t seed = 990;
+  for (const Spec& sp : {Spec{"forward", 0, true, kF64}, Spec{"reverse", 0, true, kF64},
+                         Spec{"bidirectional", 1, true, kF64}, Spec{"forward", 0, false, kF64},
+                         Spec{"bidirectional", 0, true, kF32}}) {
+    const int64_t d = std::string(sp.direction) == "bidirectional" ? 2 : 1;
+    GradCase c;
+    c.op_type = "GRU";
+    c.opset = 14;
+    c.num_outputs = 2;
+    c.label = std::string("GRU ") + sp.direction + " layout " + std::to_string(sp.layout) +
+              (sp.bias_and_state ? "" : " no B / initial state") + (sp.dt == kF32 ? " f32" : "");
+    c.attributes = {Attribute::make_int("hidden_size", hidden),
+                    Attribute::make_string("direction", sp.direction),
+                    Attribute::make_int("layout", sp.layout),
+                    Attribute::make_int("linear_before_reset", 1)};
+    const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
+                                             : std::vector<int64_t>{steps, batch, input};
+    const std::vector<int64_t> state = sp.layout ? std::vector<int64_t>{batch, d, hidden}
+                                                 : std::vector<int64_t>{d, batch, hidden};
+    c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
+                GradInput{rnd({d, 3 * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
+                GradInput{rnd({d, 3 * hidden, hidden}, seed + 2, -0.8, 0.8, sp.dt)}};
+    if (sp.bias_and_state) {
+      c.inputs.push_back(GradInput{rnd({d, 6 * hidden}, seed + 3, -0.5, 0.5, sp.dt)});
+      c.inputs.push_back(GradInput{std::nullopt, false, false});
+      c.inputs.push_back(GradInput{rnd(state, seed + 4, -0.5, 0.5, sp.dt)});
+    }
+    run(c);
+    seed += 5;
+  }
+}
+
 TEST(NnGrad, BatchNormalization) {
   uint64_t seed = 60;
   for (const std::vector<int64_t>& x :

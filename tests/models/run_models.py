@@ -121,18 +121,19 @@ class TinyUNet(torch.nn.Module):
         return F.interpolate(y, scale_factor=0.5, mode="bilinear")
 
 
-class LSTMClassifier(torch.nn.Module):
-    """Token classifier over a 2-layer bidirectional LSTM (the ONNX LSTM op in both exports)."""
+class RNNClassifier(torch.nn.Module):
+    """Token classifier over a 2-layer bidirectional LSTM or GRU (the ONNX LSTM / GRU op in both
+    exports)."""
 
-    def __init__(self):
+    def __init__(self, cell):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, 16)
-        self.lstm = torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True, batch_first=True)
+        self.rnn = cell(16, 32, num_layers=2, bidirectional=True, batch_first=True)
         self.out = torch.nn.Linear(64, 3)
 
     def forward(self, input_ids, attention_mask):
         x = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
-        h, _ = self.lstm(x)
+        h, _ = self.rnn(x)
         return self.out(h[:, -1])
 
 
@@ -166,7 +167,8 @@ MODELS = {
     "tiny_unet": (TinyUNet, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
-    "lstm": (LSTMClassifier, "seqcls"),
+    "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
+    "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
     "distilbert": (hf("DistilBertForSequenceClassification", "DistilBertConfig", vocab_size=VOCAB,
                       dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
