@@ -42,9 +42,9 @@ LstmAttrs rnn_attrs(const graph::Node& node, const std::string& where, int gates
   a.clip = node.attr_float("clip", 0.0f);
   a.input_forget = node.attr_int("input_forget", 0) != 0;
   if (const graph::Attribute* acts = node.find_attr("activations")) {
-    const std::vector<std::string> defaults = gates == 4
-                                                  ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
-                                                  : std::vector<std::string>{"Sigmoid", "Tanh"};
+    const std::vector<std::string> defaults =
+        gates == 4 ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+                   : std::vector<std::string>{"Sigmoid", "Tanh"};
     for (size_t k = 0; k < acts->strings().size(); ++k)
       OT_CHECK(acts->strings()[k] == defaults[k % defaults.size()], where, ": activation '",
                acts->strings()[k], "' is not supported (only the defaults, ",
@@ -60,8 +60,8 @@ LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
 // C[m, n] (+)= sum_k A[m, k] B[n, k] (B transposed), or with `a_t` A[k, m]; row-major, C
 // overwritten when !accumulate.
 template <typename T>
-void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c,
-          bool accumulate, const KernelContext& ctx) {
+void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
+          const KernelContext& ctx) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
     ThreadBudget budget(ctx.num_threads());
@@ -258,8 +258,9 @@ void lstm_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T*
       for (int64_t j = 0; j < H; ++j) {
         const T cp = c_prev[n * H + j];
         const T i = sigmoid(clipped(g[j] + (p ? p[j] * cp : T{0})));
-        const T f = a.input_forget ? T{1} - i
-                                   : sigmoid(clipped(g[2 * H + j] + (p ? p[2 * H + j] * cp : T{0})));
+        const T f = a.input_forget
+                        ? T{1} - i
+                        : sigmoid(clipped(g[2 * H + j] + (p ? p[2 * H + j] * cp : T{0})));
         const T cand = std::tanh(clipped(g[3 * H + j]));
         const T cn = f * cp + i * cand;
         const T o = sigmoid(clipped(g[H + j] + (p ? p[H + j] * cn : T{0})));
@@ -286,8 +287,8 @@ class LstmKernel final : public Kernel {
     const TensorView& x = *ctx.input(0);
     OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
     const TensorView *b = ctx.input(3), *h0 = ctx.input(5), *c0 = ctx.input(6), *p = ctx.input(7);
-    const LstmShape s = rnn_shape(a, 4, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p,
-                                  ctx.input(4), where);
+    const LstmShape s =
+        rnn_shape(a, 4, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p, ctx.input(4), where);
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, s.input, a.layout1);
@@ -360,8 +361,8 @@ class LstmGradKernel final : public Kernel {
         const T* rd = r.as<T>() + d * G * H;
         const bool backwards = a.reverse || d == 1;
         // Forward again, keeping each step's gates, c_prev, c and h_prev (by time index).
-        std::vector<T> gates(static_cast<size_t>(T_ * N * G)), cprev(static_cast<size_t>(T_ * N * H)),
-            cnew(cprev.size()), hprev(cprev.size());
+        std::vector<T> gates(static_cast<size_t>(T_ * N * G)),
+            cprev(static_cast<size_t>(T_ * N * H)), cnew(cprev.size()), hprev(cprev.size());
         std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
         std::vector<T> c(cs.begin() + d * N * H, cs.begin() + (d + 1) * N * H);
         std::vector<T> h_before = h;
@@ -432,7 +433,6 @@ class LstmGradKernel final : public Kernel {
       if (c0) write_state<T>(ctx, 5, a, s, dc0);
     });
   }
-
 };
 
 void infer_lstm_grad(InferenceContext& ctx) {
@@ -458,8 +458,7 @@ void lstm_gradient(GradientBuilder& b) {
   auto in = [&](int i) { return i < b.num_inputs() ? b.input(i) : nullptr; };
   auto og = [&](int i) { return i < b.num_outputs() ? b.output_grad(i) : nullptr; };
   std::vector<graph::Value*> inputs{og(0), og(1), og(2), in(0), in(1), in(2), in(3), in(5), in(6)};
-  std::vector<graph::Value*> grads =
-      b.emit("LSTMGrad", inputs, 6, n.attributes, kOnnxtrainDomain);
+  std::vector<graph::Value*> grads = b.emit("LSTMGrad", inputs, 6, n.attributes, kOnnxtrainDomain);
   const int forward_slot[6] = {0, 1, 2, 3, 5, 6};
   for (int k = 0; k < 6; ++k)
     if (in(forward_slot[k]) && b.needs_input_grad(forward_slot[k]))
@@ -684,9 +683,9 @@ void gru_gradient(GradientBuilder& b) {
            ": the GRU gradient does not support clip");
   auto in = [&](int i) { return i < b.num_inputs() ? b.input(i) : nullptr; };
   auto og = [&](int i) { return i < b.num_outputs() ? b.output_grad(i) : nullptr; };
-  std::vector<graph::Value*> grads = b.emit(
-      "GRUGrad", {og(0), og(1), in(0), in(1), in(2), in(3), in(5)}, 5, n.attributes,
-      kOnnxtrainDomain);
+  std::vector<graph::Value*> grads =
+      b.emit("GRUGrad", {og(0), og(1), in(0), in(1), in(2), in(3), in(5)}, 5, n.attributes,
+             kOnnxtrainDomain);
   const int forward_slot[5] = {0, 1, 2, 3, 5};
   for (int k = 0; k < 5; ++k)
     if (in(forward_slot[k]) && b.needs_input_grad(forward_slot[k]))

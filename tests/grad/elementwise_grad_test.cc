@@ -149,7 +149,8 @@ TEST(ElementwiseGrad, Activations) {
   run(unary("Softplus", rnd(shape, 37, -3, 3)));
   run(unary("Gelu", rnd(shape, 38, -3, 3), {}, 20));
   run(unary("Gelu", rnd(shape, 39, -3, 3), {Attribute::make_string("approximate", "tanh")}, 20));
-  run(unary("Celu", away(rnd(shape, 44, -2, 2), {0.0}), {Attribute::make_float("alpha", 0.7f)}, 12));
+  run(unary("Celu", away(rnd(shape, 44, -2, 2), {0.0}), {Attribute::make_float("alpha", 0.7f)},
+            12));
   run(unary("Softsign", rnd(shape, 45, -3, 3)));
   run(unary("ThresholdedRelu", away(rnd(shape, 46, -2, 2), {0.5}),
             {Attribute::make_float("alpha", 0.5f)}, 10));

@@ -395,8 +395,8 @@ TEST(NnGrad, LSTM) {
                     Attribute::make_int("layout", sp.layout)};
     const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
                                              : std::vector<int64_t>{steps, batch, input};
-    const std::vector<int64_t> state = sp.layout ? std::vector<int64_t>{batch, d, hidden}
-                                                 : std::vector<int64_t>{d, batch, hidden};
+    const std::vector<int64_t> state =
+        sp.layout ? std::vector<int64_t>{batch, d, hidden} : std::vector<int64_t>{d, batch, hidden};
     const GradInput none{std::nullopt, false, false};
     c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
                 GradInput{rnd({d, 4 * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
@@ -438,8 +438,8 @@ TEST(NnGrad, GRU) {
                     Attribute::make_int("linear_before_reset", 1)};
     const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
                                              : std::vector<int64_t>{steps, batch, input};
-    const std::vector<int64_t> state = sp.layout ? std::vector<int64_t>{batch, d, hidden}
-                                                 : std::vector<int64_t>{d, batch, hidden};
+    const std::vector<int64_t> state =
+        sp.layout ? std::vector<int64_t>{batch, d, hidden} : std::vector<int64_t>{d, batch, hidden};
     c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
                 GradInput{rnd({d, 3 * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
                 GradInput{rnd({d, 3 * hidden, hidden}, seed + 2, -0.8, 0.8, sp.dt)}};
