@@ -314,9 +314,12 @@ class LstmKernel final : public Kernel {
   }
 };
 
-void infer_lstm(InferenceContext& ctx) {
+// X (T, N, I) or (N, T, I) -> Y (T, D, N, H) or (N, T, D, H), then the states (D, N, H) or
+// (N, D, H). `gates`: 4 (LSTM) or 3 (GRU).
+template <int gates>
+void infer_rnn(InferenceContext& ctx) {
   const ValueType& x = tensor_input(ctx, 0);
-  const LstmAttrs a = lstm_attrs(ctx.node, ctx.where());
+  const LstmAttrs a = rnn_attrs(ctx.node, ctx.where(), gates);
   std::optional<Shape> y, state;
   if (x.shape && x.shape->size() == 3) {
     const Dim t = (*x.shape)[a.layout1 ? 1 : 0], n = (*x.shape)[a.layout1 ? 0 : 1];
@@ -326,6 +329,18 @@ void infer_lstm(InferenceContext& ctx) {
   }
   for (size_t i = 0; i < ctx.node.outputs().size(); ++i)
     set_output(ctx, i, x.dtype, i == 0 ? y : state);
+}
+
+// A gradient op's outputs are shaped like its inputs from `first` on (X, W, R, B, states); an
+// output whose input is absent is never written (X's dtype, no shape).
+template <size_t first>
+void infer_rnn_grad(InferenceContext& ctx) {
+  for (size_t i = 0; i < ctx.node.outputs().size(); ++i) {
+    if (ctx.input_type(i + first))
+      propagate_type(ctx, i, i + first);
+    else
+      set_output(ctx, i, tensor_input(ctx, first).dtype, std::nullopt);
+  }
 }
 
 // ---- gradient
@@ -434,17 +449,6 @@ class LstmGradKernel final : public Kernel {
     });
   }
 };
-
-void infer_lstm_grad(InferenceContext& ctx) {
-  // dX like X (input 3), dW like W, dR like R, dB like B, d initial_h / c like them; an output
-  // whose input is absent is never written (X's dtype, no shape).
-  for (size_t i = 0; i < ctx.node.outputs().size(); ++i) {
-    if (ctx.input_type(i + 3))
-      propagate_type(ctx, i, i + 3);
-    else
-      set_output(ctx, i, tensor_input(ctx, 3).dtype, std::nullopt);
-  }
-}
 
 void lstm_gradient(GradientBuilder& b) {
   const graph::Node& n = b.node();
@@ -650,29 +654,6 @@ class GruGradKernel final : public Kernel {
   }
 };
 
-void infer_gru(InferenceContext& ctx) {
-  const ValueType& x = tensor_input(ctx, 0);
-  const LstmAttrs a = rnn_attrs(ctx.node, ctx.where(), 3);
-  std::optional<Shape> y, state;
-  if (x.shape && x.shape->size() == 3) {
-    const Dim t = (*x.shape)[a.layout1 ? 1 : 0], n = (*x.shape)[a.layout1 ? 0 : 1];
-    const Dim d = Dim::known(a.dirs), h = Dim::known(a.hidden);
-    y = a.layout1 ? Shape{n, t, d, h} : Shape{t, d, n, h};
-    state = a.layout1 ? Shape{n, d, h} : Shape{d, n, h};
-  }
-  for (size_t i = 0; i < ctx.node.outputs().size(); ++i)
-    set_output(ctx, i, x.dtype, i == 0 ? y : state);
-}
-
-void infer_gru_grad(InferenceContext& ctx) {
-  for (size_t i = 0; i < ctx.node.outputs().size(); ++i) {
-    if (ctx.input_type(i + 2))
-      propagate_type(ctx, i, i + 2);
-    else
-      set_output(ctx, i, tensor_input(ctx, 2).dtype, std::nullopt);
-  }
-}
-
 void gru_gradient(GradientBuilder& b) {
   const graph::Node& n = b.node();
   OT_CHECK(n.inputs().size() <= 4 || !n.input(4), n.describe(),
@@ -692,44 +673,37 @@ void gru_gradient(GradientBuilder& b) {
       b.set_input_grad(forward_slot[k], grads[static_cast<size_t>(k)]);
 }
 
+template <typename K>
+std::unique_ptr<Kernel> factory(const graph::Node&) {
+  return std::make_unique<K>();
+}
+
+// The forward ops since opset 7 (14 adds layout), the gradient ops in ai.onnxtrain.
+OpSchema rnn_schema(const char* domain, const char* op_type, InferFn infer, KernelFactory kernel,
+                    GradientFn gradient) {
+  OpSchema s;
+  s.domain = domain;
+  s.op_type = op_type;
+  if (s.domain.empty()) s.since_version = 7;
+  s.infer = std::move(infer);
+  s.cpu_kernel = std::move(kernel);
+  s.gradient = std::move(gradient);
+  return s;
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(gru) {
-  OpSchema s;
-  s.op_type = "GRU";
-  s.since_version = 7;
-  s.infer = infer_gru;
-  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<GruKernel>(); };
-  s.gradient = gru_gradient;
-  return s;
+  return rnn_schema("", "GRU", infer_rnn<3>, factory<GruKernel>, gru_gradient);
 }
-
 ONNXTRAIN_REGISTER_OP(gru_grad) {
-  OpSchema s;
-  s.domain = kOnnxtrainDomain;
-  s.op_type = "GRUGrad";
-  s.infer = infer_gru_grad;
-  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<GruGradKernel>(); };
-  return s;
+  return rnn_schema(kOnnxtrainDomain, "GRUGrad", infer_rnn_grad<2>, factory<GruGradKernel>, {});
 }
-
 ONNXTRAIN_REGISTER_OP(lstm) {
-  OpSchema s;
-  s.op_type = "LSTM";
-  s.since_version = 7;
-  s.infer = infer_lstm;
-  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<LstmKernel>(); };
-  s.gradient = lstm_gradient;
-  return s;
+  return rnn_schema("", "LSTM", infer_rnn<4>, factory<LstmKernel>, lstm_gradient);
 }
-
 ONNXTRAIN_REGISTER_OP(lstm_grad) {
-  OpSchema s;
-  s.domain = kOnnxtrainDomain;
-  s.op_type = "LSTMGrad";
-  s.infer = infer_lstm_grad;
-  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<LstmGradKernel>(); };
-  return s;
+  return rnn_schema(kOnnxtrainDomain, "LSTMGrad", infer_rnn_grad<3>, factory<LstmGradKernel>, {});
 }
 
 }  // namespace onnxtrain::ops::nn

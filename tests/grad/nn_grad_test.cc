@@ -368,87 +368,67 @@ TEST(NnGrad, Resize) {
   run(f32);
 }
 
-// LSTM through time (ai.onnxtrain LSTMGrad: the forward's gates recomputed, then
-// backpropagation through time): every input's gradient, with Y, Y_h and Y_c all in the loss;
-// forward, reverse and bidirectional, batch-first layout, without bias and initial states, f32.
-TEST(NnGrad, LSTM) {
-  struct Spec {
-    const char* direction;
-    int64_t layout;
-    bool bias_and_state;
-    DataType dt;
-  };
+// An LSTM (gates 4, states h and c) or GRU (gates 3, state h) case: every input's gradient,
+// Y and every state output in the loss.
+struct RnnSpec {
+  const char* direction;
+  int64_t layout;
+  bool bias_and_state;
+  DataType dt;
+};
+
+GradCase rnn_case(const char* op, int64_t gates, int states, const RnnSpec& sp, uint64_t seed,
+                  std::vector<Attribute> extra) {
   const int64_t steps = 3, batch = 2, input = 3, hidden = 2;
+  const int64_t d = std::string(sp.direction) == "bidirectional" ? 2 : 1;
+  GradCase c;
+  c.op_type = op;
+  c.opset = 14;
+  c.num_outputs = 1 + states;
+  c.label = std::string(op) + " " + sp.direction + " layout " + std::to_string(sp.layout) +
+            (sp.bias_and_state ? "" : " no B / initial state") + (sp.dt == kF32 ? " f32" : "");
+  c.attributes = {Attribute::make_int("hidden_size", hidden),
+                  Attribute::make_string("direction", sp.direction),
+                  Attribute::make_int("layout", sp.layout)};
+  for (Attribute& a : extra) c.attributes.push_back(std::move(a));
+  const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
+                                           : std::vector<int64_t>{steps, batch, input};
+  const std::vector<int64_t> state =
+      sp.layout ? std::vector<int64_t>{batch, d, hidden} : std::vector<int64_t>{d, batch, hidden};
+  c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
+              GradInput{rnd({d, gates * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
+              GradInput{rnd({d, gates * hidden, hidden}, seed + 2, -0.8, 0.8, sp.dt)}};
+  if (sp.bias_and_state) {
+    c.inputs.push_back(GradInput{rnd({d, 2 * gates * hidden}, seed + 3, -0.5, 0.5, sp.dt)});
+    c.inputs.push_back(GradInput{std::nullopt, false, false});  // sequence_lens
+    for (int k = 0; k < states; ++k)
+      c.inputs.push_back(
+          GradInput{rnd(state, seed + 4 + static_cast<uint64_t>(k), -0.5, 0.5, sp.dt)});
+  }
+  return c;
+}
+
+// LSTM and GRU through time (ai.onnxtrain LSTMGrad / GRUGrad: the forward's gates recomputed,
+// then backpropagation through time): forward, reverse and bidirectional, batch-first layout,
+// without bias and initial states, f32. GRU with linear_before_reset = 1 (torch's).
+TEST(NnGrad, LSTM) {
   uint64_t seed = 950;
-  for (const Spec& sp : {Spec{"forward", 0, true, kF64}, Spec{"reverse", 0, true, kF64},
-                         Spec{"bidirectional", 0, true, kF64}, Spec{"bidirectional", 1, true, kF64},
-                         Spec{"forward", 0, false, kF64}, Spec{"forward", 0, true, kF32}}) {
-    const int64_t d = std::string(sp.direction) == "bidirectional" ? 2 : 1;
-    GradCase c;
-    c.op_type = "LSTM";
-    c.opset = 14;
-    c.num_outputs = 3;
-    c.label = std::string("LSTM ") + sp.direction + " layout " + std::to_string(sp.layout) +
-              (sp.bias_and_state ? "" : " no B / initial state") + (sp.dt == kF32 ? " f32" : "");
-    c.attributes = {Attribute::make_int("hidden_size", hidden),
-                    Attribute::make_string("direction", sp.direction),
-                    Attribute::make_int("layout", sp.layout)};
-    const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
-                                             : std::vector<int64_t>{steps, batch, input};
-    const std::vector<int64_t> state =
-        sp.layout ? std::vector<int64_t>{batch, d, hidden} : std::vector<int64_t>{d, batch, hidden};
-    const GradInput none{std::nullopt, false, false};
-    c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
-                GradInput{rnd({d, 4 * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
-                GradInput{rnd({d, 4 * hidden, hidden}, seed + 2, -0.8, 0.8, sp.dt)}};
-    if (sp.bias_and_state) {
-      c.inputs.push_back(GradInput{rnd({d, 8 * hidden}, seed + 3, -0.5, 0.5, sp.dt)});
-      c.inputs.push_back(none);
-      c.inputs.push_back(GradInput{rnd(state, seed + 4, -0.5, 0.5, sp.dt)});
-      c.inputs.push_back(GradInput{rnd(state, seed + 5, -0.5, 0.5, sp.dt)});
-    }
-    run(c);
+  for (const RnnSpec& sp :
+       {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 0, true, kF64},
+        RnnSpec{"bidirectional", 0, true, kF64}, RnnSpec{"bidirectional", 1, true, kF64},
+        RnnSpec{"forward", 0, false, kF64}, RnnSpec{"forward", 0, true, kF32}}) {
+    run(rnn_case("LSTM", 4, 2, sp, seed, {}));
     seed += 6;
   }
 }
 
-// GRU with linear_before_reset = 1 (torch's): every input's gradient, Y and Y_h in the loss.
 TEST(NnGrad, GRU) {
-  struct Spec {
-    const char* direction;
-    int64_t layout;
-    bool bias_and_state;
-    DataType dt;
-  };
-  const int64_t steps = 3, batch = 2, input = 3, hidden = 2;
   uint64_t seed = 990;
-  for (const Spec& sp : {Spec{"forward", 0, true, kF64}, Spec{"reverse", 0, true, kF64},
-                         Spec{"bidirectional", 1, true, kF64}, Spec{"forward", 0, false, kF64},
-                         Spec{"bidirectional", 0, true, kF32}}) {
-    const int64_t d = std::string(sp.direction) == "bidirectional" ? 2 : 1;
-    GradCase c;
-    c.op_type = "GRU";
-    c.opset = 14;
-    c.num_outputs = 2;
-    c.label = std::string("GRU ") + sp.direction + " layout " + std::to_string(sp.layout) +
-              (sp.bias_and_state ? "" : " no B / initial state") + (sp.dt == kF32 ? " f32" : "");
-    c.attributes = {Attribute::make_int("hidden_size", hidden),
-                    Attribute::make_string("direction", sp.direction),
-                    Attribute::make_int("layout", sp.layout),
-                    Attribute::make_int("linear_before_reset", 1)};
-    const std::vector<int64_t> x = sp.layout ? std::vector<int64_t>{batch, steps, input}
-                                             : std::vector<int64_t>{steps, batch, input};
-    const std::vector<int64_t> state =
-        sp.layout ? std::vector<int64_t>{batch, d, hidden} : std::vector<int64_t>{d, batch, hidden};
-    c.inputs = {GradInput{rnd(x, seed, -1, 1, sp.dt)},
-                GradInput{rnd({d, 3 * hidden, input}, seed + 1, -0.8, 0.8, sp.dt)},
-                GradInput{rnd({d, 3 * hidden, hidden}, seed + 2, -0.8, 0.8, sp.dt)}};
-    if (sp.bias_and_state) {
-      c.inputs.push_back(GradInput{rnd({d, 6 * hidden}, seed + 3, -0.5, 0.5, sp.dt)});
-      c.inputs.push_back(GradInput{std::nullopt, false, false});
-      c.inputs.push_back(GradInput{rnd(state, seed + 4, -0.5, 0.5, sp.dt)});
-    }
-    run(c);
+  for (const RnnSpec& sp :
+       {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 0, true, kF64},
+        RnnSpec{"bidirectional", 1, true, kF64}, RnnSpec{"forward", 0, false, kF64},
+        RnnSpec{"bidirectional", 0, true, kF32}}) {
+    run(rnn_case("GRU", 3, 1, sp, seed, {Attribute::make_int("linear_before_reset", 1)}));
     seed += 5;
   }
 }
