@@ -1,10 +1,11 @@
-// LSTM and GRU (opsets 7, 14) and their gradients, ai.onnxtrain LSTMGrad / GRUGrad, with the
-// default activations only. LSTM gates i, o, f, c as ONNX writes W / R / B; its forward also
-// takes peepholes, clip and input_forget, which the gradient refuses (torch exports none of the
-// three). GRU gates z, r, h; the gradient needs linear_before_reset = 1, as torch exports it.
-// sequence_lens must be absent or all equal the sequence length. A gradient recomputes the
-// forward's gates (no extra outputs on the forward node), then runs backpropagation through time.
-// Matrix products: oneDNN's sgemm for float32, a plain loop for float64 (gradient checks).
+// LSTM, GRU and RNN (opsets 7, 14) and their gradients, ai.onnxtrain LSTMGrad / GRUGrad /
+// RNNGrad, with the default activations only. LSTM gates i, o, f, c as ONNX writes W / R / B;
+// its forward also takes peepholes, clip and input_forget, which the gradient refuses (torch
+// exports none of the three). GRU gates z, r, h; its gradient needs linear_before_reset = 1, as
+// torch exports it. Clip only in the forwards. sequence_lens must be absent or all equal the
+// sequence length. A gradient recomputes the forward's gates (no extra outputs on the forward
+// node), then runs backpropagation through time. Matrix products: oneDNN's sgemm for float32, a
+// plain loop for float64 (gradient checks).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -28,7 +29,7 @@ struct LstmAttrs {
   bool input_forget = false;
 };
 
-// `gates`: 4 (LSTM: activations Sigmoid, Tanh, Tanh) or 3 (GRU: Sigmoid, Tanh).
+// `gates`: 4 (LSTM: activations Sigmoid, Tanh, Tanh), 3 (GRU: Sigmoid, Tanh) or 1 (RNN: Tanh).
 LstmAttrs rnn_attrs(const graph::Node& node, const std::string& where, int gates) {
   LstmAttrs a;
   a.hidden = node.attr_int("hidden_size", 0);
@@ -43,12 +44,14 @@ LstmAttrs rnn_attrs(const graph::Node& node, const std::string& where, int gates
   a.input_forget = node.attr_int("input_forget", 0) != 0;
   if (const graph::Attribute* acts = node.find_attr("activations")) {
     const std::vector<std::string> defaults =
-        gates == 4 ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
-                   : std::vector<std::string>{"Sigmoid", "Tanh"};
+        gates == 4   ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+        : gates == 3 ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                     : std::vector<std::string>{"Tanh"};
+    std::string names;
+    for (const std::string& d : defaults) names += (names.empty() ? "" : ", ") + d;
     for (size_t k = 0; k < acts->strings().size(); ++k)
       OT_CHECK(acts->strings()[k] == defaults[k % defaults.size()], where, ": activation '",
-               acts->strings()[k], "' is not supported (only the defaults, ",
-               gates == 4 ? "Sigmoid, Tanh, Tanh" : "Sigmoid, Tanh", ")");
+               acts->strings()[k], "' is not supported (only the defaults, ", names, ")");
   }
   return a;
 }
@@ -654,19 +657,152 @@ class GruGradKernel final : public Kernel {
   }
 };
 
-void gru_gradient(GradientBuilder& b) {
+// ---- RNN (opsets 7, 14): H = tanh(X Wi^T + H_prev Ri^T + Wbi + Rbi).
+
+// One direction's forward; `record(t, h_prev, h)` per run step.
+template <typename T, typename Record>
+void rnn_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
+                   const T* b, bool backwards, std::vector<T>& h, T* y, int64_t y_stride,
+                   const KernelContext& ctx, Record&& record) {
+  const int64_t H = a.hidden, N = s.batch;
+  std::vector<T> xw(static_cast<size_t>(s.steps * N * H)), pre(static_cast<size_t>(N * H)),
+      h_prev(h.size());
+  gemm<T>(false, s.steps * N, H, s.input, x, w, xw.data(), false, ctx);
+  if (b)
+    for (int64_t row = 0; row < s.steps * N; ++row)
+      for (int64_t j = 0; j < H; ++j) xw[row * H + j] += b[j] + b[H + j];
+  const T clip = static_cast<T>(a.clip);
+  for (int64_t k = 0; k < s.steps; ++k) {
+    const int64_t t = backwards ? s.steps - 1 - k : k;
+    h_prev = h;
+    std::copy_n(xw.data() + t * N * H, N * H, pre.data());
+    gemm<T>(false, N, H, H, h_prev.data(), r, pre.data(), true, ctx);
+    for (int64_t e = 0; e < N * H; ++e)
+      h[e] = std::tanh(clip > 0 ? std::clamp(pre[e], -clip, clip) : pre[e]);
+    if (y)
+      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
+    record(t, h_prev, h);
+  }
+}
+
+// X, W, R, [B, sequence_lens, initial_h] -> [Y, Y_h]
+class RnnKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, 1);
+    const TensorView& x = *ctx.input(0);
+    OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
+    const TensorView *b = ctx.input(3), *h0 = ctx.input(5);
+    const LstmShape s = rnn_shape(a, 1, x, *ctx.input(1), *ctx.input(2), b, h0, nullptr, nullptr,
+                                  ctx.input(4), where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, s.steps, N, s.input, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      std::vector<T> y(static_cast<size_t>(s.steps * D * N * H)), yh(hs.size());
+      for (int d = 0; d < D; ++d) {
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        rnn_direction<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * H * s.input,
+                         ctx.input(2)->as<T>() + d * H * H, b ? b->as<T>() + d * 2 * H : nullptr,
+                         a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx,
+                         [](int64_t, const auto&, const auto&) {});
+        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
+      }
+      write_y<T>(ctx, a, s, y);
+      write_state<T>(ctx, 1, a, s, yh);
+    });
+  }
+};
+
+// dY, dY_h (optional), X, W, R, [B, initial_h] with the forward's attributes -> dX, dW, dR, dB,
+// d initial_h. No clip.
+class RnnGradKernel final : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, 1);
+    OT_CHECK(a.clip == 0, where, ": the RNN gradient does not support clip");
+    const TensorView *dy = ctx.input(0), *dyh = ctx.input(1);
+    const TensorView& x = *ctx.input(2);
+    const TensorView& w = *ctx.input(3);
+    const TensorView& r = *ctx.input(4);
+    const TensorView *b = ctx.input(5), *h0 = ctx.input(6);
+    const LstmShape s = rnn_shape(a, 1, x, w, r, b, h0, nullptr, nullptr, nullptr, where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, I = s.input;
+    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
+      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
+      const std::vector<T> gy = read_y<T>(dy, a, s);
+      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
+      std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
+          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * H), T{0}),
+          dh0(hs.size());
+      for (int d = 0; d < D; ++d) {
+        const T* wd = w.as<T>() + d * H * I;
+        const T* rd = r.as<T>() + d * H * H;
+        const bool backwards = a.reverse || d == 1;
+        std::vector<T> hprev(static_cast<size_t>(T_ * N * H)), hnew(hprev.size());
+        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
+        rnn_direction<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * H : nullptr, backwards,
+                         h, nullptr, 0, ctx,
+                         [&](int64_t t, const std::vector<T>& hp, const std::vector<T>& hn) {
+                           std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
+                           std::copy(hn.begin(), hn.end(), hnew.begin() + t * N * H);
+                         });
+        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
+        std::vector<T> da(static_cast<size_t>(N * H));
+        for (int64_t k = T_ - 1; k >= 0; --k) {
+          const int64_t t = backwards ? T_ - 1 - k : k;
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < H; ++j) {
+              const int64_t e = n * H + j;
+              const T hn = hnew[t * N * H + e];
+              da[e] = (dh[e] + gy[((t * D + d) * N + n) * H + j]) * (T{1} - hn * hn);
+            }
+          gemm_nn<T>(N, I, H, da.data(), wd, dx.data() + t * N * I, true, ctx);
+          accumulate_outer<T>(H, I, N, da.data(), xs.data() + t * N * I, dw.data() + d * H * I,
+                              ctx);
+          accumulate_outer<T>(H, H, N, da.data(), hprev.data() + t * N * H, dr.data() + d * H * H,
+                              ctx);
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < H; ++j) {
+              db[d * 2 * H + j] += da[n * H + j];
+              db[d * 2 * H + H + j] += da[n * H + j];
+            }
+          gemm_nn<T>(N, H, H, da.data(), rd, dh.data(), false, ctx);
+        }
+        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
+      }
+      write_dx<T>(ctx, a, s, x.dims, dx);
+      auto put = [&](int i, const std::vector<T>& v, const std::vector<int64_t>& dims) {
+        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
+        std::copy(v.begin(), v.end(), ctx.output(i, dims).template as<T>());
+      };
+      put(1, dw, w.dims);
+      put(2, dr, r.dims);
+      if (b) put(3, db, b->dims);
+      if (h0) write_state<T>(ctx, 4, a, s, dh0);
+    });
+  }
+};
+
+// GRU's and RNN's gradient rule: (dY, dY_h, X, W, R, B, initial_h) -> their gradients.
+template <int gates>
+void h_only_gradient(GradientBuilder& b) {
   const graph::Node& n = b.node();
-  OT_CHECK(n.inputs().size() <= 4 || !n.input(4), n.describe(),
-           ": the GRU gradient does not support sequence_lens");
-  OT_CHECK(n.attr_int("linear_before_reset", 0) != 0, n.describe(),
+  const char* op = gates == 3 ? "GRU" : "RNN";
+  OT_CHECK(n.inputs().size() <= 4 || !n.input(4), n.describe(), ": the ", op,
+           " gradient does not support sequence_lens");
+  OT_CHECK(gates != 3 || n.attr_int("linear_before_reset", 0) != 0, n.describe(),
            ": the GRU gradient needs linear_before_reset = 1 (torch's GRU)");
-  OT_CHECK(rnn_attrs(n, n.describe(), 3).clip == 0, n.describe(),
-           ": the GRU gradient does not support clip");
+  OT_CHECK(rnn_attrs(n, n.describe(), gates).clip == 0, n.describe(), ": the ", op,
+           " gradient does not support clip");
   auto in = [&](int i) { return i < b.num_inputs() ? b.input(i) : nullptr; };
   auto og = [&](int i) { return i < b.num_outputs() ? b.output_grad(i) : nullptr; };
   std::vector<graph::Value*> grads =
-      b.emit("GRUGrad", {og(0), og(1), in(0), in(1), in(2), in(3), in(5)}, 5, n.attributes,
-             kOnnxtrainDomain);
+      b.emit(std::string(op) + "Grad", {og(0), og(1), in(0), in(1), in(2), in(3), in(5)}, 5,
+             n.attributes, kOnnxtrainDomain);
   const int forward_slot[5] = {0, 1, 2, 3, 5};
   for (int k = 0; k < 5; ++k)
     if (in(forward_slot[k]) && b.needs_input_grad(forward_slot[k]))
@@ -694,10 +830,16 @@ OpSchema rnn_schema(const char* domain, const char* op_type, InferFn infer, Kern
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(gru) {
-  return rnn_schema("", "GRU", infer_rnn<3>, factory<GruKernel>, gru_gradient);
+  return rnn_schema("", "GRU", infer_rnn<3>, factory<GruKernel>, h_only_gradient<3>);
 }
 ONNXTRAIN_REGISTER_OP(gru_grad) {
   return rnn_schema(kOnnxtrainDomain, "GRUGrad", infer_rnn_grad<2>, factory<GruGradKernel>, {});
+}
+ONNXTRAIN_REGISTER_OP(rnn) {
+  return rnn_schema("", "RNN", infer_rnn<1>, factory<RnnKernel>, h_only_gradient<1>);
+}
+ONNXTRAIN_REGISTER_OP(rnn_grad) {
+  return rnn_schema(kOnnxtrainDomain, "RNNGrad", infer_rnn_grad<2>, factory<RnnGradKernel>, {});
 }
 ONNXTRAIN_REGISTER_OP(lstm) {
   return rnn_schema("", "LSTM", infer_rnn<4>, factory<LstmKernel>, lstm_gradient);

@@ -408,7 +408,7 @@ GradCase rnn_case(const char* op, int64_t gates, int states, const RnnSpec& sp, 
   return c;
 }
 
-// LSTM and GRU through time (ai.onnxtrain LSTMGrad / GRUGrad: the forward's gates recomputed,
+// LSTM, RNN and GRU through time (ai.onnxtrain LSTMGrad / RNNGrad / GRUGrad: the gates recomputed,
 // then backpropagation through time): forward, reverse and bidirectional, batch-first layout,
 // without bias and initial states, f32. GRU with linear_before_reset = 1 (torch's).
 TEST(NnGrad, LSTM) {
@@ -419,6 +419,16 @@ TEST(NnGrad, LSTM) {
         RnnSpec{"forward", 0, false, kF64}, RnnSpec{"forward", 0, true, kF32}}) {
     run(rnn_case("LSTM", 4, 2, sp, seed, {}));
     seed += 6;
+  }
+}
+
+TEST(NnGrad, RNN) {
+  uint64_t seed = 1020;
+  for (const RnnSpec& sp :
+       {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 1, true, kF64},
+        RnnSpec{"bidirectional", 0, false, kF64}, RnnSpec{"bidirectional", 0, true, kF32}}) {
+    run(rnn_case("RNN", 1, 1, sp, seed, {}));
+    seed += 5;
   }
 }
 

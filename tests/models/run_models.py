@@ -122,8 +122,8 @@ class TinyUNet(torch.nn.Module):
 
 
 class RNNClassifier(torch.nn.Module):
-    """Token classifier over a 2-layer bidirectional LSTM or GRU (the ONNX LSTM / GRU op in both
-    exports)."""
+    """Token classifier over a 2-layer bidirectional LSTM, GRU or Elman RNN (the ONNX LSTM / GRU /
+    RNN op in both exports)."""
 
     def __init__(self, cell):
         super().__init__()
@@ -169,6 +169,7 @@ MODELS = {
     "swin_small": (swin_small, "image"),
     "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
     "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
+    "rnn": (lambda: RNNClassifier(torch.nn.RNN), "seqcls"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
     "distilbert": (hf("DistilBertForSequenceClassification", "DistilBertConfig", vocab_size=VOCAB,
                       dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
