@@ -536,127 +536,6 @@ void gru_direction(const LstmAttrs& a, bool lbr, const LstmShape& s, const T* x,
   }
 }
 
-// X, W, R, [B, sequence_lens, initial_h] -> [Y, Y_h]
-class GruKernel final : public Kernel {
- public:
-  void run(KernelContext& ctx) override {
-    const std::string where = ctx.node().describe();
-    const LstmAttrs a = rnn_attrs(ctx.node(), where, 3);
-    const bool lbr = ctx.node().attr_int("linear_before_reset", 0) != 0;
-    const TensorView& x = *ctx.input(0);
-    OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
-    const TensorView *b = ctx.input(3), *h0 = ctx.input(5);
-    const LstmShape s = rnn_shape(a, 3, x, *ctx.input(1), *ctx.input(2), b, h0, nullptr, nullptr,
-                                  ctx.input(4), where);
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, G = 3 * H;
-    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
-      const std::vector<T> xs = time_major<T>(&x, s.steps, N, s.input, a.layout1);
-      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
-      std::vector<T> y(static_cast<size_t>(s.steps * D * N * H)), yh(hs.size());
-      for (int d = 0; d < D; ++d) {
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        gru_direction<T>(a, lbr, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
-                         ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
-                         a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx,
-                         [](int64_t, const auto&, const auto&, const auto&) {});
-        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
-      }
-      write_y<T>(ctx, a, s, y);
-      write_state<T>(ctx, 1, a, s, yh);
-    });
-  }
-};
-
-// dY, dY_h (optional), X, W, R, [B, initial_h] with the forward's attributes -> dX, dW, dR, dB,
-// d initial_h. linear_before_reset = 1 only.
-class GruGradKernel final : public Kernel {
- public:
-  void run(KernelContext& ctx) override {
-    const std::string where = ctx.node().describe();
-    const LstmAttrs a = rnn_attrs(ctx.node(), where, 3);
-    OT_CHECK(ctx.node().attr_int("linear_before_reset", 0) != 0 && a.clip == 0, where,
-             ": the GRU gradient needs linear_before_reset = 1 (torch's GRU) and no clip");
-    const TensorView *dy = ctx.input(0), *dyh = ctx.input(1);
-    const TensorView& x = *ctx.input(2);
-    const TensorView& w = *ctx.input(3);
-    const TensorView& r = *ctx.input(4);
-    const TensorView *b = ctx.input(5), *h0 = ctx.input(6);
-    const LstmShape s = rnn_shape(a, 3, x, w, r, b, h0, nullptr, nullptr, nullptr, where);
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H, I = s.input;
-    ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
-      const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
-      const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
-      const std::vector<T> gy = read_y<T>(dy, a, s);
-      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
-      std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
-          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
-          dh0(hs.size());
-      for (int d = 0; d < D; ++d) {
-        const T* wd = w.as<T>() + d * G * I;
-        const T* rd = r.as<T>() + d * G * H;
-        const bool backwards = a.reverse || d == 1;
-        std::vector<T> gates(static_cast<size_t>(T_ * N * G)), hrs(static_cast<size_t>(T_ * N * H)),
-            hprev(hrs.size());
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        gru_direction<T>(a, true, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr,
-                         backwards, h, nullptr, 0, ctx,
-                         [&](int64_t t, const std::vector<T>& g, const std::vector<T>& hr,
-                             const std::vector<T>& hp) {
-                           std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
-                           std::copy(hr.begin(), hr.end(), hrs.begin() + t * N * H);
-                           std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
-                         });
-        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
-        std::vector<T> dax(static_cast<size_t>(N * G)), dah(static_cast<size_t>(N * G)),
-            dh_prev(static_cast<size_t>(N * H));
-        T* dwd = dw.data() + d * G * I;
-        T* drd = dr.data() + d * G * H;
-        for (int64_t k = T_ - 1; k >= 0; --k) {
-          const int64_t t = backwards ? T_ - 1 - k : k;
-          const T* g = gates.data() + t * N * G;
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t j = 0; j < H; ++j) {
-              const int64_t e = n * H + j;
-              const T z = g[n * G + j], rg = g[n * G + H + j], cand = g[n * G + 2 * H + j];
-              const T hp = hprev[t * N * H + e], hr = hrs[t * N * H + e];
-              const T dht = dh[e] + gy[((t * D + d) * N + n) * H + j];
-              const T dac = dht * (T{1} - z) * (T{1} - cand * cand);  // h~'s pre-activation
-              const T daz = dht * (hp - cand) * z * (T{1} - z);
-              const T dar = dac * hr * rg * (T{1} - rg);
-              dax[n * G + j] = daz;
-              dax[n * G + H + j] = dar;
-              dax[n * G + 2 * H + j] = dac;
-              dah[n * G + j] = daz;
-              dah[n * G + H + j] = dar;
-              dah[n * G + 2 * H + j] = dac * rg;  // through hr = H_prev Rh^T + Rbh
-              dh_prev[e] = dht * z;
-            }
-          gemm_nn<T>(N, I, G, dax.data(), wd, dx.data() + t * N * I, true, ctx);
-          accumulate_outer<T>(G, I, N, dax.data(), xs.data() + t * N * I, dwd, ctx);
-          accumulate_outer<T>(G, H, N, dah.data(), hprev.data() + t * N * H, drd, ctx);
-          gemm_nn<T>(N, H, G, dah.data(), rd, dh_prev.data(), true, ctx);
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t q = 0; q < G; ++q) {
-              db[d * 2 * G + q] += dax[n * G + q];
-              db[d * 2 * G + G + q] += dah[n * G + q];
-            }
-          dh = dh_prev;
-        }
-        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
-      }
-      write_dx<T>(ctx, a, s, x.dims, dx);
-      auto put = [&](int i, const std::vector<T>& v, const std::vector<int64_t>& dims) {
-        if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
-        std::copy(v.begin(), v.end(), ctx.output(i, dims).template as<T>());
-      };
-      put(1, dw, w.dims);
-      put(2, dr, r.dims);
-      if (b) put(3, db, b->dims);
-      if (h0) write_state<T>(ctx, 4, a, s, dh0);
-    });
-  }
-};
-
 // ---- RNN (opsets 7, 14): H = tanh(X Wi^T + H_prev Ri^T + Wbi + Rbi).
 
 // One direction's forward; `record(t, h_prev, h)` per run step.
@@ -685,28 +564,141 @@ void rnn_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T* 
   }
 }
 
-// X, W, R, [B, sequence_lens, initial_h] -> [Y, Y_h]
-class RnnKernel final : public Kernel {
+// GRU's and RNN's cells for the kernels below: the forward of one direction, and the backward
+// of one direction given its initial state h, the layout-0 dY (gy, direction d of D) and dh (in:
+// dY_h, out: d initial_h), accumulating into dx (T, N, I) and the direction's dW, dR, dB.
+struct GruCell {
+  static constexpr int kGates = 3;
+
+  template <typename T>
+  static void forward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s, const T* x,
+                      const T* w, const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
+                      int64_t y_stride, const KernelContext& ctx) {
+    gru_direction<T>(a, node.attr_int("linear_before_reset", 0) != 0, s, x, w, r, b, backwards, h,
+                     y, y_stride, ctx, [](int64_t, const auto&, const auto&, const auto&) {});
+  }
+
+  template <typename T>
+  static void backward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s, const T* xs,
+                       const T* wd, const T* rd, const T* bd, bool backwards, std::vector<T> h,
+                       const std::vector<T>& gy, int d, std::vector<T>& dh, std::vector<T>& dx,
+                       T* dwd, T* drd, T* dbd, const KernelContext& ctx) {
+    OT_CHECK(node.attr_int("linear_before_reset", 0) != 0, node.describe(),
+             ": the GRU gradient needs linear_before_reset = 1 (torch's GRU)");
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H, I = s.input;
+    std::vector<T> gates(static_cast<size_t>(T_ * N * G)), hrs(static_cast<size_t>(T_ * N * H)),
+        hprev(hrs.size());
+    gru_direction<T>(a, true, s, xs, wd, rd, bd, backwards, h, nullptr, 0, ctx,
+                     [&](int64_t t, const std::vector<T>& g, const std::vector<T>& hr,
+                         const std::vector<T>& hp) {
+                       std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
+                       std::copy(hr.begin(), hr.end(), hrs.begin() + t * N * H);
+                       std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
+                     });
+    std::vector<T> dax(static_cast<size_t>(N * G)), dah(static_cast<size_t>(N * G)),
+        dh_prev(static_cast<size_t>(N * H));
+    for (int64_t k = T_ - 1; k >= 0; --k) {
+      const int64_t t = backwards ? T_ - 1 - k : k;
+      const T* g = gates.data() + t * N * G;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) {
+          const int64_t e = n * H + j;
+          const T z = g[n * G + j], rg = g[n * G + H + j], cand = g[n * G + 2 * H + j];
+          const T hp = hprev[t * N * H + e], hr = hrs[t * N * H + e];
+          const T dht = dh[e] + gy[((t * D + d) * N + n) * H + j];
+          const T dac = dht * (T{1} - z) * (T{1} - cand * cand);  // h~'s pre-activation
+          const T daz = dht * (hp - cand) * z * (T{1} - z);
+          const T dar = dac * hr * rg * (T{1} - rg);
+          dax[n * G + j] = daz;
+          dax[n * G + H + j] = dar;
+          dax[n * G + 2 * H + j] = dac;
+          dah[n * G + j] = daz;
+          dah[n * G + H + j] = dar;
+          dah[n * G + 2 * H + j] = dac * rg;  // through hr = H_prev Rh^T + Rbh
+          dh_prev[e] = dht * z;
+        }
+      gemm_nn<T>(N, I, G, dax.data(), wd, dx.data() + t * N * I, true, ctx);
+      accumulate_outer<T>(G, I, N, dax.data(), xs + t * N * I, dwd, ctx);
+      accumulate_outer<T>(G, H, N, dah.data(), hprev.data() + t * N * H, drd, ctx);
+      gemm_nn<T>(N, H, G, dah.data(), rd, dh_prev.data(), true, ctx);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t q = 0; q < G; ++q) {
+          dbd[q] += dax[n * G + q];
+          dbd[G + q] += dah[n * G + q];
+        }
+      dh = dh_prev;
+    }
+  }
+};
+
+struct RnnCell {
+  static constexpr int kGates = 1;
+
+  template <typename T>
+  static void forward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* x,
+                      const T* w, const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
+                      int64_t y_stride, const KernelContext& ctx) {
+    rnn_direction<T>(a, s, x, w, r, b, backwards, h, y, y_stride, ctx,
+                     [](int64_t, const auto&, const auto&) {});
+  }
+
+  template <typename T>
+  static void backward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* xs,
+                       const T* wd, const T* rd, const T* bd, bool backwards, std::vector<T> h,
+                       const std::vector<T>& gy, int d, std::vector<T>& dh, std::vector<T>& dx,
+                       T* dwd, T* drd, T* dbd, const KernelContext& ctx) {
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, I = s.input;
+    std::vector<T> hprev(static_cast<size_t>(T_ * N * H)), hnew(hprev.size());
+    rnn_direction<T>(a, s, xs, wd, rd, bd, backwards, h, nullptr, 0, ctx,
+                     [&](int64_t t, const std::vector<T>& hp, const std::vector<T>& hn) {
+                       std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
+                       std::copy(hn.begin(), hn.end(), hnew.begin() + t * N * H);
+                     });
+    std::vector<T> da(static_cast<size_t>(N * H));
+    for (int64_t k = T_ - 1; k >= 0; --k) {
+      const int64_t t = backwards ? T_ - 1 - k : k;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) {
+          const int64_t e = n * H + j;
+          const T hn = hnew[t * N * H + e];
+          da[e] = (dh[e] + gy[((t * D + d) * N + n) * H + j]) * (T{1} - hn * hn);
+        }
+      gemm_nn<T>(N, I, H, da.data(), wd, dx.data() + t * N * I, true, ctx);
+      accumulate_outer<T>(H, I, N, da.data(), xs + t * N * I, dwd, ctx);
+      accumulate_outer<T>(H, H, N, da.data(), hprev.data() + t * N * H, drd, ctx);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < H; ++j) {
+          dbd[j] += da[n * H + j];
+          dbd[H + j] += da[n * H + j];
+        }
+      gemm_nn<T>(N, H, H, da.data(), rd, dh.data(), false, ctx);
+    }
+  }
+};
+
+// GRU / RNN: X, W, R, [B, sequence_lens, initial_h] -> [Y, Y_h]
+template <typename Cell>
+class HStateKernel final : public Kernel {
  public:
   void run(KernelContext& ctx) override {
     const std::string where = ctx.node().describe();
-    const LstmAttrs a = rnn_attrs(ctx.node(), where, 1);
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, Cell::kGates);
     const TensorView& x = *ctx.input(0);
     OT_CHECK(ctx.input(1) && ctx.input(2), where, ": inputs W and R are required");
     const TensorView *b = ctx.input(3), *h0 = ctx.input(5);
-    const LstmShape s = rnn_shape(a, 1, x, *ctx.input(1), *ctx.input(2), b, h0, nullptr, nullptr,
-                                  ctx.input(4), where);
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs;
+    const LstmShape s = rnn_shape(a, Cell::kGates, x, *ctx.input(1), *ctx.input(2), b, h0, nullptr,
+                                  nullptr, ctx.input(4), where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, G = Cell::kGates * H;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, s.steps, N, s.input, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(s.steps * D * N * H)), yh(hs.size());
       for (int d = 0; d < D; ++d) {
         std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        rnn_direction<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * H * s.input,
-                         ctx.input(2)->as<T>() + d * H * H, b ? b->as<T>() + d * 2 * H : nullptr,
-                         a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx,
-                         [](int64_t, const auto&, const auto&) {});
+        Cell::template forward<T>(
+            a, ctx.node(), s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+            a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx);
         std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
       }
       write_y<T>(ctx, a, s, y);
@@ -715,63 +707,38 @@ class RnnKernel final : public Kernel {
   }
 };
 
-// dY, dY_h (optional), X, W, R, [B, initial_h] with the forward's attributes -> dX, dW, dR, dB,
-// d initial_h. No clip.
-class RnnGradKernel final : public Kernel {
+// GRU / RNN gradient: dY, dY_h (optional), X, W, R, [B, initial_h] with the forward's attributes
+// -> dX, dW, dR, dB, d initial_h. No clip.
+template <typename Cell>
+class HStateGradKernel final : public Kernel {
  public:
   void run(KernelContext& ctx) override {
     const std::string where = ctx.node().describe();
-    const LstmAttrs a = rnn_attrs(ctx.node(), where, 1);
-    OT_CHECK(a.clip == 0, where, ": the RNN gradient does not support clip");
+    const LstmAttrs a = rnn_attrs(ctx.node(), where, Cell::kGates);
+    OT_CHECK(a.clip == 0, where, ": the gradient does not support clip");
     const TensorView *dy = ctx.input(0), *dyh = ctx.input(1);
     const TensorView& x = *ctx.input(2);
     const TensorView& w = *ctx.input(3);
     const TensorView& r = *ctx.input(4);
     const TensorView *b = ctx.input(5), *h0 = ctx.input(6);
-    const LstmShape s = rnn_shape(a, 1, x, w, r, b, h0, nullptr, nullptr, nullptr, where);
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, I = s.input;
+    const LstmShape s =
+        rnn_shape(a, Cell::kGates, x, w, r, b, h0, nullptr, nullptr, nullptr, where);
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, G = Cell::kGates * H, I = s.input;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
-      const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
+      const std::vector<T> xs = time_major<T>(&x, s.steps, N, I, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> gy = read_y<T>(dy, a, s);
       const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
       std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
-          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * H), T{0}),
+          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
           dh0(hs.size());
       for (int d = 0; d < D; ++d) {
-        const T* wd = w.as<T>() + d * H * I;
-        const T* rd = r.as<T>() + d * H * H;
-        const bool backwards = a.reverse || d == 1;
-        std::vector<T> hprev(static_cast<size_t>(T_ * N * H)), hnew(hprev.size());
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        rnn_direction<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * H : nullptr, backwards,
-                         h, nullptr, 0, ctx,
-                         [&](int64_t t, const std::vector<T>& hp, const std::vector<T>& hn) {
-                           std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
-                           std::copy(hn.begin(), hn.end(), hnew.begin() + t * N * H);
-                         });
         std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
-        std::vector<T> da(static_cast<size_t>(N * H));
-        for (int64_t k = T_ - 1; k >= 0; --k) {
-          const int64_t t = backwards ? T_ - 1 - k : k;
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t j = 0; j < H; ++j) {
-              const int64_t e = n * H + j;
-              const T hn = hnew[t * N * H + e];
-              da[e] = (dh[e] + gy[((t * D + d) * N + n) * H + j]) * (T{1} - hn * hn);
-            }
-          gemm_nn<T>(N, I, H, da.data(), wd, dx.data() + t * N * I, true, ctx);
-          accumulate_outer<T>(H, I, N, da.data(), xs.data() + t * N * I, dw.data() + d * H * I,
-                              ctx);
-          accumulate_outer<T>(H, H, N, da.data(), hprev.data() + t * N * H, dr.data() + d * H * H,
-                              ctx);
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t j = 0; j < H; ++j) {
-              db[d * 2 * H + j] += da[n * H + j];
-              db[d * 2 * H + H + j] += da[n * H + j];
-            }
-          gemm_nn<T>(N, H, H, da.data(), rd, dh.data(), false, ctx);
-        }
+        Cell::template backward<T>(
+            a, ctx.node(), s, xs.data(), w.as<T>() + d * G * I, r.as<T>() + d * G * H,
+            b ? b->as<T>() + d * 2 * G : nullptr, a.reverse || d == 1,
+            std::vector<T>(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H), gy, d, dh, dx,
+            dw.data() + d * G * I, dr.data() + d * G * H, db.data() + d * 2 * G, ctx);
         std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
       }
       write_dx<T>(ctx, a, s, x.dims, dx);
@@ -830,16 +797,18 @@ OpSchema rnn_schema(const char* domain, const char* op_type, InferFn infer, Kern
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(gru) {
-  return rnn_schema("", "GRU", infer_rnn<3>, factory<GruKernel>, h_only_gradient<3>);
+  return rnn_schema("", "GRU", infer_rnn<3>, factory<HStateKernel<GruCell>>, h_only_gradient<3>);
 }
 ONNXTRAIN_REGISTER_OP(gru_grad) {
-  return rnn_schema(kOnnxtrainDomain, "GRUGrad", infer_rnn_grad<2>, factory<GruGradKernel>, {});
+  return rnn_schema(kOnnxtrainDomain, "GRUGrad", infer_rnn_grad<2>,
+                    factory<HStateGradKernel<GruCell>>, {});
 }
 ONNXTRAIN_REGISTER_OP(rnn) {
-  return rnn_schema("", "RNN", infer_rnn<1>, factory<RnnKernel>, h_only_gradient<1>);
+  return rnn_schema("", "RNN", infer_rnn<1>, factory<HStateKernel<RnnCell>>, h_only_gradient<1>);
 }
 ONNXTRAIN_REGISTER_OP(rnn_grad) {
-  return rnn_schema(kOnnxtrainDomain, "RNNGrad", infer_rnn_grad<2>, factory<RnnGradKernel>, {});
+  return rnn_schema(kOnnxtrainDomain, "RNNGrad", infer_rnn_grad<2>,
+                    factory<HStateGradKernel<RnnCell>>, {});
 }
 ONNXTRAIN_REGISTER_OP(lstm) {
   return rnn_schema("", "LSTM", infer_rnn<4>, factory<LstmKernel>, lstm_gradient);
