@@ -486,8 +486,8 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
     if (!v) continue;
     // An initializer's or input's entry adds its metadata (torch's dynamo exporter writes the
     // parameter / buffer marks there); its type and doc string came from its own definition.
-    auto metadata = read_value_metadata(vi, cat(gw, "value_info '", vi.name(), "'"));
-    v->metadata.insert(v->metadata.end(), metadata.begin(), metadata.end());
+    merge_value_metadata(v->metadata,
+                         read_value_metadata(vi, cat(gw, "value_info '", vi.name(), "'")));
     if (v->has_initializer() || v->is_graph_input()) continue;
     v->type = convert_type(vi.type(), cat(gw, "value_info '", vi.name(), "'"));
     v->doc_string = vi.doc_string();
@@ -499,10 +499,8 @@ void convert_graph(const onnx::GraphProto& gp, Graph& g, Ctx& ctx, int depth) {
     OT_CHECK(v, gw, "graph output '", vi.name(), "' is not defined");
     ValueType t = convert_type(vi.type(), cat(gw, "output '", vi.name(), "'"));
     if (t.kind != ValueType::Kind::kUnknown && v->owner() == &g) v->type = std::move(t);
-    if (v->owner() == &g) {
-      auto metadata = read_value_metadata(vi, cat(gw, "output '", vi.name(), "'"));
-      v->metadata.insert(v->metadata.end(), metadata.begin(), metadata.end());
-    }
+    if (v->owner() == &g)
+      merge_value_metadata(v->metadata, read_value_metadata(vi, cat(gw, "output '", vi.name(), "'")));
     g.add_output(v);
   }
 }

@@ -34,6 +34,17 @@ inline std::vector<std::pair<std::string, std::string>> read_value_metadata(
   return out;
 }
 
+// Adds `more` to a value's metadata, skipping keys it already has (a file may describe one value
+// in more than one ValueInfoProto: its input or output entry and a value_info entry).
+inline void merge_value_metadata(std::vector<std::pair<std::string, std::string>>& metadata,
+                                 const std::vector<std::pair<std::string, std::string>>& more) {
+  for (const auto& entry : more) {
+    bool known = false;
+    for (const auto& have : metadata) known = known || have.first == entry.first;
+    if (!known) metadata.push_back(entry);
+  }
+}
+
 inline void write_value_metadata(const std::vector<std::pair<std::string, std::string>>& metadata,
                                  onnx::ValueInfoProto* vi) {
   for (const auto& [key, value] : metadata) {

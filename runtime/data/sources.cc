@@ -215,26 +215,31 @@ std::vector<int64_t> tail_dims(const std::vector<int64_t>& dims) {
 }
 
 LoadedData load_named(const DataSpec& spec, const LoadOptions& options);
+LoadedData load_arrays(const DataSpec& spec, std::vector<NamedArray> arrays,
+                       const LoadOptions& options);
 
 LoadedData load_npy(const DataSpec& spec, const LoadOptions& options) {
-  auto as_named = [&] {  // npy:X,Y as npy:INPUT=X,labels=Y
+  // npy:X,Y as npy:INPUT=X,labels=Y (X and Y as read here).
+  auto as_named = [&](graph::Tensor x, graph::Tensor y) {
     DataSpec named = spec;
     named.kind = DataSpec::Kind::kNamedNpy;
     named.files = {{options.inputs[0].name, spec.x_path}, {options.labels_name, spec.y_path}};
-    return load_named(named, options);
+    std::vector<NamedArray> arrays;
+    arrays.emplace_back(options.inputs[0].name, std::move(x));
+    arrays.emplace_back(options.labels_name, std::move(y));
+    return load_arrays(named, std::move(arrays), options);
   };
-  // A model with one integer (or double) input.
-  if (options.inputs.size() == 1 && options.inputs[0].dtype != graph::DataType::kFloat)
-    return as_named();
   graph::Tensor x = read_npy(spec.x_path);
   graph::Tensor y = read_npy(spec.y_path);
-  // Class labels per position (a segmentation mask (N,H,W), per token (N,T)): the named path
-  // matches them to the model's output.
+  // A model with one integer (or double) input, or class labels per position (a segmentation
+  // mask (N,H,W), per token (N,T)): the named path feeds X in the input's dtype and matches the
+  // labels to the model's output.
   const bool int_labels =
       y.dtype() == graph::DataType::kInt64 || y.dtype() == graph::DataType::kInt32;
-  if (int_labels && options.inputs.size() == 1 &&
-      (y.rank() > 2 || (y.rank() == 2 && y.dims()[1] != 1)))
-    return as_named();
+  if (options.inputs.size() == 1 &&
+      (options.inputs[0].dtype != graph::DataType::kFloat ||
+       (int_labels && (y.rank() > 2 || (y.rank() == 2 && y.dims()[1] != 1)))))
+    return as_named(std::move(x), std::move(y));
   OT_CHECK(x.dtype() == graph::DataType::kFloat || x.dtype() == graph::DataType::kDouble,
            spec.x_path, ": features must be float32 (or float64), not ",
            graph::dtype_short_name(x.dtype()));
@@ -376,6 +381,9 @@ std::string inputs_text(const std::vector<ModelInput>& inputs) {
   return s;
 }
 
+LoadedData load_arrays(const DataSpec& spec, std::vector<NamedArray> arrays,
+                       const LoadOptions& options);
+
 LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
   std::vector<NamedArray> arrays;
   if (spec.kind == DataSpec::Kind::kNpz) {
@@ -383,6 +391,12 @@ LoadedData load_named(const DataSpec& spec, const LoadOptions& options) {
   } else {
     for (const auto& [name, file] : spec.files) arrays.emplace_back(name, read_npy(file));
   }
+  return load_arrays(spec, std::move(arrays), options);
+}
+
+// The named arrays of `spec`, already read.
+LoadedData load_arrays(const DataSpec& spec, std::vector<NamedArray> arrays,
+                       const LoadOptions& options) {
   // Where an array came from, for messages: "train.npz:input_ids" or "ids.npy".
   auto origin = [&](const std::string& name) -> std::string {
     if (spec.kind == DataSpec::Kind::kNpz) return cat(spec.path, ":", name);

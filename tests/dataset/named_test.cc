@@ -266,6 +266,34 @@ TEST(NamedData, ArraysFeedInputsInTheirDtypes) {
   EXPECT_EQ(n.train.arrays()[1].second.data_as<int64_t>()[3], 0);
 }
 
+// npy:X,Y with a float image input and a per-pixel mask (N,H,W) as Y (semantic segmentation):
+// the named path feeds X to the model's one input and keeps the labels per pixel; (N) labels
+// stay the plain classification path.
+TEST(NamedData, NpyPairWithPerPixelLabels) {
+  ScratchDir dir("npy_mask");
+  std::vector<float> xs(5 * 3 * 2 * 2);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i);
+  std::vector<int64_t> mask(5 * 2 * 2);
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<int64_t>(i % 4);
+  write_npy(dir.file("x.npy"), Tensor::from_vector(DataType::kFloat, {5, 3, 2, 2}, xs));
+  write_npy(dir.file("mask.npy"), Tensor::from_vector(DataType::kInt64, {5, 2, 2}, mask));
+  LoadOptions o;
+  o.inputs = {{"input", DataType::kFloat, {3, 2, 2}, 0}};
+  LoadedData d = load_dataset(
+      parse_data_spec(cat("npy:", dir.file("x.npy"), ",", dir.file("mask.npy"))), o);
+  ASSERT_TRUE(d.train.is_named());
+  EXPECT_EQ(d.train.size(), 5);
+  EXPECT_EQ(d.train.label_shape(), (std::vector<int64_t>{2, 2}));
+  ASSERT_EQ(d.train.arrays().size(), 1u);
+  EXPECT_EQ(d.train.arrays()[0].first, "input");
+  EXPECT_EQ(d.train.arrays()[0].second.data_as<float>()[13], 13.0f);
+  write_npy(dir.file("y.npy"), Tensor::from_vector(DataType::kInt64, {5}, std::vector<int64_t>{0, 1, 2, 3, 0}));
+  LoadedData c = load_dataset(
+      parse_data_spec(cat("npy:", dir.file("x.npy"), ",", dir.file("y.npy"))), o);
+  EXPECT_FALSE(c.train.is_named());
+  EXPECT_EQ(c.train.size(), 5);
+}
+
 TEST(NamedData, MismatchesNameTheArrayAndTheInput) {
   ScratchDir dir("named_errors");
   TokenArchive a;

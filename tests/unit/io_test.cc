@@ -9,6 +9,7 @@
 #include "graph/compare.h"
 #include "graph/error.h"
 #include "graph/onnx_io.h"
+#include "graph/onnx_value_metadata.h"
 #include "graph/printer.h"
 #include "onnx/checker.h"
 #include "onnx/onnx_pb.h"
@@ -84,6 +85,15 @@ TEST(OnnxIO, ValueMetadataRoundTrips) {
   EXPECT_NE(why.find("'b': metadata differs"), std::string::npos) << why;
   // Cloning keeps it (the trainer writes the trained model from a clone of the original).
   EXPECT_EQ(m->clone()->graph->find_value("w")->metadata, g.find_value("w")->metadata);
+
+  // A value described twice (its input entry and a value_info entry) keeps each key once.
+  onnx::ModelProto twice = proto;
+  onnx::ValueInfoProto* again = twice.mutable_graph()->add_value_info();
+  again->set_name("x");
+  write_value_metadata({{kind, "USER_INPUT"}, {"note", "extra"}}, again);
+  auto merged = import_onnx_bytes(twice.SerializeAsString(), "twice.onnx", "");
+  EXPECT_EQ(merged->graph->find_value("x")->metadata,
+            (std::vector<std::pair<std::string, std::string>>{{kind, "USER_INPUT"}, {"note", "extra"}}));
 
   // Field 4 that is not a key/value pair.
   onnx::ModelProto bad = proto;
