@@ -4,8 +4,10 @@
 // exports none of the three). GRU gates z, r, h; its gradient needs linear_before_reset = 1, as
 // torch exports it. Clip only in the forwards. sequence_lens must be absent or all equal the
 // sequence length. A gradient recomputes the forward's gates (no extra outputs on the forward
-// node), then runs backpropagation through time. Matrix products: oneDNN's sgemm for float32, a
-// plain loop for float64 (gradient checks).
+// node), then runs backpropagation through time, where only dH_prev = dA R is sequential: dX,
+// dW, dR and dB are one product (or sum) each over every step's dA afterwards. Matrix products:
+// oneDNN's sgemm for float32, a plain loop for float64 (gradient checks); the per-element cell
+// loops vectorized (OT_SIMD_CLONES, vec_math's sigmoid and tanh) and parallel over batch rows.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -16,6 +18,8 @@
 #include "ops/nn/nn_util.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
+#include "ops/simd_clones.h"
+#include "ops/vec_math.h"
 
 namespace onnxtrain::ops::nn {
 namespace {
@@ -64,20 +68,21 @@ LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
 // overwritten when !accumulate.
 template <typename T>
 void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
-          const KernelContext& ctx) {
+          const KernelContext& ctx, int64_t ldc = 0) {
   if (m == 0 || n == 0) return;
+  if (ldc == 0) ldc = n;
   if constexpr (std::is_same_v<T, float>) {
     ThreadBudget budget(ctx.num_threads());
     OT_CHECK(dnnl_sgemm(a_t ? 'T' : 'N', 'T', m, n, k, 1.0f, a, a_t ? m : k, b, k,
-                        accumulate ? 1.0f : 0.0f, c, n) == dnnl_success,
+                        accumulate ? 1.0f : 0.0f, c, ldc) == dnnl_success,
              "LSTM: oneDNN sgemm failed");
   } else {
     ctx.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
         for (int64_t j = 0; j < n; ++j) {
-          T acc = accumulate ? c[i * n + j] : T{0};
+          T acc = accumulate ? c[i * ldc + j] : T{0};
           for (int64_t q = 0; q < k; ++q) acc += (a_t ? a[q * m + i] : a[i * k + q]) * b[j * k + q];
-          c[i * n + j] = acc;
+          c[i * ldc + j] = acc;
         }
     });
   }
@@ -103,10 +108,6 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool
   }
 }
 
-template <typename T>
-T sigmoid(T x) {
-  return T{1} / (T{1} + std::exp(-x));
-}
 
 // The shapes every LSTM kernel checks: X (T, N, I) or (N, T, I), W (D, 4H, I), R (D, 4H, H),
 // B (D, 8H), initial_h / initial_c (D, N, H) or (N, D, H), P (D, 3H).
@@ -235,50 +236,175 @@ void accumulate_outer(int64_t g, int64_t q, int64_t n, const T* a, const T* v, T
   }
 }
 
-// One direction's forward over all steps. xw: (T*N, 4H) = X W^T + Wb + Rb (filled here); h, c:
-// (N, H) initial states in, final states out. Per step (in run order) `record` receives the
-// step's time index, gates (N, 4H: i, o, f, g after activation), c_prev and c_new.
-template <typename T, typename Record>
-void lstm_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
-                    const T* b, const T* p, bool backwards, std::vector<T>& h, std::vector<T>& c,
-                    T* y, int64_t y_stride, const KernelContext& ctx, Record&& record) {
+// ---- one direction's forward, kept for the gradient
+
+// A direction's forward over all steps. h and c hold the state before the first run step and
+// after every step: the state before time step t is slot prev(t), the one after it slot next(t),
+// so the T slots from prev_all() are each step's H_prev in time order (the rows dR sums over).
+template <typename T>
+struct Trace {
+  int64_t steps = 0, slot = 0;  // slot: N * H elements
+  bool backwards = false;
+  std::vector<T> gates;  // (T, N, G): X W^T + biases, then each step's gates after activation
+  std::vector<T> h, c;   // (T + 1, N, H); c for LSTM only
+  std::vector<T> hr;     // GRU with linear_before_reset: (T, N, H) H_prev Rh^T + Rbh
+  int64_t prev(int64_t t) const { return backwards ? t + 1 : t; }
+  int64_t next(int64_t t) const { return backwards ? t : t + 1; }
+  int64_t initial() const { return backwards ? steps : 0; }
+  int64_t last() const { return steps - initial(); }
+  T* h_at(int64_t k) { return h.data() + k * slot; }
+  T* c_at(int64_t k) { return c.data() + k * slot; }
+  const T* h_at(int64_t k) const { return h.data() + k * slot; }
+  const T* c_at(int64_t k) const { return c.data() + k * slot; }
+  const T* prev_all() const { return h.data() + (backwards ? slot : 0); }
+};
+
+// A trace with gates = X W^T + Wb + Rb (Rb on the first `rb_cols` gate columns: GRU adds its
+// Rbh inside the reset product) and the initial states (absent: zeros) in their slots.
+template <typename T>
+Trace<T> start_trace(const LstmShape& s, int64_t H, int64_t G, bool backwards, const T* x,
+                     const T* w, const T* b, int64_t rb_cols, const T* h0, const T* c0,
+                     bool with_c, const KernelContext& ctx) {
+  Trace<T> tr;
+  tr.steps = s.steps;
+  tr.slot = s.batch * H;
+  tr.backwards = backwards;
+  const int64_t rows = s.steps * s.batch;
+  tr.gates.resize(static_cast<size_t>(rows * G));
+  gemm<T>(false, rows, G, s.input, x, w, tr.gates.data(), false, ctx);
+  if (b) {
+    std::vector<T> bias(b, b + G);
+    for (int64_t j = 0; j < rb_cols; ++j) bias[j] += b[G + j];
+    for (int64_t row = 0; row < rows; ++row) {
+      T* g = tr.gates.data() + row * G;
+      for (int64_t j = 0; j < G; ++j) g[j] += bias[j];
+    }
+  }
+  tr.h.assign(static_cast<size_t>((s.steps + 1) * tr.slot), T{0});
+  if (h0) std::copy_n(h0, tr.slot, tr.h_at(tr.initial()));
+  if (with_c) {
+    tr.c.assign(tr.h.size(), T{0});
+    if (c0) std::copy_n(c0, tr.slot, tr.c_at(tr.initial()));
+  }
+  return tr;
+}
+
+// Runs fn(n) for every batch row n, in parallel chunks of about 4096 elements.
+template <typename F>
+void for_rows(const KernelContext& ctx, int64_t rows, int64_t row_size, F&& fn) {
+  ctx.parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, row_size)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t n = begin; n < end; ++n) fn(n);
+                   });
+}
+
+// What every gradient does after backpropagation through time, for all steps at once: dA
+// (T*N, G) holds each step's gradient at the gate pre-activations through X (dax) and through
+// H_prev (dah; the same for LSTM and RNN). dX (T*N, I) += dax W, dW += dax^T X, dR += dah^T
+// H_prev, dB's halves += the column sums of dax and dah (summed in double).
+template <typename T>
+void weight_grads(int64_t rows, int64_t G, int64_t I, int64_t H, const T* dax, const T* dah,
+                  const T* x, const T* hprev, const T* w, T* dx, T* dw, T* dr, T* db,
+                  const KernelContext& ctx) {
+  gemm_nn<T>(rows, I, G, dax, w, dx, true, ctx);
+  accumulate_outer<T>(G, I, rows, dax, x, dw, ctx);
+  accumulate_outer<T>(G, H, rows, dah, hprev, dr, ctx);
+  std::vector<double> sx(static_cast<size_t>(G), 0.0), sh(sx.size(), 0.0);
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t q = 0; q < G; ++q) {
+      sx[q] += static_cast<double>(dax[row * G + q]);
+      sh[q] += static_cast<double>(dah[row * G + q]);
+    }
+  for (int64_t q = 0; q < G; ++q) {
+    db[q] += static_cast<T>(sx[q]);
+    db[G + q] += static_cast<T>(sh[q]);
+  }
+}
+
+template <typename T>
+T clamp_abs(T v, T clip) {
+  return clip > 0 ? std::min(std::max(v, -clip), clip) : v;
+}
+
+// ---- LSTM: gates i, o, f, c.
+
+// One batch row of a step: g (4H) holds the pre-activations (X W^T + H_prev R^T + biases) and
+// gets the gates after activation; cp: C_prev; cn, h: the new states; p: peepholes or null.
+template <typename T>
+OT_SIMD_CLONES void lstm_row(int64_t H, T* g, const T* cp, T* cn, T* h, const T* p, T clip,
+                             bool input_forget) {
+  T *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
+  if (p)
+    for (int64_t j = 0; j < H; ++j) {
+      gi[j] += p[j] * cp[j];
+      gf[j] += p[2 * H + j] * cp[j];
+    }
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = vm::sigmoid(clamp_abs(gi[j], clip));
+    const T f = input_forget ? T{1} - i : vm::sigmoid(clamp_abs(gf[j], clip));
+    const T cand = vm::tanh(clamp_abs(gc[j], clip));
+    gi[j] = i;
+    gf[j] = f;
+    gc[j] = cand;
+    cn[j] = f * cp[j] + i * cand;
+  }
+  if (p)
+    for (int64_t j = 0; j < H; ++j) go[j] += p[H + j] * cn[j];
+  for (int64_t j = 0; j < H; ++j) {
+    const T o = vm::sigmoid(clamp_abs(go[j], clip));
+    go[j] = o;
+    h[j] = o * vm::tanh(cn[j]);
+  }
+}
+
+// One batch row of the gradient at a step: dh = dL/dH from the later steps, gy = dL/dY at this
+// step, dc = dL/dC (in: from the later steps, out: to C_prev); da (4H): dL/d pre-activations.
+template <typename T>
+OT_SIMD_CLONES void lstm_grad_row(int64_t H, const T* g, const T* cp, const T* cn, const T* dh,
+                                  const T* gy, T* __restrict dc, T* __restrict da) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = g[j], o = g[H + j], f = g[2 * H + j], cand = g[3 * H + j];
+    const T hgrad = dh[j] + gy[j];
+    const T tc = vm::tanh(cn[j]);
+    const T dcn = dc[j] + hgrad * o * (T{1} - tc * tc);
+    da[j] = dcn * cand * i * (T{1} - i);
+    da[H + j] = hgrad * tc * o * (T{1} - o);
+    da[2 * H + j] = dcn * cp[j] * f * (T{1} - f);
+    da[3 * H + j] = dcn * i * (T{1} - cand * cand);
+    dc[j] = dcn * f;
+  }
+}
+
+// One direction's LSTM forward (x time-major, w / r / b / p this direction's).
+template <typename T>
+Trace<T> lstm_forward(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
+                      const T* b, const T* p, const T* h0, const T* c0, bool backwards,
+                      const KernelContext& ctx) {
   const int64_t H = a.hidden, N = s.batch, G = 4 * H;
-  std::vector<T> xw(static_cast<size_t>(s.steps * N * G));
-  gemm<T>(false, s.steps * N, G, s.input, x, w, xw.data(), false, ctx);
-  if (b)
-    for (int64_t row = 0; row < s.steps * N; ++row)
-      for (int64_t j = 0; j < G; ++j) xw[row * G + j] += b[j] + b[G + j];
-  std::vector<T> gates(static_cast<size_t>(N * G)), c_prev(c.size());
+  Trace<T> tr = start_trace<T>(s, H, G, backwards, x, w, b, G, h0, c0, true, ctx);
   const T clip = static_cast<T>(a.clip);
-  auto clipped = [&](T v) { return clip > 0 ? std::clamp(v, -clip, clip) : v; };
   for (int64_t k = 0; k < s.steps; ++k) {
     const int64_t t = backwards ? s.steps - 1 - k : k;
-    std::copy_n(xw.data() + t * N * G, N * G, gates.data());
-    gemm<T>(false, N, G, H, h.data(), r, gates.data(), true, ctx);
-    c_prev = c;
-    for (int64_t n = 0; n < N; ++n) {
-      T* g = gates.data() + n * G;
-      for (int64_t j = 0; j < H; ++j) {
-        const T cp = c_prev[n * H + j];
-        const T i = sigmoid(clipped(g[j] + (p ? p[j] * cp : T{0})));
-        const T f = a.input_forget
-                        ? T{1} - i
-                        : sigmoid(clipped(g[2 * H + j] + (p ? p[2 * H + j] * cp : T{0})));
-        const T cand = std::tanh(clipped(g[3 * H + j]));
-        const T cn = f * cp + i * cand;
-        const T o = sigmoid(clipped(g[H + j] + (p ? p[H + j] * cn : T{0})));
-        g[j] = i;
-        g[H + j] = o;
-        g[2 * H + j] = f;
-        g[3 * H + j] = cand;
-        c[n * H + j] = cn;
-        h[n * H + j] = o * std::tanh(cn);
-      }
-    }
-    if (y)
-      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
-    record(t, gates, c_prev, c);
+    T* g = tr.gates.data() + t * N * G;
+    const T *hp = tr.h_at(tr.prev(t)), *cp = tr.c_at(tr.prev(t));
+    T *hn = tr.h_at(tr.next(t)), *cn = tr.c_at(tr.next(t));
+    gemm<T>(false, N, G, H, hp, r, g, true, ctx);
+    for_rows(ctx, N, G, [&](int64_t n) {
+      lstm_row<T>(H, g + n * G, cp + n * H, cn + n * H, hn + n * H, p, clip, a.input_forget);
+    });
   }
+  return tr;
+}
+
+// Y (T, D, N, H) and the final state (D, N, H) of direction d from its trace's h (or c) slots.
+template <typename T>
+void collect(const Trace<T>& tr, const std::vector<T>& slots, int d, int dirs, T* y,
+             T* final_state) {
+  const int64_t S = tr.slot;
+  if (y)
+    for (int64_t t = 0; t < tr.steps; ++t)
+      std::copy_n(slots.data() + tr.next(t) * S, S, y + (t * dirs + d) * S);
+  std::copy_n(slots.data() + tr.last() * S, S, final_state + d * S);
 }
 
 // X, W, R, [B, sequence_lens, initial_h, initial_c, P] -> [Y, Y_h, Y_c]
@@ -292,23 +418,20 @@ class LstmKernel final : public Kernel {
     const TensorView *b = ctx.input(3), *h0 = ctx.input(5), *c0 = ctx.input(6), *p = ctx.input(7);
     const LstmShape s =
         rnn_shape(a, 4, x, *ctx.input(1), *ctx.input(2), b, h0, c0, p, ctx.input(4), where);
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 4 * H;
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, s.input, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(T_ * D * N * H)), yh(hs.size()), yc(cs.size());
       for (int d = 0; d < D; ++d) {
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        std::vector<T> c(cs.begin() + d * N * H, cs.begin() + (d + 1) * N * H);
-        const int64_t G = 4 * H;
-        lstm_direction<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
-                          ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
-                          p ? p->as<T>() + d * 3 * H : nullptr, a.reverse || d == 1, h, c,
-                          y.data() + d * N * H, D * N * H, ctx,
-                          [](int64_t, const auto&, const auto&, const auto&) {});
-        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
-        std::copy(c.begin(), c.end(), yc.begin() + d * N * H);
+        const Trace<T> tr = lstm_forward<T>(
+            a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+            p ? p->as<T>() + d * 3 * H : nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
+            a.reverse || d == 1, ctx);
+        collect(tr, tr.h, d, D, y.data(), yh.data());
+        collect(tr, tr.c, d, D, static_cast<T*>(nullptr), yc.data());
       }
       write_y<T>(ctx, a, s, y);
       write_state<T>(ctx, 1, a, s, yh);
@@ -369,75 +492,35 @@ class LstmGradKernel final : public Kernel {
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       const std::vector<T> gy = read_y<T>(dy, a, s);
-      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
-      const std::vector<T> gc = time_major<T>(dyc, D, N, H, a.layout1);
+      std::vector<T> dh = time_major<T>(dyh, D, N, H, a.layout1);  // becomes d initial_h
+      std::vector<T> dc = time_major<T>(dyc, D, N, H, a.layout1);  // becomes d initial_c
       std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
           dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
-          dh0(hs.size()), dc0(cs.size());
+          da(static_cast<size_t>(T_ * N * G));
       for (int d = 0; d < D; ++d) {
         const T* wd = w.as<T>() + d * G * I;
         const T* rd = r.as<T>() + d * G * H;
-        const bool backwards = a.reverse || d == 1;
-        // Forward again, keeping each step's gates, c_prev, c and h_prev (by time index).
-        std::vector<T> gates(static_cast<size_t>(T_ * N * G)),
-            cprev(static_cast<size_t>(T_ * N * H)), cnew(cprev.size()), hprev(cprev.size());
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        std::vector<T> c(cs.begin() + d * N * H, cs.begin() + (d + 1) * N * H);
-        std::vector<T> h_before = h;
-        lstm_direction<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr, nullptr,
-                          backwards, h, c, nullptr, 0, ctx,
-                          [&](int64_t t, const std::vector<T>& g, const std::vector<T>& cp,
-                              const std::vector<T>& cn) {
-                            std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
-                            std::copy(cp.begin(), cp.end(), cprev.begin() + t * N * H);
-                            std::copy(cn.begin(), cn.end(), cnew.begin() + t * N * H);
-                            std::copy(h_before.begin(), h_before.end(), hprev.begin() + t * N * H);
-                            // h after this step is the next step's h_prev.
-                            for (int64_t e = 0; e < N * H; ++e) {
-                              const int64_t j = e % H, n = e / H;
-                              h_before[e] = g[n * G + H + j] * std::tanh(cn[e]);
-                            }
-                          });
-        // Backpropagation through time, last run step first.
-        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
-        std::vector<T> dc(gc.begin() + d * N * H, gc.begin() + (d + 1) * N * H);
-        std::vector<T> da(static_cast<size_t>(N * G)), dh_prev(static_cast<size_t>(N * H));
-        T* dwd = dw.data() + d * G * I;
-        T* drd = dr.data() + d * G * H;
+        const Trace<T> tr =
+            lstm_forward<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr,
+                            nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
+                            a.reverse || d == 1, ctx);
+        // Backpropagation through time, last run step first: each step's dA, and dH_prev = dA R.
+        T *dhd = dh.data() + d * N * H, *dcd = dc.data() + d * N * H;
         for (int64_t k = T_ - 1; k >= 0; --k) {
-          const int64_t t = backwards ? T_ - 1 - k : k;
-          const T* g = gates.data() + t * N * G;
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t j = 0; j < H; ++j) {
-              const int64_t e = n * H + j;
-              const T i = g[n * G + j], o = g[n * G + H + j], f = g[n * G + 2 * H + j],
-                      cand = g[n * G + 3 * H + j];
-              const T cn = cnew[t * N * H + e], cp = cprev[t * N * H + e];
-              const T hgrad = dh[e] + gy[((t * D + d) * N + n) * H + j];
-              const T tc = std::tanh(cn);
-              const T dcn = dc[e] + hgrad * o * (T{1} - tc * tc);
-              T* dag = da.data() + n * G;
-              dag[j] = dcn * cand * i * (T{1} - i);
-              dag[H + j] = hgrad * tc * o * (T{1} - o);
-              dag[2 * H + j] = dcn * cp * f * (T{1} - f);
-              dag[3 * H + j] = dcn * i * (T{1} - cand * cand);
-              dc[e] = dcn * f;
-            }
-          // dX_t = dA W, dW += dA^T X_t, dR += dA^T h_prev, dB, dh_prev = dA R.
-          gemm_nn<T>(N, I, G, da.data(), wd, dx.data() + t * N * I, true, ctx);
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t q = 0; q < G; ++q) {
-              const T v = da[n * G + q];
-              db[d * 2 * G + q] += v;
-              db[d * 2 * G + G + q] += v;
-            }
-          gemm_nn<T>(N, H, G, da.data(), rd, dh_prev.data(), false, ctx);
-          accumulate_outer<T>(G, I, N, da.data(), xs.data() + t * N * I, dwd, ctx);
-          accumulate_outer<T>(G, H, N, da.data(), hprev.data() + t * N * H, drd, ctx);
-          dh = dh_prev;
+          const int64_t t = tr.backwards ? T_ - 1 - k : k;
+          const T *g = tr.gates.data() + t * N * G, *cp = tr.c_at(tr.prev(t)),
+                  *cn = tr.c_at(tr.next(t)), *gyt = gy.data() + (t * D + d) * N * H;
+          T* dat = da.data() + t * N * G;
+          for_rows(ctx, N, G, [&](int64_t n) {
+            const int64_t e = n * H;
+            lstm_grad_row<T>(H, g + n * G, cp + e, cn + e, dhd + e, gyt + e, dcd + e,
+                             dat + n * G);
+          });
+          gemm_nn<T>(N, H, G, dat, rd, dhd, false, ctx);
         }
-        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
-        std::copy(dc.begin(), dc.end(), dc0.begin() + d * N * H);
+        weight_grads<T>(T_ * N, G, I, H, da.data(), da.data(), xs.data(), tr.prev_all(), wd,
+                        dx.data(), dw.data() + d * G * I, dr.data() + d * G * H,
+                        db.data() + d * 2 * G, ctx);
       }
       auto put = [&](int i, const std::vector<T>& v, std::vector<int64_t> dims) {
         if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
@@ -447,8 +530,8 @@ class LstmGradKernel final : public Kernel {
       put(1, dw, w.dims);
       put(2, dr, r.dims);
       if (b) put(3, db, b->dims);
-      if (h0) write_state<T>(ctx, 4, a, s, dh0);
-      if (c0) write_state<T>(ctx, 5, a, s, dc0);
+      if (h0) write_state<T>(ctx, 4, a, s, dh);
+      if (c0) write_state<T>(ctx, 5, a, s, dc);
     });
   }
 };
@@ -476,158 +559,161 @@ void lstm_gradient(GradientBuilder& b) {
 //   h~ = tanh(X Wh^T + Wbh + r (.) (H_prev Rh^T + Rbh)), else tanh(X Wh^T + Wbh + (r (.) H_prev)
 //   Rh^T + Rbh); H = (1 - z) (.) h~ + z (.) H_prev. The gradient takes linear_before_reset = 1.
 
-// One direction's forward. Per run step, `record(t, gates, hr, h_prev)` gets the step's time
-// index, its gates (N, 3H: z, r, h~ after activation), hr = H_prev Rh^T + Rbh (N, H; with
-// linear_before_reset) and H_prev.
-template <typename T, typename Record>
-void gru_direction(const LstmAttrs& a, bool lbr, const LstmShape& s, const T* x, const T* w,
-                   const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
-                   int64_t y_stride, const KernelContext& ctx, Record&& record) {
+// One batch row of a linear_before_reset step: g (3H) holds X W^T + Wb (+ Rb for z and r) and
+// gets the gates after activation; pre (3H) = [g's z and r, Rbh] + H_prev R^T; hr (out) =
+// H_prev Rh^T + Rbh; hp: H_prev; h: the new state.
+template <typename T>
+OT_SIMD_CLONES void gru_row(int64_t H, T* g, const T* pre, const T* hp, T* hr, T* h, T clip) {
+  for (int64_t j = 0; j < 2 * H; ++j) g[j] = vm::sigmoid(clamp_abs(pre[j], clip));
+  for (int64_t j = 0; j < H; ++j) {
+    const T z = g[j], rg = g[H + j];
+    hr[j] = pre[2 * H + j];
+    const T cand = vm::tanh(clamp_abs(g[2 * H + j] + rg * hr[j], clip));
+    g[2 * H + j] = cand;
+    h[j] = (T{1} - z) * cand + z * hp[j];
+  }
+}
+
+// One batch row of the gradient at a step: dax / dah (3H) the gradient at the pre-activations
+// through X and through H_prev (they differ in h~: r (.) hr), dhn = dL/dH_prev's direct part.
+template <typename T>
+OT_SIMD_CLONES void gru_grad_row(int64_t H, const T* g, const T* hp, const T* hr, const T* dh,
+                                 const T* gy, T* __restrict dax, T* __restrict dah,
+                                 T* __restrict dhn) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T z = g[j], rg = g[H + j], cand = g[2 * H + j];
+    const T dht = dh[j] + gy[j];
+    const T dac = dht * (T{1} - z) * (T{1} - cand * cand);  // h~'s pre-activation
+    const T daz = dht * (hp[j] - cand) * z * (T{1} - z);
+    const T dar = dac * hr[j] * rg * (T{1} - rg);
+    dax[j] = daz;
+    dax[H + j] = dar;
+    dax[2 * H + j] = dac;
+    dah[j] = daz;
+    dah[H + j] = dar;
+    dah[2 * H + j] = dac * rg;  // through hr = H_prev Rh^T + Rbh
+    dhn[j] = dht * z;
+  }
+}
+
+// One direction's GRU forward; with linear_before_reset the trace keeps each step's hr.
+template <typename T>
+Trace<T> gru_forward(const LstmAttrs& a, bool lbr, const LstmShape& s, const T* x, const T* w,
+                     const T* r, const T* b, const T* h0, bool backwards,
+                     const KernelContext& ctx) {
   const int64_t H = a.hidden, N = s.batch, G = 3 * H;
-  std::vector<T> xw(static_cast<size_t>(s.steps * N * G));
-  gemm<T>(false, s.steps * N, G, s.input, x, w, xw.data(), false, ctx);
-  if (b)
-    for (int64_t row = 0; row < s.steps * N; ++row)
-      for (int64_t j = 0; j < G; ++j) xw[row * G + j] += b[j] + (j < 2 * H ? b[G + j] : T{0});
+  Trace<T> tr = start_trace<T>(s, H, G, backwards, x, w, b, 2 * H, h0, nullptr, false, ctx);
+  if (lbr) tr.hr.resize(static_cast<size_t>(s.steps * N * H));
   const T* rbh = b ? b + G + 2 * H : nullptr;
-  std::vector<T> gates(static_cast<size_t>(N * G)), hr(static_cast<size_t>(N * H)),
-      rh(static_cast<size_t>(N * H)), h_prev(h.size()), zr(static_cast<size_t>(N * 2 * H));
   const T clip = static_cast<T>(a.clip);
-  auto clipped = [&](T v) { return clip > 0 ? std::clamp(v, -clip, clip) : v; };
+  std::vector<T> pre(static_cast<size_t>(N * G)), rh(static_cast<size_t>(N * H)),
+      hr(static_cast<size_t>(N * H));
   for (int64_t k = 0; k < s.steps; ++k) {
     const int64_t t = backwards ? s.steps - 1 - k : k;
-    h_prev = h;
-    std::copy_n(xw.data() + t * N * G, N * G, gates.data());
-    // z and r: + H_prev [Rz; Rr]^T.
-    gemm<T>(false, N, 2 * H, H, h_prev.data(), r, zr.data(), false, ctx);
+    T* g = tr.gates.data() + t * N * G;
+    const T* hp = tr.h_at(tr.prev(t));
+    T* hn = tr.h_at(tr.next(t));
+    for (int64_t n = 0; n < N; ++n) {
+      std::copy_n(g + n * G, 2 * H, pre.data() + n * G);
+      for (int64_t j = 0; j < H; ++j) pre[n * G + 2 * H + j] = rbh ? rbh[j] : T{0};
+    }
+    if (lbr) {  // one product for all three gates: [z r | hr] += H_prev R^T
+      gemm<T>(false, N, G, H, hp, r, pre.data(), true, ctx);
+      T* hrt = tr.hr.data() + t * N * H;
+      for_rows(ctx, N, G, [&](int64_t n) {
+        gru_row<T>(H, g + n * G, pre.data() + n * G, hp + n * H, hrt + n * H, hn + n * H, clip);
+      });
+      continue;
+    }
+    // h~ = tanh(xw_h + (r H_prev) Rh^T + Rbh): z and r first (forward only, not torch's).
+    gemm<T>(false, N, 2 * H, H, hp, r, pre.data(), true, ctx, G);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < 2 * H; ++j) gates[n * G + j] += zr[n * 2 * H + j];
-    for (int64_t e = 0; e < N * 2 * H; ++e) {
-      const int64_t n = e / (2 * H), j = e % (2 * H);
-      gates[n * G + j] = sigmoid(clipped(gates[n * G + j]));
-    }
-    if (lbr) {  // hr = H_prev Rh^T + Rbh; h~ = tanh(xw_h + r hr)
-      gemm<T>(false, N, H, H, h_prev.data(), r + 2 * H * H, hr.data(), false, ctx);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) {
-          const int64_t e = n * H + j;
-          if (rbh) hr[e] += rbh[j];
-          T& g = gates[n * G + 2 * H + j];
-          g = std::tanh(clipped(g + gates[n * G + H + j] * hr[e]));
-        }
-    } else {  // h~ = tanh(xw_h + (r H_prev) Rh^T + Rbh)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) rh[n * H + j] = gates[n * G + H + j] * h_prev[n * H + j];
-      gemm<T>(false, N, H, H, rh.data(), r + 2 * H * H, hr.data(), false, ctx);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) {
-          T& g = gates[n * G + 2 * H + j];
-          g = std::tanh(clipped(g + hr[n * H + j] + (rbh ? rbh[j] : T{0})));
-        }
-    }
+      for (int64_t j = 0; j < 2 * H; ++j)
+        g[n * G + j] = vm::sigmoid(clamp_abs(pre[n * G + j], clip));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < H; ++j) rh[n * H + j] = g[n * G + H + j] * hp[n * H + j];
+    gemm<T>(false, N, H, H, rh.data(), r + 2 * H * H, hr.data(), false, ctx);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < H; ++j) {
-        const T z = gates[n * G + j], cand = gates[n * G + 2 * H + j];
-        h[n * H + j] = (T{1} - z) * cand + z * h_prev[n * H + j];
+        T& c = g[n * G + 2 * H + j];
+        c = vm::tanh(clamp_abs(c + hr[n * H + j] + pre[n * G + 2 * H + j], clip));
+        const T z = g[n * G + j];
+        hn[n * H + j] = (T{1} - z) * c + z * hp[n * H + j];
       }
-    if (y)
-      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
-    record(t, gates, hr, h_prev);
   }
+  return tr;
 }
 
 // ---- RNN (opsets 7, 14): H = tanh(X Wi^T + H_prev Ri^T + Wbi + Rbi).
 
-// One direction's forward; `record(t, h_prev, h)` per run step.
-template <typename T, typename Record>
-void rnn_direction(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
-                   const T* b, bool backwards, std::vector<T>& h, T* y, int64_t y_stride,
-                   const KernelContext& ctx, Record&& record) {
+template <typename T>
+OT_SIMD_CLONES void rnn_row(int64_t H, const T* pre, T* h, T clip) {
+  for (int64_t j = 0; j < H; ++j) h[j] = vm::tanh(clamp_abs(pre[j], clip));
+}
+
+template <typename T>
+OT_SIMD_CLONES void rnn_grad_row(int64_t H, const T* h, const T* dh, const T* gy,
+                                 T* __restrict da) {
+  for (int64_t j = 0; j < H; ++j) da[j] = (dh[j] + gy[j]) * (T{1} - h[j] * h[j]);
+}
+
+// One direction's RNN forward; the trace's gates keep the pre-activations.
+template <typename T>
+Trace<T> rnn_forward(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
+                     const T* b, const T* h0, bool backwards, const KernelContext& ctx) {
   const int64_t H = a.hidden, N = s.batch;
-  std::vector<T> xw(static_cast<size_t>(s.steps * N * H)), pre(static_cast<size_t>(N * H)),
-      h_prev(h.size());
-  gemm<T>(false, s.steps * N, H, s.input, x, w, xw.data(), false, ctx);
-  if (b)
-    for (int64_t row = 0; row < s.steps * N; ++row)
-      for (int64_t j = 0; j < H; ++j) xw[row * H + j] += b[j] + b[H + j];
+  Trace<T> tr = start_trace<T>(s, H, H, backwards, x, w, b, H, h0, nullptr, false, ctx);
   const T clip = static_cast<T>(a.clip);
   for (int64_t k = 0; k < s.steps; ++k) {
     const int64_t t = backwards ? s.steps - 1 - k : k;
-    h_prev = h;
-    std::copy_n(xw.data() + t * N * H, N * H, pre.data());
-    gemm<T>(false, N, H, H, h_prev.data(), r, pre.data(), true, ctx);
-    for (int64_t e = 0; e < N * H; ++e)
-      h[e] = std::tanh(clip > 0 ? std::clamp(pre[e], -clip, clip) : pre[e]);
-    if (y)
-      for (int64_t n = 0; n < N; ++n) std::copy_n(h.data() + n * H, H, y + t * y_stride + n * H);
-    record(t, h_prev, h);
+    T* pre = tr.gates.data() + t * N * H;
+    T* hn = tr.h_at(tr.next(t));
+    gemm<T>(false, N, H, H, tr.h_at(tr.prev(t)), r, pre, true, ctx);
+    for_rows(ctx, N, H, [&](int64_t n) { rnn_row<T>(H, pre + n * H, hn + n * H, clip); });
   }
+  return tr;
 }
 
 // GRU's and RNN's cells for the kernels below: the forward of one direction, and the backward
-// of one direction given its initial state h, the layout-0 dY (gy, direction d of D) and dh (in:
+// of one direction from its initial state h0, the layout-0 dY (gy, direction d of D) and dh (in:
 // dY_h, out: d initial_h), accumulating into dx (T, N, I) and the direction's dW, dR, dB.
 struct GruCell {
   static constexpr int kGates = 3;
 
   template <typename T>
-  static void forward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s, const T* x,
-                      const T* w, const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
-                      int64_t y_stride, const KernelContext& ctx) {
-    gru_direction<T>(a, node.attr_int("linear_before_reset", 0) != 0, s, x, w, r, b, backwards, h,
-                     y, y_stride, ctx, [](int64_t, const auto&, const auto&, const auto&) {});
+  static Trace<T> forward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s,
+                          const T* x, const T* w, const T* r, const T* b, const T* h0,
+                          bool backwards, const KernelContext& ctx) {
+    return gru_forward<T>(a, node.attr_int("linear_before_reset", 0) != 0, s, x, w, r, b, h0,
+                          backwards, ctx);
   }
 
   template <typename T>
   static void backward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s, const T* xs,
-                       const T* wd, const T* rd, const T* bd, bool backwards, std::vector<T> h,
-                       const std::vector<T>& gy, int d, std::vector<T>& dh, std::vector<T>& dx,
-                       T* dwd, T* drd, T* dbd, const KernelContext& ctx) {
+                       const T* wd, const T* rd, const T* bd, bool backwards, const T* h0,
+                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd,
+                       T* drd, T* dbd, const KernelContext& ctx) {
     OT_CHECK(node.attr_int("linear_before_reset", 0) != 0, node.describe(),
              ": the GRU gradient needs linear_before_reset = 1 (torch's GRU)");
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H, I = s.input;
-    std::vector<T> gates(static_cast<size_t>(T_ * N * G)), hrs(static_cast<size_t>(T_ * N * H)),
-        hprev(hrs.size());
-    gru_direction<T>(a, true, s, xs, wd, rd, bd, backwards, h, nullptr, 0, ctx,
-                     [&](int64_t t, const std::vector<T>& g, const std::vector<T>& hr,
-                         const std::vector<T>& hp) {
-                       std::copy(g.begin(), g.end(), gates.begin() + t * N * G);
-                       std::copy(hr.begin(), hr.end(), hrs.begin() + t * N * H);
-                       std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
-                     });
-    std::vector<T> dax(static_cast<size_t>(N * G)), dah(static_cast<size_t>(N * G)),
-        dh_prev(static_cast<size_t>(N * H));
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H;
+    const Trace<T> tr = gru_forward<T>(a, true, s, xs, wd, rd, bd, h0, backwards, ctx);
+    std::vector<T> dax(static_cast<size_t>(T_ * N * G)), dah(dax.size()),
+        dhn(static_cast<size_t>(N * H));
     for (int64_t k = T_ - 1; k >= 0; --k) {
-      const int64_t t = backwards ? T_ - 1 - k : k;
-      const T* g = gates.data() + t * N * G;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) {
-          const int64_t e = n * H + j;
-          const T z = g[n * G + j], rg = g[n * G + H + j], cand = g[n * G + 2 * H + j];
-          const T hp = hprev[t * N * H + e], hr = hrs[t * N * H + e];
-          const T dht = dh[e] + gy[((t * D + d) * N + n) * H + j];
-          const T dac = dht * (T{1} - z) * (T{1} - cand * cand);  // h~'s pre-activation
-          const T daz = dht * (hp - cand) * z * (T{1} - z);
-          const T dar = dac * hr * rg * (T{1} - rg);
-          dax[n * G + j] = daz;
-          dax[n * G + H + j] = dar;
-          dax[n * G + 2 * H + j] = dac;
-          dah[n * G + j] = daz;
-          dah[n * G + H + j] = dar;
-          dah[n * G + 2 * H + j] = dac * rg;  // through hr = H_prev Rh^T + Rbh
-          dh_prev[e] = dht * z;
-        }
-      gemm_nn<T>(N, I, G, dax.data(), wd, dx.data() + t * N * I, true, ctx);
-      accumulate_outer<T>(G, I, N, dax.data(), xs + t * N * I, dwd, ctx);
-      accumulate_outer<T>(G, H, N, dah.data(), hprev.data() + t * N * H, drd, ctx);
-      gemm_nn<T>(N, H, G, dah.data(), rd, dh_prev.data(), true, ctx);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < G; ++q) {
-          dbd[q] += dax[n * G + q];
-          dbd[G + q] += dah[n * G + q];
-        }
-      dh = dh_prev;
+      const int64_t t = tr.backwards ? T_ - 1 - k : k;
+      const T *g = tr.gates.data() + t * N * G, *hp = tr.h_at(tr.prev(t)),
+              *hr = tr.hr.data() + t * N * H, *gyt = gy.data() + (t * D + d) * N * H;
+      T *daxt = dax.data() + t * N * G, *daht = dah.data() + t * N * G;
+      for_rows(ctx, N, G, [&](int64_t n) {
+        const int64_t e = n * H;
+        gru_grad_row<T>(H, g + n * G, hp + e, hr + e, dh + e, gyt + e, daxt + n * G,
+                        daht + n * G, dhn.data() + e);
+      });
+      gemm_nn<T>(N, H, G, daht, rd, dhn.data(), true, ctx);
+      std::copy(dhn.begin(), dhn.end(), dh);
     }
+    weight_grads<T>(T_ * N, G, s.input, H, dax.data(), dah.data(), xs, tr.prev_all(), wd,
+                    dx.data(), dwd, drd, dbd, ctx);
   }
 };
 
@@ -635,44 +721,31 @@ struct RnnCell {
   static constexpr int kGates = 1;
 
   template <typename T>
-  static void forward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* x,
-                      const T* w, const T* r, const T* b, bool backwards, std::vector<T>& h, T* y,
-                      int64_t y_stride, const KernelContext& ctx) {
-    rnn_direction<T>(a, s, x, w, r, b, backwards, h, y, y_stride, ctx,
-                     [](int64_t, const auto&, const auto&) {});
+  static Trace<T> forward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* x,
+                          const T* w, const T* r, const T* b, const T* h0, bool backwards,
+                          const KernelContext& ctx) {
+    return rnn_forward<T>(a, s, x, w, r, b, h0, backwards, ctx);
   }
 
   template <typename T>
   static void backward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* xs,
-                       const T* wd, const T* rd, const T* bd, bool backwards, std::vector<T> h,
-                       const std::vector<T>& gy, int d, std::vector<T>& dh, std::vector<T>& dx,
-                       T* dwd, T* drd, T* dbd, const KernelContext& ctx) {
-    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, I = s.input;
-    std::vector<T> hprev(static_cast<size_t>(T_ * N * H)), hnew(hprev.size());
-    rnn_direction<T>(a, s, xs, wd, rd, bd, backwards, h, nullptr, 0, ctx,
-                     [&](int64_t t, const std::vector<T>& hp, const std::vector<T>& hn) {
-                       std::copy(hp.begin(), hp.end(), hprev.begin() + t * N * H);
-                       std::copy(hn.begin(), hn.end(), hnew.begin() + t * N * H);
-                     });
-    std::vector<T> da(static_cast<size_t>(N * H));
+                       const T* wd, const T* rd, const T* bd, bool backwards, const T* h0,
+                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd,
+                       T* drd, T* dbd, const KernelContext& ctx) {
+    const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
+    const Trace<T> tr = rnn_forward<T>(a, s, xs, wd, rd, bd, h0, backwards, ctx);
+    std::vector<T> da(static_cast<size_t>(T_ * N * H));
     for (int64_t k = T_ - 1; k >= 0; --k) {
-      const int64_t t = backwards ? T_ - 1 - k : k;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) {
-          const int64_t e = n * H + j;
-          const T hn = hnew[t * N * H + e];
-          da[e] = (dh[e] + gy[((t * D + d) * N + n) * H + j]) * (T{1} - hn * hn);
-        }
-      gemm_nn<T>(N, I, H, da.data(), wd, dx.data() + t * N * I, true, ctx);
-      accumulate_outer<T>(H, I, N, da.data(), xs + t * N * I, dwd, ctx);
-      accumulate_outer<T>(H, H, N, da.data(), hprev.data() + t * N * H, drd, ctx);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < H; ++j) {
-          dbd[j] += da[n * H + j];
-          dbd[H + j] += da[n * H + j];
-        }
-      gemm_nn<T>(N, H, H, da.data(), rd, dh.data(), false, ctx);
+      const int64_t t = tr.backwards ? T_ - 1 - k : k;
+      const T *hn = tr.h_at(tr.next(t)), *gyt = gy.data() + (t * D + d) * N * H;
+      T* dat = da.data() + t * N * H;
+      for_rows(ctx, N, H, [&](int64_t n) {
+        rnn_grad_row<T>(H, hn + n * H, dh + n * H, gyt + n * H, dat + n * H);
+      });
+      gemm_nn<T>(N, H, H, dat, rd, dh, false, ctx);
     }
+    weight_grads<T>(T_ * N, H, s.input, H, da.data(), da.data(), xs, tr.prev_all(), wd,
+                    dx.data(), dwd, drd, dbd, ctx);
   }
 };
 
@@ -694,12 +767,11 @@ class HStateKernel final : public Kernel {
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(s.steps * D * N * H)), yh(hs.size());
       for (int d = 0; d < D; ++d) {
-        std::vector<T> h(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H);
-        Cell::template forward<T>(
+        const Trace<T> tr = Cell::template forward<T>(
             a, ctx.node(), s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
             ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
-            a.reverse || d == 1, h, y.data() + d * N * H, D * N * H, ctx);
-        std::copy(h.begin(), h.end(), yh.begin() + d * N * H);
+            hs.data() + d * N * H, a.reverse || d == 1, ctx);
+        collect(tr, tr.h, d, D, y.data(), yh.data());
       }
       write_y<T>(ctx, a, s, y);
       write_state<T>(ctx, 1, a, s, yh);
@@ -728,19 +800,15 @@ class HStateGradKernel final : public Kernel {
       const std::vector<T> xs = time_major<T>(&x, s.steps, N, I, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> gy = read_y<T>(dy, a, s);
-      const std::vector<T> gh = time_major<T>(dyh, D, N, H, a.layout1);
+      std::vector<T> dh = time_major<T>(dyh, D, N, H, a.layout1);  // becomes d initial_h
       std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
-          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0}),
-          dh0(hs.size());
-      for (int d = 0; d < D; ++d) {
-        std::vector<T> dh(gh.begin() + d * N * H, gh.begin() + (d + 1) * N * H);
-        Cell::template backward<T>(
-            a, ctx.node(), s, xs.data(), w.as<T>() + d * G * I, r.as<T>() + d * G * H,
-            b ? b->as<T>() + d * 2 * G : nullptr, a.reverse || d == 1,
-            std::vector<T>(hs.begin() + d * N * H, hs.begin() + (d + 1) * N * H), gy, d, dh, dx,
-            dw.data() + d * G * I, dr.data() + d * G * H, db.data() + d * 2 * G, ctx);
-        std::copy(dh.begin(), dh.end(), dh0.begin() + d * N * H);
-      }
+          dr(static_cast<size_t>(r.numel()), T{0}), db(static_cast<size_t>(D * 2 * G), T{0});
+      for (int d = 0; d < D; ++d)
+        Cell::template backward<T>(a, ctx.node(), s, xs.data(), w.as<T>() + d * G * I,
+                                   r.as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+                                   a.reverse || d == 1, hs.data() + d * N * H, gy, d,
+                                   dh.data() + d * N * H, dx, dw.data() + d * G * I,
+                                   dr.data() + d * G * H, db.data() + d * 2 * G, ctx);
       write_dx<T>(ctx, a, s, x.dims, dx);
       auto put = [&](int i, const std::vector<T>& v, const std::vector<int64_t>& dims) {
         if (ctx.num_outputs() <= i || !ctx.has_output(i)) return;
@@ -749,7 +817,7 @@ class HStateGradKernel final : public Kernel {
       put(1, dw, w.dims);
       put(2, dr, r.dims);
       if (b) put(3, db, b->dims);
-      if (h0) write_state<T>(ctx, 4, a, s, dh0);
+      if (h0) write_state<T>(ctx, 4, a, s, dh);
     });
   }
 };
