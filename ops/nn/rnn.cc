@@ -108,7 +108,6 @@ void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool
   }
 }
 
-
 // The shapes every LSTM kernel checks: X (T, N, I) or (N, T, I), W (D, 4H, I), R (D, 4H, H),
 // B (D, 8H), initial_h / initial_c (D, N, H) or (N, D, H), P (D, 3H).
 struct LstmShape {
@@ -263,8 +262,8 @@ struct Trace {
 // Rbh inside the reset product) and the initial states (absent: zeros) in their slots.
 template <typename T>
 Trace<T> start_trace(const LstmShape& s, int64_t H, int64_t G, bool backwards, const T* x,
-                     const T* w, const T* b, int64_t rb_cols, const T* h0, const T* c0,
-                     bool with_c, const KernelContext& ctx) {
+                     const T* w, const T* b, int64_t rb_cols, const T* h0, const T* c0, bool with_c,
+                     const KernelContext& ctx) {
   Trace<T> tr;
   tr.steps = s.steps;
   tr.slot = s.batch * H;
@@ -425,11 +424,11 @@ class LstmKernel final : public Kernel {
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(T_ * D * N * H)), yh(hs.size()), yc(cs.size());
       for (int d = 0; d < D; ++d) {
-        const Trace<T> tr = lstm_forward<T>(
-            a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
-            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
-            p ? p->as<T>() + d * 3 * H : nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
-            a.reverse || d == 1, ctx);
+        const Trace<T> tr =
+            lstm_forward<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+                            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+                            p ? p->as<T>() + d * 3 * H : nullptr, hs.data() + d * N * H,
+                            cs.data() + d * N * H, a.reverse || d == 1, ctx);
         collect(tr, tr.h, d, D, y.data(), yh.data());
         collect(tr, tr.c, d, D, static_cast<T*>(nullptr), yc.data());
       }
@@ -501,9 +500,8 @@ class LstmGradKernel final : public Kernel {
         const T* wd = w.as<T>() + d * G * I;
         const T* rd = r.as<T>() + d * G * H;
         const Trace<T> tr =
-            lstm_forward<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr,
-                            nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
-                            a.reverse || d == 1, ctx);
+            lstm_forward<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr, nullptr,
+                            hs.data() + d * N * H, cs.data() + d * N * H, a.reverse || d == 1, ctx);
         // Backpropagation through time, last run step first: each step's dA, and dH_prev = dA R.
         T *dhd = dh.data() + d * N * H, *dcd = dc.data() + d * N * H;
         for (int64_t k = T_ - 1; k >= 0; --k) {
@@ -513,8 +511,7 @@ class LstmGradKernel final : public Kernel {
           T* dat = da.data() + t * N * G;
           for_rows(ctx, N, G, [&](int64_t n) {
             const int64_t e = n * H;
-            lstm_grad_row<T>(H, g + n * G, cp + e, cn + e, dhd + e, gyt + e, dcd + e,
-                             dat + n * G);
+            lstm_grad_row<T>(H, g + n * G, cp + e, cn + e, dhd + e, gyt + e, dcd + e, dat + n * G);
           });
           gemm_nn<T>(N, H, G, dat, rd, dhd, false, ctx);
         }
@@ -691,8 +688,8 @@ struct GruCell {
   template <typename T>
   static void backward(const LstmAttrs& a, const graph::Node& node, const LstmShape& s, const T* xs,
                        const T* wd, const T* rd, const T* bd, bool backwards, const T* h0,
-                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd,
-                       T* drd, T* dbd, const KernelContext& ctx) {
+                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd, T* drd,
+                       T* dbd, const KernelContext& ctx) {
     OT_CHECK(node.attr_int("linear_before_reset", 0) != 0, node.describe(),
              ": the GRU gradient needs linear_before_reset = 1 (torch's GRU)");
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 3 * H;
@@ -706,14 +703,14 @@ struct GruCell {
       T *daxt = dax.data() + t * N * G, *daht = dah.data() + t * N * G;
       for_rows(ctx, N, G, [&](int64_t n) {
         const int64_t e = n * H;
-        gru_grad_row<T>(H, g + n * G, hp + e, hr + e, dh + e, gyt + e, daxt + n * G,
-                        daht + n * G, dhn.data() + e);
+        gru_grad_row<T>(H, g + n * G, hp + e, hr + e, dh + e, gyt + e, daxt + n * G, daht + n * G,
+                        dhn.data() + e);
       });
       gemm_nn<T>(N, H, G, daht, rd, dhn.data(), true, ctx);
       std::copy(dhn.begin(), dhn.end(), dh);
     }
-    weight_grads<T>(T_ * N, G, s.input, H, dax.data(), dah.data(), xs, tr.prev_all(), wd,
-                    dx.data(), dwd, drd, dbd, ctx);
+    weight_grads<T>(T_ * N, G, s.input, H, dax.data(), dah.data(), xs, tr.prev_all(), wd, dx.data(),
+                    dwd, drd, dbd, ctx);
   }
 };
 
@@ -730,8 +727,8 @@ struct RnnCell {
   template <typename T>
   static void backward(const LstmAttrs& a, const graph::Node&, const LstmShape& s, const T* xs,
                        const T* wd, const T* rd, const T* bd, bool backwards, const T* h0,
-                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd,
-                       T* drd, T* dbd, const KernelContext& ctx) {
+                       const std::vector<T>& gy, int d, T* dh, std::vector<T>& dx, T* dwd, T* drd,
+                       T* dbd, const KernelContext& ctx) {
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps;
     const Trace<T> tr = rnn_forward<T>(a, s, xs, wd, rd, bd, h0, backwards, ctx);
     std::vector<T> da(static_cast<size_t>(T_ * N * H));
@@ -744,8 +741,8 @@ struct RnnCell {
       });
       gemm_nn<T>(N, H, H, dat, rd, dh, false, ctx);
     }
-    weight_grads<T>(T_ * N, H, s.input, H, da.data(), da.data(), xs, tr.prev_all(), wd,
-                    dx.data(), dwd, drd, dbd, ctx);
+    weight_grads<T>(T_ * N, H, s.input, H, da.data(), da.data(), xs, tr.prev_all(), wd, dx.data(),
+                    dwd, drd, dbd, ctx);
   }
 };
 
