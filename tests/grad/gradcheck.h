@@ -39,6 +39,7 @@ struct GradCase {
   std::vector<GradInput> inputs;
   int num_outputs = 1;
   std::vector<int> loss_outputs;  // outputs that enter the loss; empty = every float output
+  std::vector<int> absent_outputs;  // outputs the node does not write (empty names)
   double eps = 0;                 // 0: by dtype
   double rtol = 0, atol = 0;      // 0: by dtype
   std::string label;              // shown on failure, e.g. "Conv 3x3 stride 2 group 2"

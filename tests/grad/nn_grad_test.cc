@@ -420,6 +420,15 @@ TEST(NnGrad, LSTM) {
     run(rnn_case("LSTM", 4, 2, sp, seed, {}));
     seed += 6;
   }
+  // Without Y the gradient recomputes the states step by step (with Y: one product over all
+  // steps from Y's states).
+  for (const RnnSpec& sp : {RnnSpec{"bidirectional", 0, true, kF64},
+                            RnnSpec{"reverse", 1, true, kF32}}) {
+    GradCase c = rnn_case("LSTM", 4, 2, sp, seed++, {});
+    c.absent_outputs = {0};
+    c.label += " no Y";
+    run(c);
+  }
 }
 
 TEST(NnGrad, RNN) {
@@ -430,6 +439,10 @@ TEST(NnGrad, RNN) {
     run(rnn_case("RNN", 1, 1, sp, seed, {}));
     seed += 5;
   }
+  GradCase c = rnn_case("RNN", 1, 1, RnnSpec{"bidirectional", 1, true, kF64}, seed, {});
+  c.absent_outputs = {0};
+  c.label += " no Y";
+  run(c);
 }
 
 TEST(NnGrad, GRU) {
@@ -441,6 +454,11 @@ TEST(NnGrad, GRU) {
     run(rnn_case("GRU", 3, 1, sp, seed, {Attribute::make_int("linear_before_reset", 1)}));
     seed += 5;
   }
+  GradCase c = rnn_case("GRU", 3, 1, RnnSpec{"bidirectional", 0, true, kF64}, seed,
+                        {Attribute::make_int("linear_before_reset", 1)});
+  c.absent_outputs = {0};
+  c.label += " no Y";
+  run(c);
 }
 
 TEST(NnGrad, BatchNormalization) {
