@@ -370,6 +370,28 @@ void Graph::remove_value(Value* v) {
 void Graph::remove_nodes(const std::vector<Node*>& doomed) {
   const std::unordered_set<const Node*> gone(doomed.begin(), doomed.end());
   const std::unordered_set<const Value*> graph_outputs(outputs_.begin(), outputs_.end());
+  // Uses from inside the subgraphs of doomed nodes (an If branch reading a value made in this
+  // graph) go with them.
+  std::unordered_set<const Node*> nested;
+  std::vector<const Graph*> stack;
+  for (const Node* n : doomed)
+    for (const Attribute& a : n->attributes) {
+      if (a.type == AttrType::kGraph) stack.push_back(&a.g());
+      if (a.type == AttrType::kGraphs)
+        for (const GraphPtr& sg : a.graphs()) stack.push_back(sg.get());
+    }
+  while (!stack.empty()) {
+    const Graph* sg = stack.back();
+    stack.pop_back();
+    for (const auto& n : sg->nodes_) {
+      nested.insert(n.get());
+      for (const Attribute& a : n->attributes) {
+        if (a.type == AttrType::kGraph) stack.push_back(&a.g());
+        if (a.type == AttrType::kGraphs)
+          for (const GraphPtr& g2 : a.graphs()) stack.push_back(g2.get());
+      }
+    }
+  }
   std::unordered_set<const Value*> dead;
   for (Node* n : doomed) {
     OT_CHECK(n->owner_ == this, "graph '", name, "': ", n->describe(), " is not in this graph");
@@ -378,7 +400,8 @@ void Graph::remove_nodes(const std::vector<Node*>& doomed) {
       OT_CHECK(!graph_outputs.count(out), "graph '", name, "': cannot remove ", n->describe(),
                ": output '", out->name(), "' is a graph output");
       for (const Use& u : out->uses_)
-        OT_CHECK(gone.count(u.node), "graph '", name, "': cannot remove ", n->describe(),
+        OT_CHECK(gone.count(u.node) || nested.count(u.node), "graph '", name,
+                 "': cannot remove ", n->describe(),
                  ": output '", out->name(), "' is still used by ", u.node->describe());
       dead.insert(out);
     }

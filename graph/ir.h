@@ -272,7 +272,8 @@ class Graph {
   void remove_value(Value* v);
   // remove_node / remove_value for many at once, in one pass over the graph (the one-at-a-time
   // forms search the node and value lists each time: quadratic when a pass drops most of a
-  // graph, as partition does per replica). The outputs of `nodes` may be read only by `nodes`.
+  // graph, as partition does per replica). The outputs of `nodes` may be read only by `nodes`
+  // (their subgraphs included).
   void remove_nodes(const std::vector<Node*>& nodes);
   void remove_values(const std::vector<Value*>& values);
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
@@ -291,7 +292,8 @@ class Graph {
 
   // Clones `nodes` (of this graph) into this graph. Each cloned output gets the name
   // rename(old_name); inputs produced inside the set map to the clones, other inputs map
-  // through `value_map` when present there and stay shared otherwise. Returns the clones and
+  // through `value_map` when present there and stay shared otherwise; so do the values a
+  // cloned If / Loop / Scan's subgraphs capture from this graph. Returns the clones and
   // extends value_map with old -> new for every cloned output.
   std::vector<Node*> clone_nodes(std::span<Node* const> nodes,
                                  const std::function<std::string(const std::string&)>& rename,

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph/dependencies.h"
 #include "graph/error.h"
 #include "graph/ir.h"
 
@@ -38,9 +39,6 @@ std::vector<Value*> Graph::captured_values() const {
   return out;
 }
 
-namespace {
-
-// Values of `g` a node depends on: explicit inputs plus what its subgraphs capture from `g`.
 std::vector<Value*> node_dependencies(const Node& n, const Graph& g) {
   std::vector<Value*> deps;
   for (Value* v : n.inputs())
@@ -57,7 +55,11 @@ std::vector<Value*> node_dependencies(const Node& n, const Graph& g) {
   return deps;
 }
 
-}  // namespace
+bool has_subgraphs(const Node& n) {
+  return std::any_of(n.attributes.begin(), n.attributes.end(), [](const Attribute& a) {
+    return a.type == AttrType::kGraph || a.type == AttrType::kGraphs;
+  });
+}
 
 std::vector<Node*> Graph::topological_order() const {
   std::unordered_map<const Node*, size_t> index;
@@ -127,6 +129,34 @@ void Graph::move_to_end(std::span<Node* const> nodes) {
   for (auto& p : moved) nodes_.push_back(std::move(p));
 }
 
+namespace {
+
+// Redirects what `sg` (and the graphs nested in it) reads from enclosing graphs through `map`:
+// a cloned If / Loop reads the clones of the values its original read.
+void remap_captures(Graph& sg, const std::unordered_map<const Value*, Value*>& map) {
+  for (const auto& node : sg.nodes()) {
+    for (size_t i = 0; i < node->inputs().size(); ++i) {
+      auto it = node->input(i) ? map.find(node->input(i)) : map.end();
+      if (it != map.end()) node->set_input(i, it->second);
+    }
+    for (Attribute& a : node->attributes) {
+      if (a.type == AttrType::kGraph) remap_captures(a.g(), map);
+      if (a.type == AttrType::kGraphs)
+        for (const GraphPtr& p : a.graphs()) remap_captures(*p, map);
+    }
+  }
+  std::vector<Value*> outs = sg.outputs();
+  bool changed = false;
+  for (Value*& v : outs)
+    if (auto it = v ? map.find(v) : map.end(); it != map.end()) {
+      v = it->second;
+      changed = true;
+    }
+  if (changed) sg.set_outputs(std::move(outs));
+}
+
+}  // namespace
+
 std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,
                                       const std::function<std::string(const std::string&)>& rename,
                                       std::unordered_map<const Value*, Value*>& value_map) {
@@ -147,6 +177,11 @@ std::vector<Node*> Graph::clone_nodes(std::span<Node* const> nodes,
     c->device = n->device;
     c->replica = n->replica;
     c->attributes = n->attributes;
+    for (Attribute& a : c->attributes) {
+      if (a.type == AttrType::kGraph) remap_captures(a.g(), value_map);
+      if (a.type == AttrType::kGraphs)
+        for (const GraphPtr& p : a.graphs()) remap_captures(*p, value_map);
+    }
     for (size_t i = 0; i < n->outputs_.size(); ++i) {
       if (!n->outputs_[i]) continue;
       c->outputs_[i]->type = n->outputs_[i]->type;

@@ -7,6 +7,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "graph/dependencies.h"
 #include "graph/error.h"
 #include "ops/op_api.h"
 #include "passes/passes.h"
@@ -52,7 +53,11 @@ class Differentiator {
     for (const Node* n : order_) {
       if (!active_nodes_.count(n)) continue;
       const ops::OpSchema* s = schema_of(model_, *n);
-      if (!s || !s->gradient) missing.insert(cat(op_name(*n), " '", n->name, "'"));
+      if (!s || !s->gradient)
+        missing.insert(cat(op_name(*n), " '", n->name, "'",
+                           graph::has_subgraphs(*n)
+                               ? " (control flow: no gradients through its subgraphs)"
+                               : ""));
     }
     return {missing.begin(), missing.end()};
   }
@@ -137,12 +142,15 @@ class Differentiator {
   }
 
   // A value is active when it is float, depends on a wrt value and reaches the loss; a node is
-  // active when one of its outputs is.
+  // active when one of its outputs is. A node depends on what its subgraphs capture too: an If
+  // whose branch reads a parameter is on that parameter's path (and has no gradient rule), not
+  // a constant the gradient silently skips.
   void mark_active(const std::vector<Value*>& wrt) {
     std::unordered_set<const Value*> forward(wrt.begin(), wrt.end());
     for (const Node* n : order_) {
       bool reached = false;
-      for (const Value* in : n->inputs()) reached |= differentiable(in) && forward.count(in);
+      for (const Value* in : graph::node_dependencies(*n, g_))
+        reached |= differentiable(in) && forward.count(in);
       if (!reached) continue;
       for (const Value* out : n->outputs())
         if (differentiable(out)) forward.insert(out);
@@ -153,8 +161,7 @@ class Differentiator {
       bool reaches = false;
       for (const Value* out : n->outputs()) reaches |= out && backward.count(out);
       if (!reaches) continue;
-      for (const Value* in : n->inputs())
-        if (in) backward.insert(in);
+      for (const Value* in : graph::node_dependencies(*n, g_)) backward.insert(in);
     }
     for (const Value* v : forward)
       if (backward.count(v) && differentiable(v)) active_.insert(v);

@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "graph/dependencies.h"
 #include "graph/error.h"
 #include "passes/pass_util.h"
 #include "passes/passes.h"
@@ -161,6 +162,15 @@ std::unordered_set<const Value*> reachable_parameters(Value* from) {
       if (t != DataType::kUndefined && !graph::is_float_dtype(t)) continue;
       work.push_back(in);
     }
+    // What an If branch or a Loop body reads from this graph (a weight read inside a Loop is a
+    // parameter of the model; autodiff then names the node it cannot differentiate).
+    if (graph::has_subgraphs(*p))
+      for (Value* in : graph::node_dependencies(*p, *p->owner())) {
+        const DataType t = dtype_of(in);
+        if (std::find(p->inputs().begin(), p->inputs().end(), in) == p->inputs().end() &&
+            (t == DataType::kUndefined || graph::is_float_dtype(t)))
+          work.push_back(in);
+      }
   }
   return params;
 }

@@ -286,12 +286,7 @@ class Replicator {
         Node* c = g_.clone_nodes(std::span<Node* const>(&n, 1), rename_value, map).front();
         c->name = base_names_.at(n) + replica_suffix(k);
         c->device = devices_[static_cast<size_t>(k)];
-        c->replica = k;
-        for (graph::Attribute& a : c->attributes) {
-          if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
-          if (a.type == graph::AttrType::kGraphs)
-            for (const graph::GraphPtr& sub : a.graphs()) remap_captures(*sub, map);
-        }
+        c->replica = k;  // (clone_nodes pointed its subgraphs' captures at replica k's values)
         if (sync_batchnorm_) c = sync_batch_norm(*n, c, map);
         for (Value* o : c->outputs())
           if (o) rename_symbols(o->type, k);
@@ -361,21 +356,6 @@ class Replicator {
     for (size_t i = 3; i < n.outputs().size(); ++i) map.erase(n.output(i));
     model_.set_opset(ops::kOnnxtrainDomain, 1);
     return s;
-  }
-
-  // A cloned If/Loop body still reads the original outer values; point it at replica k's.
-  static void remap_captures(Graph& sub, const ValueMap& map) {
-    for (const auto& node : sub.nodes()) {
-      for (size_t i = 0; i < node->inputs().size(); ++i) {
-        auto it = node->input(i) ? map.find(node->input(i)) : map.end();
-        if (it != map.end()) node->set_input(i, it->second);
-      }
-      for (graph::Attribute& a : node->attributes) {
-        if (a.type == graph::AttrType::kGraph) remap_captures(a.g(), map);
-        if (a.type == graph::AttrType::kGraphs)
-          for (const graph::GraphPtr& s : a.graphs()) remap_captures(*s, map);
-      }
-    }
   }
 
   // Replica k's batch is its own count: the batch symbol N reads `N/r<k>` in its types.

@@ -212,6 +212,34 @@ TEST(PrepareTraining, InitializersTheExporterMarkedAsBuffersStayFixed) {
                "nothing to train (the exporter marked the 2 that do as buffers, e.g. 'W')");
 }
 
+// An If whose branch reads a weight (W2, captured from the main graph) and the main graph's h:
+// W2 is a parameter of the model, and autodiff names the If it cannot differentiate instead of
+// leaving W2's (and W1's) gradient through the branch out.
+TEST(PrepareTraining, WeightsReadInsideIfBranchesAreParametersAndTheIfIsRefused) {
+  auto m = empty_model(17);
+  Graph& g = *m->graph;
+  Value* x = g.add_input("x", ft(batch({3})));
+  Value* h = g.add_node("MatMul", {x, init(g, "W1", {3, 4}, 1)}, {"h"})->output(0);
+  Value* w2 = init(g, "W2", {4, 2}, 2);
+  auto branch = [&](const char* name) {
+    auto body = std::make_unique<Graph>(name, &g);
+    body->add_output(body->add_node("MatMul", {h, w2}, {std::string(name) + "_y"})->output(0));
+    return body;
+  };
+  Value* cond = g.add_initializer("cond", Tensor::from_vector(DataType::kBool, {}, std::vector<uint8_t>{1}));
+  Node* iff = g.add_node("If", {cond}, {"z"}, "branchy");
+  iff->set_attr(Attribute::make_graph("then_branch", branch("then")));
+  iff->set_attr(Attribute::make_graph("else_branch", branch("else")));
+  g.add_output(iff->output(0));
+  passes::infer_shapes(*m);
+  const PreparedModel p = prepare_training(*m, {});
+  EXPECT_EQ(p.params, (std::vector<std::string>{"W1", "W2"}));
+  g.add_output(g.add_node("ReduceSum", {iff->output(0)}, {"loss"})->output(0));
+  passes::infer_shapes(*m);
+  expect_error([&] { passes::autodiff(*m, "loss", p.params); },
+               "no gradient rule: If 'branchy' (control flow: no gradients through its subgraphs)");
+}
+
 TEST(PrepareTraining, HalfAndDoubleInitializersAreTrainable) {
   for (DataType dt : {DataType::kFloat16, DataType::kDouble}) {
     auto m = empty_model(17);

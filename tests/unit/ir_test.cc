@@ -1,6 +1,7 @@
 // IR mutation API: values, nodes, uses, topological order, cloning, fresh names, verifier.
 #include <gtest/gtest.h>
 
+#include "graph/dependencies.h"
 #include "graph/error.h"
 #include "graph/ir.h"
 #include "graph/printer.h"
@@ -184,6 +185,34 @@ TEST(GraphIR, SubgraphCapturesAndDeepClone) {
   d.g.remove_node(iff);
   EXPECT_EQ(d.g.find_value("b")->uses().size(), 1u);
   EXPECT_NO_THROW(verify_graph(d.g, "after"));
+}
+
+// An If whose branch reads b: it depends on b (node_dependencies), its clone's branch reads b's
+// clone, and removing the originals takes the branch's use of b with them.
+TEST(GraphIR, ClonedSubgraphsReadTheClonesAndGoWithTheirNode) {
+  Diamond d;
+  auto body = std::make_unique<Graph>("then", &d.g);
+  Node* inner = body->add_node("Identity", {d.g.find_value("b")}, {"t_out"}, "inner");
+  body->add_output(inner->output(0));
+  Value* cond = d.g.add_input("cond", ValueType::tensor(DataType::kBool, make_shape({})));
+  Node* iff = d.g.add_node("If", {cond}, {"z"}, "if");
+  iff->set_attr(Attribute::make_graph("then_branch", std::move(body)));
+  d.g.set_outputs({iff->output(0)});
+  const std::vector<Value*> deps = node_dependencies(*iff, d.g);
+  EXPECT_EQ(deps, (std::vector<Value*>{cond, d.g.find_value("b")}));
+  EXPECT_TRUE(has_subgraphs(*iff));
+  EXPECT_FALSE(has_subgraphs(*d.neg));
+
+  std::vector<Node*> originals{d.relu, d.neg, d.add, iff};
+  std::unordered_map<const Value*, Value*> map;
+  auto clones = d.g.clone_nodes(originals, [](const std::string& n) { return n + "/r1"; }, map);
+  Graph& branch = clones[3]->find_attr("then_branch")->g();
+  EXPECT_EQ(branch.nodes()[0]->input(0), map.at(d.g.find_value("b")));
+  EXPECT_EQ(branch.nodes()[0]->input(0)->name(), "b/r1");
+  d.g.set_outputs({clones[3]->output(0)});
+  EXPECT_NO_THROW(d.g.remove_nodes(originals));
+  EXPECT_EQ(d.g.find_value("b"), nullptr);
+  EXPECT_NO_THROW(verify_graph(d.g, "replaced"));
 }
 
 TEST(GraphIR, TensorCopyOnWrite) {
