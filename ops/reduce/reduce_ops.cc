@@ -276,6 +276,14 @@ void reduce_extremum_grad(GradientBuilder& b) {
   b.set_input_grad(0, b.emit1("Mul", {mask, share}));
 }
 
+// dX = broadcast(dY) exp(X - Y): the softmax of X over the reduced axes, scaled by dY.
+void reduce_log_sum_exp_grad(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  Value* x = b.input(0);
+  Value* p = b.emit1("Exp", {b.emit1("Sub", {x, keepdims_layout(b, b.output(0))})});
+  b.set_input_grad(0, b.emit1("Mul", {keepdims_layout(b, b.output_grad(0)), p}));
+}
+
 template <typename Family>
 OpSchema reduce_schema(const char* op_type, GradientFn gradient) {
   OpSchema s = reduce_schema<Family>(op_type);
@@ -304,7 +312,7 @@ ONNXTRAIN_REGISTER_OP(reduce_log_sum) {
   return reduce_schema<SumFamily<Identity, LogOf>>("ReduceLogSum");
 }
 ONNXTRAIN_REGISTER_OP(reduce_log_sum_exp) {
-  return reduce_schema<Family<LogSumExpPolicy>>("ReduceLogSumExp");
+  return reduce_schema<Family<LogSumExpPolicy>>("ReduceLogSumExp", reduce_log_sum_exp_grad);
 }
 ONNXTRAIN_REGISTER_OP(reduce_prod) {
   return reduce_schema<Family<ProdPolicy>>("ReduceProd");

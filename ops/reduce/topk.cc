@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "ops/elementwise/dtypes.h"
+#include "ops/reduce/grad_util.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
 
@@ -122,6 +123,24 @@ class TopKKernel : public Kernel {
   }
 };
 
+// dX = zeros like X with dValues written back along the axis where Indices put them (the k
+// indices of a row are distinct, so ScatterElements' reduction none suffices). Indices and K get
+// none. A node whose Indices output is absent gets them from a second TopK in the backward.
+void topk_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  const graph::Node& n = b.node();
+  graph::Value* indices = b.output(1);
+  if (!indices) {
+    std::vector<graph::Value*> ins{b.input(0)};
+    if (b.opset() >= 10) ins.push_back(b.input(1));
+    indices = b.emit("TopK", ins, 2, n.attributes)[1];
+  }
+  graph::Value* x = b.input(0);
+  b.set_input_grad(0,
+                   b.emit1("ScatterElements", {grad::zeros_like(b, x), indices, b.output_grad(0)},
+                           {graph::Attribute::make_int("axis", n.attr_int("axis", -1))}));
+}
+
 OpSchema make_topk(int since, int until) {
   OpSchema s;
   s.op_type = "TopK";
@@ -129,6 +148,7 @@ OpSchema make_topk(int since, int until) {
   s.until_version = until;
   s.infer = infer_topk;
   s.cpu_kernel = [](const graph::Node&) { return std::make_unique<TopKKernel>(); };
+  s.gradient = topk_gradient;
   return s;
 }
 

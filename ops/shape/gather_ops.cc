@@ -273,6 +273,18 @@ void gather_nd_gradient(GradientBuilder& b) {
                  kOnnxtrainDomain));
 }
 
+// dData = zeros like data with dY added at the elements the indices address (along axis,
+// negative indices wrapped, repeated ones accumulating in index order): ScatterElements with
+// reduction add, whose kernel shares the forward's index arithmetic (element_offsets).
+void gather_elements_gradient(GradientBuilder& b) {
+  if (!b.needs_input_grad(0)) return;
+  graph::Value* data = b.input(0);
+  b.set_input_grad(
+      0, b.emit1("ScatterElements", {grad::zeros_like(b, data), b.input(1), b.output_grad(0)},
+                 {graph::Attribute::make_int("axis", b.node().attr_int("axis", 0)),
+                  graph::Attribute::make_string("reduction", "add")}));
+}
+
 void gather_gradient(GradientBuilder& b) {
   if (!b.needs_input_grad(0)) return;
   b.set_input_grad(0, b.emit1("GatherGrad",
@@ -298,7 +310,9 @@ ONNXTRAIN_REGISTER_OP(shape_gather_grad) {
   return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_gather_elements) {
-  return make_op("GatherElements", infer_gather_elements, factory_of<GatherElementsKernel>());
+  OpSchema s = make_op("GatherElements", infer_gather_elements, factory_of<GatherElementsKernel>());
+  s.gradient = gather_elements_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_gather_nd) {
   OpSchema s = make_op("GatherND", infer_gather_nd, factory_of<GatherNDKernel>());

@@ -225,10 +225,36 @@ void scatter_nd_gradient(GradientBuilder& b) {
   if (b.needs_input_grad(2)) b.set_input_grad(2, b.emit1("GatherND", {dy, b.input(1)}));
 }
 
+// ScatterElements y = data with the elements the indices address replaced by (none) or
+// increased by (add) updates:
+//   none: dData = dY with those elements zeroed = ScatterElements(dY, indices, zeros like
+//         updates); add: dData = dY
+//   dUpdates = the addressed elements of dY = GatherElements(dY, indices)
+// Under none, repeated indices all receive their element's gradient, although only the last
+// write reaches y (torch's scatter backward does the same; which write wins is unspecified there).
+// mul / max / min depend on the replaced values too: refused, naming the node.
+void scatter_elements_gradient(GradientBuilder& b) {
+  const Reduction r = reduction_of(b.node());
+  OT_CHECK(r == Reduction::kNone || r == Reduction::kAdd, b.node().describe(),
+           ": no gradient for ScatterElements reduction '",
+           b.node().attr_string("reduction", "none"), "' (only 'none' and 'add')");
+  graph::Value* dy = b.output_grad(0);
+  const graph::Attribute axis = graph::Attribute::make_int("axis", b.node().attr_int("axis", 0));
+  if (b.needs_input_grad(0))
+    b.set_input_grad(0, r == Reduction::kAdd
+                            ? dy
+                            : b.emit1("ScatterElements",
+                                      {dy, b.input(1), grad::zeros_like(b, b.input(2))}, {axis}));
+  if (b.needs_input_grad(2))
+    b.set_input_grad(2, b.emit1("GatherElements", {dy, b.input(1)}, {axis}));
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(shape_scatter_elements) {
-  return make_op("ScatterElements", infer_like_input, factory_of<ScatterElementsKernel>());
+  OpSchema s = make_op("ScatterElements", infer_like_input, factory_of<ScatterElementsKernel>());
+  s.gradient = scatter_elements_gradient;
+  return s;
 }
 ONNXTRAIN_REGISTER_OP(shape_scatter) {  // deprecated in opset 11 in favour of ScatterElements
   OpSchema s = make_op("Scatter", infer_like_input, factory_of<ScatterElementsKernel>());

@@ -1,5 +1,6 @@
 // Finite-difference checks of the gradient rules of Softmax/LogSoftmax, the losses, the Reduce*
-// ops, LayerNormalization, InstanceNormalization and Dropout, over random shapes and attributes.
+// ops, TopK, LayerNormalization, InstanceNormalization and Dropout, over random shapes and
+// attributes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,6 +204,51 @@ TEST(ReduceGrad, ReduceL2) {
 }
 TEST(ReduceGrad, ReduceSumSquare) {
   check_reduce_family("ReduceSumSquare", 900);
+}
+
+TEST(ReduceGrad, ReduceLogSumExp) {
+  check_reduce_family("ReduceLogSumExp", 1100);
+}
+
+// ---- TopK: dValues go back to where Indices took them from. Random continuous inputs are
+// distinct and their gaps far wider than eps, so the selection is the same at x +- eps.
+
+GradCase topk_case(DataType dt, std::vector<int64_t> dims, uint64_t seed, int64_t opset, int64_t k,
+                   int64_t axis, int64_t largest) {
+  GradCase c;
+  c.op_type = "TopK";
+  c.opset = opset;
+  c.num_outputs = 2;
+  c.inputs = {checked(random_tensor(dt, dims, seed, -2, 2))};
+  if (opset >= 10)
+    c.inputs.push_back(constant(int64_tensor({1}, {k})));
+  else
+    c.attributes.push_back(Attribute::make_int("k", k));
+  c.attributes.push_back(Attribute::make_int("axis", axis));
+  if (opset >= 11) {
+    c.attributes.push_back(Attribute::make_int("largest", largest));
+    c.attributes.push_back(Attribute::make_int("sorted", 1));
+  }
+  c.label = "TopK opset " + std::to_string(opset) + " " + dims_str(dims) + " k " +
+            std::to_string(k) + " axis " + std::to_string(axis) +
+            (largest ? " largest" : " smallest");
+  return c;
+}
+
+TEST(ReduceGrad, TopK) {
+  check_gradient(topk_case(DataType::kDouble, {3, 5}, 1200, 11, 2, -1, 1));
+  check_gradient(topk_case(DataType::kDouble, {3, 5}, 1201, 11, 3, -1, 0));
+  check_gradient(topk_case(DataType::kDouble, {4, 2, 3}, 1202, 11, 2, 0, 1));
+  check_gradient(topk_case(DataType::kDouble, {4, 2, 3}, 1203, 11, 3, 0, 0));
+  check_gradient(topk_case(DataType::kDouble, {2, 4, 3}, 1204, 11, 4, 1, 0));  // a full sort
+  check_gradient(topk_case(DataType::kDouble, {2, 6}, 1205, 10, 2, 1, 1));
+  check_gradient(topk_case(DataType::kDouble, {5, 2}, 1206, 1, 2, 0, 1));
+  check_gradient(topk_case(DataType::kFloat, {8, 6}, 1207, 11, 2, -1, 1));  // a MoE router
+  // Indices not written: the rule recomputes them.
+  GradCase values_only = topk_case(DataType::kDouble, {3, 4}, 1208, 11, 2, -1, 1);
+  values_only.absent_outputs = {1};
+  values_only.label += " values only";
+  check_gradient(values_only);
 }
 
 // ---- LayerNormalization

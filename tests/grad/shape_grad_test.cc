@@ -1,6 +1,6 @@
 // Finite-difference checks of the shape ops' gradient rules (Reshape, Flatten, Squeeze,
-// Unsqueeze, Transpose, DepthToSpace, SpaceToDepth, Concat, Split, Slice, Gather, Expand, Pad,
-// Tile) over random shapes.
+// Unsqueeze, Transpose, DepthToSpace, SpaceToDepth, Concat, Split, Slice, Gather, GatherND,
+// GatherElements, ScatterND, ScatterElements, Expand, Pad, Tile) over random shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/error.h"
 #include "graph/ir.h"
 #include "graph/tensor.h"
 #include "tests/grad/gradcheck.h"
@@ -265,6 +266,72 @@ TEST(ShapeGrad, ScatterND) {
                  constant(int64_tensor({2, 1}, {1, 3})),
                  checked(random_tensor(DataType::kFloat, {2, 3, 2}, 98))};
   check_gradient(rows);
+}
+
+TEST(ShapeGrad, GatherElements) {
+  // Axis 0 and axis 1 of (3,4) with repeated and negative indices (their gradients add up), an
+  // index tensor smaller than the data along the other axis too, and float32 with axis -1.
+  GradCase rows = one_input("GatherElements", random_tensor(DataType::kDouble, {3, 4}, 110), 13,
+                            "(3,4) axis 0 by (2,4), repeated and negative");
+  rows.inputs.push_back(constant(int64_tensor({2, 4}, {0, -1, 2, 1, 0, 2, -3, 1})));
+  check_gradient(rows);
+  GradCase cols = one_input("GatherElements", random_tensor(DataType::kDouble, {3, 4}, 111), 11,
+                            "(3,4) axis 1 by (2,5), repeated");
+  cols.attributes = {Attribute::make_int("axis", 1)};
+  cols.inputs.push_back(constant(int64_tensor({2, 5}, {3, 3, 0, -1, 1, 2, 0, 0, 2, -4})));
+  check_gradient(cols);
+  GradCase f32 = one_input("GatherElements", random_tensor(DataType::kFloat, {2, 3, 4}, 112), 13,
+                           "f32 (2,3,4) axis -1 by (2,3,2)");
+  f32.attributes = {Attribute::make_int("axis", -1)};
+  f32.inputs.push_back(constant(int64_tensor({2, 3, 2}, {0, 3, 1, 1, 2, -1, 3, 0, 0, 0, -2, 1})));
+  check_gradient(f32);
+}
+
+TEST(ShapeGrad, ScatterElements) {
+  // reduction none with unique indices (axis 0, and axis 1 with a negative index), then add with
+  // repeated indices (torch's scatter_add_); data and updates both checked.
+  GradCase none;
+  none.op_type = "ScatterElements";
+  none.opset = 16;
+  none.label = "(3,4) axis 0 <- (2,3) unique";
+  none.inputs = {checked(random_tensor(DataType::kDouble, {3, 4}, 120)),
+                 constant(int64_tensor({2, 3}, {1, 0, 2, 2, -1, 0})),
+                 checked(random_tensor(DataType::kDouble, {2, 3}, 121))};
+  check_gradient(none);
+  GradCase cols = none;
+  cols.opset = 13;
+  cols.label = "(3,4) axis 1 <- (3,2) unique, negative";
+  cols.attributes = {Attribute::make_int("axis", 1)};
+  cols.inputs = {checked(random_tensor(DataType::kDouble, {3, 4}, 122)),
+                 constant(int64_tensor({3, 2}, {0, 3, -1, 1, 2, 0})),
+                 checked(random_tensor(DataType::kDouble, {3, 2}, 123))};
+  check_gradient(cols);
+  GradCase add = none;
+  add.label = "add (2,4,3) axis -2 <- (2,3,3) repeated";
+  add.attributes = {Attribute::make_int("axis", -2), Attribute::make_string("reduction", "add")};
+  add.inputs = {checked(random_tensor(DataType::kDouble, {2, 4, 3}, 124)),
+                constant(int64_tensor({2, 3, 3}, {0, 1, 1, 0, 1, 3, 0, -1, 2,  //
+                                                  2, 2, 2, 3, 0, 2, 2, 0, 1})),
+                checked(random_tensor(DataType::kDouble, {2, 3, 3}, 125))};
+  check_gradient(add);
+  GradCase f32 = add;
+  f32.label = "f32 add (4,3) axis 0 <- (5,3) repeated";
+  f32.attributes = {Attribute::make_string("reduction", "add")};
+  f32.inputs = {checked(random_tensor(DataType::kFloat, {4, 3}, 126)),
+                constant(int64_tensor({5, 3}, {0, 1, 2, 3, 3, 3, 0, 0, -1, 1, 2, 3, 0, 1, 2})),
+                checked(random_tensor(DataType::kFloat, {5, 3}, 127))};
+  check_gradient(f32);
+  // mul / max / min have no rule: refused with the node named.
+  GradCase mul = add;
+  mul.attributes = {Attribute::make_string("reduction", "mul")};
+  try {
+    check_gradient(mul);
+    ADD_FAILURE() << "reduction mul was differentiated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no gradient for ScatterElements reduction 'mul'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ShapeGrad, Expand) {
