@@ -192,6 +192,13 @@ MODELS = {
     "gpt_neox": (hf("GPTNeoXForCausalLM", "GPTNeoXConfig", tuple_out=False, vocab_size=VOCAB,
                     hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, max_position_embeddings=64, use_cache=False), "lm"),
+    # Mixture of experts: a TopK router over 4 experts, 2 per token (transformers' batched_mm
+    # experts; its default CPU path does not export: histc / grouped_mm).
+    "mixtral": (hf("MixtralForCausalLM", "MixtralConfig", tuple_out=False, vocab_size=VOCAB,
+                   hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                   router_jitter_noise=0.0, experts_implementation="batched_mm",
+                   max_position_embeddings=64, use_cache=False), "lm"),
     "hf_vit": (hf("ViTForImageClassification", "ViTConfig", tuple_out=False, image_size=32, patch_size=8,
                   hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
