@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "ops/cuda/eltwise_util.cuh"
+#include "ops/reduce/softmax_grad_rule.h"
 
 namespace onnxtrain::ops::cuda {
 namespace {
@@ -375,10 +376,11 @@ __global__ void softmax_grad_kernel(const T* dy, const T* y, T* dx, int64_t oute
                : static_cast<double>(dy[at]) * static_cast<double>(y[at]);
     }
     s = block_reduce(s, Plus{});
+    const bool zero = softmax_grad_lane_is_zero(y[base]);  // ops/reduce/softmax_grad_rule.h
     for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
       const int64_t at = base + r * inner;
       const double g = static_cast<double>(dy[at]), v = static_cast<double>(y[at]);
-      dx[at] = static_cast<T>(log ? g - ::exp(v) * s : v * (g - s));
+      dx[at] = zero ? T(0) : static_cast<T>(log ? g - ::exp(v) * s : v * (g - s));
     }
   }
 }

@@ -4,11 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define OT_HOST_DEVICE __host__ __device__
-#else
-#define OT_HOST_DEVICE
-#endif
+#include "ops/host_device.h"
 
 namespace onnxtrain::ops {
 

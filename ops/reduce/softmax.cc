@@ -2,6 +2,7 @@
 // from 13 the op runs along the single axis `axis` (default -1). Their gradients are the
 // ai.onnxtrain SoftmaxGrad / LogSoftmaxGrad ops, which read the forward output Y.
 #include "ops/reduce/softmax.h"
+#include "ops/reduce/softmax_grad_rule.h"
 
 #include "ops/reduce/grad_util.h"
 #include "ops/shape_util.h"
@@ -154,6 +155,17 @@ Lanes softmax_lanes_of(const graph::Node& node, std::span<const int64_t> dims, b
   return coerce_2d ? lanes_split(dims, axis) : lanes_around(dims, axis);
 }
 
+// Lanes whose Y is NaN get a zero gradient (ops/reduce/softmax_grad_rule.h).
+template <typename T>
+void zero_nan_lanes(const Lanes& l, const T* y, T* dx, const KernelContext& ctx) {
+  for_each_lane_block(l, kBlock, 1, ctx, [&](int64_t o, int64_t i0, int64_t m) {
+    const int64_t base = o * l.n * l.inner + i0;
+    for (int64_t j = 0; j < m; ++j)
+      if (softmax_grad_lane_is_zero(y[base + j]))
+        for (int64_t r = 0; r < l.n; ++r) dx[base + r * l.inner + j] = T{0};
+  });
+}
+
 // Softmax:    dX = Y * (dY - sum(dY * Y))
 // LogSoftmax: dX = dY - exp(Y) * sum(dY)
 template <typename T>
@@ -205,6 +217,7 @@ class SoftmaxGradKernel final : public Kernel {
     TensorView& dx = ctx.output(0, y.dims);
     dispatch<FloatTypes>(y.dtype, node_.describe(), [&]<typename T>() {
       softmax_grad_lanes(l, dy.as<T>(), y.as<T>(), dx.as<T>(), log_, ctx);
+      zero_nan_lanes(l, y.as<T>(), dx.as<T>(), ctx);
     });
   }
 

@@ -137,6 +137,28 @@ class RNNClassifier(torch.nn.Module):
         return self.out(h[:, -1])
 
 
+class MaskedRowsAttention(torch.nn.Module):
+    """Attention whose padded query rows attend to nothing (a boolean mask, all False on those
+    rows): torch's SDPA gives them zeros (its safe softmax); the classic exporter writes
+    Where(mask, 0, -inf) -> Softmax -> IsNaN -> Where, whose plain softmax gradient is NaN there."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 32)
+        self.qkv = torch.nn.Linear(32, 96)
+        self.out = torch.nn.Linear(32, 3)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        m = attention_mask.bool()
+        allowed = m[:, None, :, None] & m[:, None, None, :]
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        keep = attention_mask.unsqueeze(-1).to(x.dtype)
+        return self.out(((h.transpose(1, 2).reshape(b, t, 32) + x) * keep).sum(1) / keep.sum(1))
+
+
 def hf(cls_name, cfg_name, tuple_out=True, **cfg):
     # tuple_out: return_dict=False; GPT-2 and ViT in transformers 5 then fail inside their own
     # forward ('tuple' has no 'last_hidden_state'), so they return a ModelOutput (logits only)
@@ -167,6 +189,7 @@ MODELS = {
     "tiny_unet": (TinyUNet, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
+    "masked_rows_attention": (MaskedRowsAttention, "seqcls"),
     "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
     "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
     "rnn": (lambda: RNNClassifier(torch.nn.RNN), "seqcls"),
