@@ -156,14 +156,20 @@ TEST(GraphIR, CloneNodesRenamesAndRemaps) {
   EXPECT_NO_THROW(verify_graph(d.g, "cloned"));
 }
 
-TEST(GraphIR, SubgraphCapturesAndDeepClone) {
-  Diamond d;
+// An If "if" (input "cond") whose then branch returns Identity(b), b captured from d.g.
+Node* add_if_reading_b(Diamond& d) {
   auto body = std::make_unique<Graph>("then", &d.g);
   Node* inner = body->add_node("Identity", {d.g.find_value("b")}, {"t_out"}, "inner");
   body->add_output(inner->output(0));
   Value* cond = d.g.add_input("cond", ValueType::tensor(DataType::kBool, make_shape({})));
   Node* iff = d.g.add_node("If", {cond}, {"z"}, "if");
   iff->set_attr(Attribute::make_graph("then_branch", std::move(body)));
+  return iff;
+}
+
+TEST(GraphIR, SubgraphCapturesAndDeepClone) {
+  Diamond d;
+  Node* iff = add_if_reading_b(d);
   d.g.add_output(iff->output(0));
   // b now has a use from inside the subgraph; the If depends on neg.
   EXPECT_EQ(d.g.find_value("b")->uses().size(), 2u);
@@ -191,12 +197,8 @@ TEST(GraphIR, SubgraphCapturesAndDeepClone) {
 // clone, and removing the originals takes the branch's use of b with them.
 TEST(GraphIR, ClonedSubgraphsReadTheClonesAndGoWithTheirNode) {
   Diamond d;
-  auto body = std::make_unique<Graph>("then", &d.g);
-  Node* inner = body->add_node("Identity", {d.g.find_value("b")}, {"t_out"}, "inner");
-  body->add_output(inner->output(0));
-  Value* cond = d.g.add_input("cond", ValueType::tensor(DataType::kBool, make_shape({})));
-  Node* iff = d.g.add_node("If", {cond}, {"z"}, "if");
-  iff->set_attr(Attribute::make_graph("then_branch", std::move(body)));
+  Node* iff = add_if_reading_b(d);
+  Value* cond = d.g.find_value("cond");
   d.g.set_outputs({iff->output(0)});
   const std::vector<Value*> deps = node_dependencies(*iff, d.g);
   EXPECT_EQ(deps, (std::vector<Value*>{cond, d.g.find_value("b")}));
