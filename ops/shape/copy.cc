@@ -365,4 +365,13 @@ void set_output_dims(InferenceContext& ctx, size_t i, DataType dtype,
   }
 }
 
+void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
+  const ValueType& dy = tensor_input(ctx, 0);
+  int64_t rank = -1;
+  if (const ValueType* t = ctx.input_type(shape_input); t && t->shape && t->shape->size() == 1 &&
+                                                         (*t->shape)[0].is_known())
+    rank = (*t->shape)[0].value;
+  set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
+}
+
 }  // namespace onnxtrain::ops::shape

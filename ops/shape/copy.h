@@ -83,4 +83,8 @@ std::optional<std::vector<int64_t>> const_ints(const InferenceContext& ctx, size
 void set_output_dims(InferenceContext& ctx, size_t i, DataType dtype,
                      const std::optional<std::vector<int64_t>>& dims, int64_t rank = -1);
 
+// Output 0 of a grad op that rebuilds a forward input of shape `shape_input` (a 1-D int64
+// Shape(X)) in dY's type: concrete dims once the shape is constant, the rank before that.
+void infer_from_shape_input(InferenceContext& ctx, size_t shape_input);
+
 }  // namespace onnxtrain::ops::shape

@@ -180,18 +180,6 @@ class CompressKernel : public Kernel {
   }
 };
 
-
-// Output 0 of a grad op that rebuilds a forward input of shape `shape_input` (a 1-D int64
-// Shape(X)) in dY's type: concrete dims once the shape is constant, the rank before that.
-void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
-  const ValueType& dy = tensor_input(ctx, 0);
-  int64_t rank = -1;
-  if (const ValueType* t = ctx.input_type(shape_input); t && t->shape && t->shape->size() == 1 &&
-                                                         (*t->shape)[0].is_known())
-    rank = (*t->shape)[0].value;
-  set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
-}
-
 // fn(dX data, dY data) typed float or double (the grad kernels' dtypes).
 template <typename Fn>
 void float_dispatch(const TensorView& dy, TensorView& dx, const std::string& where, Fn&& fn) {

@@ -4,6 +4,7 @@
 // the already filled part of the output, in numpy.pad's order so large pads match it too.
 #include <algorithm>
 
+#include "ops/elementwise/dtypes.h"
 #include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
@@ -23,16 +24,17 @@ PadMode pad_mode(const graph::Node& node) {
   fail(node.describe(), ": unknown mode '", m, "'");
 }
 
-// Begin and end pads per axis; nullopt when the pads input is not constant.
+// Begin and end pads per axis; nullopt when the pads input is not constant. Pads come from the
+// attribute before opset 11 (`attribute`), else from input 1 (with axes at input 3).
 struct Pads {
   std::vector<int64_t> begin, end;
 };
 
-std::optional<Pads> pads_of(const ArgSource& args, size_t rank) {
+std::optional<Pads> pads_of(const ArgSource& args, size_t rank, bool attribute) {
   const graph::Node& n = args.node();
   std::optional<std::vector<int64_t>> flat;
   std::vector<int64_t> axes;
-  if (args.opset() < 11) {
+  if (attribute) {
     flat = n.attr_ints(args.opset() < 2 ? "paddings" : "pads");
   } else {
     flat = args.ints(1);
@@ -59,7 +61,7 @@ std::optional<Pads> pads_of(const ArgSource& args, size_t rank) {
 
 std::optional<Shape> pad_rule(const std::optional<Shape>& in, const ArgSource& args) {
   if (!in) return std::nullopt;
-  auto pads = pads_of(args, in->size());
+  auto pads = pads_of(args, in->size(), args.opset() < 11);
   if (!pads) return Shape(in->size());
   Shape out(in->size());
   for (size_t k = 0; k < in->size(); ++k) {
@@ -89,7 +91,7 @@ class PadKernel : public Kernel {
     const std::string where = ctx.node().describe();
     const ElemKind e = addressable_elem(x.dtype, where);
     const size_t rank = x.dims.size();
-    const Pads pads = *pads_of(KernelArgs(ctx), rank);
+    const Pads pads = *pads_of(KernelArgs(ctx), rank, ctx.opset() < 11);
     std::vector<AxisPlan> axes(rank);
     std::vector<int64_t> dims(rank), crop_offset(rank);
     for (size_t k = 0; k < rank; ++k) {
@@ -199,14 +201,87 @@ class PadKernel : public Kernel {
   std::vector<int64_t> out_strides_;
 };
 
+// Where output position o of an axis (lo output positions ahead of c input ones) reads from in
+// the (cropped) input of edge, reflect or wrap padding: reflect repeats with period 2 (c - 1),
+// as numpy.pad's repeated reflection (and the forward's chunks) give; c == 1 pads like edge.
+int64_t pad_source(int64_t o, int64_t lo, int64_t c, PadMode mode) {
+  const int64_t i = o - lo;
+  if (i >= 0 && i < c) return i;
+  if (mode == PadMode::kEdge || c == 1) return std::clamp<int64_t>(i, 0, c - 1);
+  if (mode == PadMode::kWrap) return ((i % c) + c) % c;
+  const int64_t period = 2 * (c - 1), r = ((i % period) + period) % period;
+  return r < c ? r : period - r;
+}
+
+// ai.onnxtrain.PadGrad (edge, reflect, wrap): dY, pads, x_shape = Shape(X), [axes] with the
+// forward's mode -> dX: every element of dY added to the input element the forward copied it
+// from, one axis at a time (padding is separable: the last axis' borders first), then the
+// cropped positions (negative pads) zero.
+class PadGradKernel : public Kernel {
+ public:
+  void run(KernelContext& ctx) override {
+    const std::string where = ctx.node().describe();
+    const TensorView& dy = *ctx.input(0);
+    const std::vector<int64_t> x_dims = view_ints(*ctx.input(2), where);
+    const size_t rank = x_dims.size();
+    OT_CHECK(dy.dims.size() == rank, where, ": dY has rank ", dy.dims.size(), ", X ", rank);
+    const Pads pads = *pads_of(KernelArgs(ctx), rank, false);
+    const PadMode mode = pad_mode(ctx.node());
+    OT_CHECK(mode != PadMode::kConstant, where, ": PadGrad serves edge, reflect and wrap");
+    checked_output_elements(dy.dtype, x_dims, where);
+    TensorView& dx = ctx.output(0, x_dims);
+    ew::dispatch(ew::FloatTypes{}, dy.dtype, where, [&]<typename T>(ew::Tag<T>) {
+      std::vector<int64_t> cur = dy.dims;
+      std::vector<T> buf(dy.as<T>(), dy.as<T>() + dy.numel()), next;
+      for (size_t a = rank; a-- > 0;) {
+        const int64_t crop_lo = std::max<int64_t>(0, -pads.begin[a]);
+        const int64_t lo = std::max<int64_t>(0, pads.begin[a]);
+        const int64_t c = x_dims[a] - crop_lo - std::max<int64_t>(0, -pads.end[a]);
+        OT_CHECK(c >= 0 && cur[a] == lo + c + std::max<int64_t>(0, pads.end[a]), where,
+                 ": dY's axis ", a, " (", cur[a], ") does not match X (", x_dims[a],
+                 ") and the pads");
+        OT_CHECK(c > 0 || cur[a] == 0, where, ": cannot pad axis ", a, " of size 0");
+        int64_t outer = 1, inner = 1;
+        for (size_t k = 0; k < a; ++k) outer *= cur[k];
+        for (size_t k = a + 1; k < rank; ++k) inner *= cur[k];
+        next.assign(static_cast<size_t>(outer * x_dims[a] * inner), T{0});
+        ctx.parallel_for(outer, 1, [&](int64_t b, int64_t e) {
+          for (int64_t q = b; q < e; ++q)
+            for (int64_t o = 0; o < cur[a]; ++o) {
+              const T* src = buf.data() + (q * cur[a] + o) * inner;
+              T* dst = next.data() + (q * x_dims[a] + crop_lo + pad_source(o, lo, c, mode)) * inner;
+              for (int64_t j = 0; j < inner; ++j) dst[j] += src[j];
+            }
+        });
+        cur[a] = x_dims[a];
+        buf.swap(next);
+      }
+      std::copy(buf.begin(), buf.end(), dx.as<T>());
+    });
+  }
+};
+
 // Constant mode: dX is dY with the padding cut off, i.e. dY padded by the negated pads (which
-// also zero-fills where the forward pads were negative and cropped X).
+// also zero-fills where the forward pads were negative and cropped X). Edge, reflect and wrap:
+// ai.onnxtrain.PadGrad (the pads as an input at every opset).
 void pad_gradient(GradientBuilder& b) {
   if (!b.needs_input_grad(0)) return;
   const graph::Node& n = b.node();
-  OT_CHECK(n.attr_string("mode", "constant") == "constant", n.describe(),
-           ": only constant-mode Pad has a gradient, got mode '", n.attr_string("mode", ""), "'");
   graph::Value* dy = b.output_grad(0);
+  if (pad_mode(n) != PadMode::kConstant) {
+    graph::Value* pads = n.input(1);
+    if (b.opset() < 11) {
+      const std::vector<int64_t> v = n.attr_ints(b.opset() < 2 ? "paddings" : "pads");
+      pads = b.constant(
+          graph::Tensor::from_vector(DataType::kInt64, {static_cast<int64_t>(v.size())}, v), "pads");
+    }
+    std::vector<graph::Value*> ins{dy, pads, b.emit1("Shape", {b.input(0)})};
+    if (n.input(3)) ins.push_back(n.input(3));
+    b.set_input_grad(0, b.emit1("PadGrad", ins, {graph::Attribute::make_string("mode",
+                                                   n.attr_string("mode", "constant"))},
+                                kOnnxtrainDomain));
+    return;
+  }
   if (b.opset() < 11) {
     const char* name = b.opset() < 2 ? "paddings" : "pads";
     std::vector<int64_t> pads = n.attr_ints(name);
@@ -225,6 +300,12 @@ void pad_gradient(GradientBuilder& b) {
 ONNXTRAIN_REGISTER_OP(shape_pad) {
   OpSchema s = make_op("Pad", infer_by_rule(pad_rule), factory_of<PadKernel>());
   s.gradient = pad_gradient;
+  return s;
+}
+ONNXTRAIN_REGISTER_OP(shape_pad_grad) {
+  OpSchema s = make_op("PadGrad", [](InferenceContext& ctx) { infer_from_shape_input(ctx, 2); },
+                       factory_of<PadGradKernel>());
+  s.domain = kOnnxtrainDomain;
   return s;
 }
 

@@ -108,18 +108,6 @@ class SliceKernel : public Kernel {
   }
 };
 
-
-// Output 0 of a grad op that rebuilds a forward input of shape `shape_input` (a 1-D int64
-// Shape(X)) in dY's type: concrete dims once the shape is constant, the rank before that.
-void infer_from_shape_input(InferenceContext& ctx, size_t shape_input) {
-  const ValueType& dy = tensor_input(ctx, 0);
-  int64_t rank = -1;
-  if (const ValueType* t = ctx.input_type(shape_input); t && t->shape && t->shape->size() == 1 &&
-                                                         (*t->shape)[0].is_known())
-    rank = (*t->shape)[0].value;
-  set_output_dims(ctx, 0, dy.dtype, const_ints(ctx, shape_input), rank);
-}
-
 // dY: (count0..countn), starts/ends/axes/steps: Slice's, shape: (n+1) = Shape(X)
 //   -> dX: Shape(X), dY written into the slice's window, zeros elsewhere. The slice arguments sit
 //   at Slice's input positions 1-4 (and Slice's attributes are copied before opset 10), so

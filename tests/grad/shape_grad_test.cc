@@ -385,5 +385,36 @@ TEST(ShapeGrad, Pad) {
   check_gradient(d);
 }
 
+// Edge, reflect and wrap (ai.onnxtrain.PadGrad): every padded element's gradient goes back to
+// the element it copies; pads wider than the axis (reflect's period 2 (c - 1), wrap's c), a
+// one-element axis (reflect pads it like edge), crops next to pads, axes (18), attribute (10).
+TEST(ShapeGrad, PadEdgeReflectWrap) {
+  uint64_t seed = 110;
+  for (const char* mode : {"edge", "reflect", "wrap"}) {
+    GradCase a = one_input("Pad", random_tensor(DataType::kDouble, {2, 3, 4}, seed++), 13,
+                           std::string(mode) + " (2,3,4) pads (0,2,1,1,4,3)");
+    a.attributes = {Attribute::make_string("mode", mode)};
+    a.inputs.push_back(ints({0, 2, 1, 1, 4, 3}));
+    check_gradient(a);
+    GradCase b = one_input("Pad", random_tensor(DataType::kDouble, {3, 5}, seed++), 13,
+                           std::string(mode) + " (3,5) pads (1,-1,2,-2) crop and pad");
+    b.attributes = {Attribute::make_string("mode", mode)};
+    b.inputs.push_back(ints({1, -1, 2, -2}));
+    check_gradient(b);
+    GradCase c = one_input("Pad", random_tensor(DataType::kFloat, {2, 1, 3}, seed++), 10,
+                           std::string(mode) + " (2,1,3) opset 10 one-element axis");
+    c.attributes = {Attribute::make_string("mode", mode),
+                    Attribute::make_ints("pads", {0, 2, 1, 0, 1, 2})};
+    check_gradient(c);
+    GradCase d = one_input("Pad", random_tensor(DataType::kDouble, {2, 3, 3}, seed++), 18,
+                           std::string(mode) + " (2,3,3) opset 18 axes (-1, 1) pads (5,1,0,2)");
+    d.attributes = {Attribute::make_string("mode", mode)};
+    d.inputs.push_back(ints({5, 1, 0, 2}));
+    d.inputs.push_back(GradInput{std::nullopt, false, false});
+    d.inputs.push_back(ints({-1, 1}));
+    check_gradient(d);
+  }
+}
+
 }  // namespace
 }  // namespace onnxtrain::testing
