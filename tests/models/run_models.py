@@ -137,6 +137,23 @@ class RNNClassifier(torch.nn.Module):
         return self.out(h[:, -1])
 
 
+class PaddedCNN(torch.nn.Module):
+    """Convolutions with reflect, replicate and circular padding (ReflectionPad2d-style image
+    nets): ONNX Pad in reflect, edge and wrap mode ahead of each Conv."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.c0 = nn.Conv2d(3, 8, 3, padding=2, padding_mode="reflect")
+        self.c1 = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate", stride=2)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
+        self.fc = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        h = F.relu(self.c1(F.relu(self.c0(x))))
+        return self.fc(F.relu(self.c2(h)).mean((2, 3)))
+
+
 class MaskedRowsAttention(torch.nn.Module):
     """Attention whose padded query rows attend to nothing (a boolean mask, all False on those
     rows): torch's SDPA gives them zeros (its safe softmax); the classic exporter writes
@@ -189,6 +206,7 @@ MODELS = {
     "tiny_unet": (TinyUNet, "seg"),
     "vit_small": (vit_small, "image"),
     "swin_small": (swin_small, "image"),
+    "padded_cnn": (PaddedCNN, "image"),
     "masked_rows_attention": (MaskedRowsAttention, "seqcls"),
     "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
     "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
