@@ -157,9 +157,13 @@ AutocastInfo autocast(graph::Model& model, DataType compute,
         // low precision (ops/precision.h's conv_compute_dtype), rounding the weight in the
         // reorder into its primitive's layout, and writes dW and dB in float32 -- no weight
         // copy, no Cast of the weight or of its gradient.
-        // A FusedConv likewise, its residual Z (input 3) in Y's low precision.
+        // A FusedConv likewise, its residual Z (input 3) in Y's low precision. A weight that
+        // is already low (computed from the parameter by a data-movement op that moved its low
+        // copy: dynamo's Unsqueeze(Squeeze(W)) of a depthwise Conv1d) takes its bias (input 2)
+        // along, as the kernels want the bias in the weight's dtype.
+        const bool conv = n->op_type == "Conv" || is_fused_conv(*n);
         for (size_t i = 0; i < n->inputs().size(); ++i) {
-          const bool weight = (n->op_type == "Conv" || is_fused_conv(*n)) && i != 0 && i != 3;
+          const bool weight = conv && i != 0 && i != 3 && !(i == 2 && is_low(n->input(1)));
           if (Value* v = n->input(i); v && !weight && !is_low(v)) n->set_input(i, low_copy(v));
         }
         lower_output(n);

@@ -197,6 +197,34 @@ TEST(Autocast, LeavesTheModelsOwnBf16ValuesAlone) {
 // from a Constant): everything between the MatMul and the Softmax stays bf16. W and b are read
 // through recorded copies, the scalar through a Cast, and only the Softmax reads float32. The
 // Shape of a bf16 value reads it as it is.
+// A Conv whose weight is a data movement of the parameter (dynamo's Unsqueeze(Squeeze(W)) of a
+// depthwise Conv1d, Mamba): the movement reads W's bf16 copy, and the bias follows the weight
+// into bf16 (a float32 bias next to a bf16 weight is refused by the Conv kernels).
+TEST(Autocast, ConvBiasFollowsAWeightMovedInLowPrecision) {
+  graph::Model m;
+  m.set_opset("", 17);
+  graph::Graph& g = *m.graph;
+  using graph::DataType;
+  using graph::Tensor;
+  using graph::ValueType;
+  graph::Value* x = g.add_input("x", ValueType::tensor(DataType::kFloat, graph::make_shape({2, 4, 8})));
+  g.add_initializer("W", Tensor::from_vector(DataType::kFloat, {4, 3}, std::vector<float>(12, 0.1f)));
+  g.add_initializer("b", Tensor::from_vector(DataType::kFloat, {4}, std::vector<float>(4, 0.2f)));
+  g.add_initializer("axes", Tensor::from_vector(DataType::kInt64, {1}, std::vector<int64_t>{1}));
+  graph::Node* w3 = g.add_node("Unsqueeze", {g.find_value("W"), g.find_value("axes")}, {"w3"}, "w3");
+  graph::Node* conv = g.add_node("Conv", {x, w3->output(0), g.find_value("b")}, {"y"}, "conv");
+  conv->attributes.push_back(graph::Attribute::make_int("group", 4));
+  conv->attributes.push_back(graph::Attribute::make_ints("pads", {1, 1}));
+  g.add_output(conv->output(0));
+  passes::infer_shapes(m);
+  passes::autocast(m, DataType::kBFloat16, {"W", "b"});
+  passes::infer_shapes(m);
+  EXPECT_EQ(conv->input(1)->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(conv->input(2)->dtype(), DataType::kBFloat16);
+  EXPECT_EQ(conv->input(2)->producer()->op_type, "Cast");
+  EXPECT_EQ(conv->output(0)->dtype(), DataType::kBFloat16);
+}
+
 TEST(Autocast, LinearBiasHeadSplitAndScaleFollowTheMatMul) {
   graph::Model m;
   m.set_opset("", 17);
