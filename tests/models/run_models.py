@@ -52,6 +52,10 @@ BF16_STEPS, BF16_LR, BF16_DROP = 6, 2e-3, 0.97
 # (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
 # the list stays true; the table still shows them (as xfail).
 EXPECTED_FAIL = {
+    # The classic exporter computes Mamba's chunk split from Shape -> Gather on a static channel
+    # axis, which onnxtrain does not fold: "SplitToSequence ... its split ... is not a constant".
+    **{("mamba", "classic", k): "SplitToSequence with a split computed from Shape is not lowered"
+       for k in ("fwd", "raw", "step", "r2", "bf16")},
 }
 
 
@@ -240,6 +244,11 @@ MODELS = {
                    num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
                    router_jitter_noise=0.0, experts_implementation="batched_mm",
                    max_position_embeddings=64, use_cache=False), "lm"),
+    # A state-space model: selective scan, depthwise causal Conv1d (dynamo writes its weight as
+    # Unsqueeze(Squeeze(W))).
+    "mamba": (hf("MambaForCausalLM", "MambaConfig", tuple_out=False, vocab_size=VOCAB,
+                 hidden_size=32, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4,
+                 use_cache=False), "lm"),
     "hf_vit": (hf("ViTForImageClassification", "ViTConfig", tuple_out=False, image_size=32, patch_size=8,
                   hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
