@@ -232,8 +232,14 @@ class PadGradKernel : public Kernel {
     TensorView& dx = ctx.output(0, x_dims);
     ew::dispatch(ew::FloatTypes{}, dy.dtype, where, [&]<typename T>(ew::Tag<T>) {
       std::vector<int64_t> cur = dy.dims;
-      std::vector<T> buf(dy.as<T>(), dy.as<T>() + dy.numel()), next;
+      const T* in = dy.as<T>();  // dY, then each folded axis' result
+      std::vector<T> buf, next;
       for (size_t a = rank; a-- > 0;) {
+        if (pads.begin[a] == 0 && pads.end[a] == 0) {  // an axis the Pad leaves alone
+          OT_CHECK(cur[a] == x_dims[a], where, ": dY's axis ", a, " (", cur[a], ") is not X's (",
+                   x_dims[a], ")");
+          continue;
+        }
         const int64_t crop_lo = std::max<int64_t>(0, -pads.begin[a]);
         const int64_t lo = std::max<int64_t>(0, pads.begin[a]);
         const int64_t c = x_dims[a] - crop_lo - std::max<int64_t>(0, -pads.end[a]);
@@ -248,15 +254,16 @@ class PadGradKernel : public Kernel {
         ctx.parallel_for(outer, 1, [&](int64_t b, int64_t e) {
           for (int64_t q = b; q < e; ++q)
             for (int64_t o = 0; o < cur[a]; ++o) {
-              const T* src = buf.data() + (q * cur[a] + o) * inner;
+              const T* src = in + (q * cur[a] + o) * inner;
               T* dst = next.data() + (q * x_dims[a] + crop_lo + pad_source(o, lo, c, mode)) * inner;
               for (int64_t j = 0; j < inner; ++j) dst[j] += src[j];
             }
         });
         cur[a] = x_dims[a];
         buf.swap(next);
+        in = buf.data();
       }
-      std::copy(buf.begin(), buf.end(), dx.as<T>());
+      std::copy_n(in, dx.numel(), dx.as<T>());
     });
   }
 };
