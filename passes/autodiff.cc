@@ -10,6 +10,8 @@
 #include "graph/dependencies.h"
 #include "graph/error.h"
 #include "ops/op_api.h"
+#include "ops/shape/static_slices.h"
+#include "passes/pass_util.h"
 #include "passes/passes.h"
 
 namespace onnxtrain::passes {
@@ -98,6 +100,7 @@ class Differentiator {
     auto it = contributions_.find(v);
     if (it == contributions_.end() || it->second.empty()) return nullptr;
     std::vector<Value*>& parts = it->second;
+    if (parts.size() > 1) join_slice_gradients(v, parts);
     Value* total = parts.size() == 1 ? parts[0] : add("Sum", parts, v->name() + "_grad_sum", "")[0];
     sums_[v] = total;
     ++owners_[total];
@@ -187,6 +190,71 @@ class Differentiator {
   }
 
   void apply_rule(Node& n);
+
+  // Contributions that are SliceGrads of v whose windows tile one axis (step 1, every other
+  // axis whole) are the pieces of one tensor: a Concat of their dYs replaces those full-size,
+  // zero-padded SliceGrads and their share of the Sum. dynamo's unrolled nn.RNN slices its
+  // input projection once per time step (64 SliceGrads of the whole projection and a 64-input
+  // Sum before); rotate_half's two halves are the same pattern. Pieces that leave a gap or
+  // overlap stay SliceGrads.
+  void join_slice_gradients(Value* v, std::vector<Value*>& parts) {
+    if (!v->shape()) return;
+    std::vector<int64_t> dims;
+    for (const graph::Dim& d : *v->shape()) dims.push_back(d.is_known() ? d.value : -1);
+    // Initializers, and constant nodes' outputs (Constant's value_ints too) through their
+    // shape rule.
+    const ops::ConstantOf constant_of = [this](const Value* c) -> const Tensor* {
+      auto it = known_.find(c);
+      if (it == known_.end() && c->producer() && c->producer()->inputs().empty()) {
+        infer_node(model_, *c->producer(), known_);
+        it = known_.find(c);
+      }
+      return it != known_.end() ? &it->second : nullptr;
+    };
+    const int64_t opset = model_.opset_version("").value_or(1);
+    struct Piece {
+      Value* part;
+      int64_t start, count;
+    };
+    std::map<size_t, std::vector<Piece>> by_axis;
+    for (Value* p : parts) {
+      Node* n = p->producer();
+      if (!n || !emitted_.count(p) || !p->uses().empty() ||
+          !is_op(*n, ops::kOnnxtrainDomain, "SliceGrad"))
+        continue;
+      const auto w = ops::constant_slice_windows(*n, opset, dims, constant_of);
+      if (!w) continue;
+      std::optional<size_t> axis;
+      bool one_axis = true;
+      for (size_t k = 0; k < w->size(); ++k) {
+        const ops::SliceWindow& x = (*w)[k];
+        if (x.start == 0 && x.step == 1 && x.count == dims[k]) continue;  // whole
+        one_axis &= !axis && x.step == 1;
+        axis = k;
+      }
+      if (one_axis && axis) by_axis[*axis].push_back({p, (*w)[*axis].start, (*w)[*axis].count});
+    }
+    for (auto& [axis, pieces] : by_axis) {
+      if (pieces.size() < 2) continue;
+      std::sort(pieces.begin(), pieces.end(),
+                [](const Piece& a, const Piece& b) { return a.start < b.start; });
+      int64_t next = 0;
+      for (const Piece& piece : pieces) next = piece.start == next ? next + piece.count : -1;
+      if (next != dims[axis]) continue;
+      std::vector<Value*> dys;
+      std::vector<Node*> slice_grads;
+      for (const Piece& piece : pieces) {
+        slice_grads.push_back(piece.part->producer());
+        dys.push_back(piece.part->producer()->input(0));
+        std::erase(parts, piece.part);
+        emitted_.erase(piece.part);
+      }
+      g_.remove_nodes(slice_grads);
+      backward_nodes_ -= static_cast<int>(slice_grads.size());
+      parts.push_back(add("Concat", dys, v->name() + "_grad_joined", "", false, 1,
+                          {graph::Attribute::make_int("axis", static_cast<int64_t>(axis))})[0]);
+    }
+  }
 
   graph::Model& model_;
   Graph& g_;

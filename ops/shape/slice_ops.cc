@@ -2,12 +2,13 @@
 // Each part is moved with one strided_copy between a tensor and a window of another.
 #include <algorithm>
 
+#include "graph/printer.h"
 #include "ops/reduce/grad_util.h"
 #include "ops/shape/args.h"
 #include "ops/shape/copy.h"
 #include "ops/shape/slice_window.h"
+#include "ops/shape/static_slices.h"
 #include "ops/shape_util.h"
-#include "graph/printer.h"
 
 namespace onnxtrain::ops::shape {
 namespace {
@@ -52,20 +53,26 @@ std::optional<SliceArgs> slice_args(const ArgSource& args, size_t rank) {
 
 using Window = SliceWindow;
 
-// Per-axis windows; an unsliced axis is the whole dim.
-std::vector<Window> slice_windows(const SliceArgs& s, std::span<const int64_t> dims) {
+// Whether a slice keeps the whole axis whatever its size (start 0, end "max", step 1).
+bool keeps_axis(const SliceArgs& s, size_t k) {
+  return s.starts[k] == 0 && s.steps[k] == 1 && s.ends[k] >= (int64_t{1} << 62);
+}
+
+// Per-axis windows; an unsliced axis is the whole dim. A dim may be -1 (unknown, in passes)
+// where the slice keeps the axis whole; nullopt when such an axis is cut.
+std::optional<std::vector<Window>> slice_windows(const SliceArgs& s,
+                                                 std::span<const int64_t> dims) {
   std::vector<Window> w(dims.size());
   for (size_t k = 0; k < dims.size(); ++k) w[k] = Window{0, 1, dims[k]};
   for (size_t k = 0; k < s.axes.size(); ++k) {
     const auto a = static_cast<size_t>(s.axes[k]);
-    w[a] = clamp_slice_window(dims[a], s.starts[k], s.ends[k], s.steps[k]);
+    if (dims[a] >= 0) {
+      w[a] = clamp_slice_window(dims[a], s.starts[k], s.ends[k], s.steps[k]);
+    } else if (!keeps_axis(s, k)) {
+      return std::nullopt;
+    }
   }
   return w;
-}
-
-// Whether a slice keeps the whole axis whatever its size (start 0, end "max", step 1).
-bool keeps_axis(const SliceArgs& s, size_t k) {
-  return s.starts[k] == 0 && s.steps[k] == 1 && s.ends[k] >= (int64_t{1} << 62);
 }
 
 void infer_slice(InferenceContext& ctx) {
@@ -92,7 +99,7 @@ class SliceKernel : public Kernel {
   void run(KernelContext& ctx) override {
     const TensorView& x = *ctx.input(0);
     ElemKind e = addressable_elem(x.dtype, ctx.node().describe());
-    auto windows = slice_windows(*slice_args(KernelArgs(ctx), x.dims.size()), x.dims);
+    auto windows = *slice_windows(*slice_args(KernelArgs(ctx), x.dims.size()), x.dims);
     auto in_strides = contiguous_strides(x.dims);
     std::vector<int64_t> dims, src_strides;
     int64_t offset = 0;
@@ -121,7 +128,7 @@ class SliceGradKernel : public Kernel {
     OT_CHECK(shape, where, ": input 5 (the forward input's shape) is missing");
     const std::vector<int64_t> x_dims = view_ints(*shape, where);
     ElemKind e = addressable_elem(dy.dtype, where);
-    auto windows = slice_windows(*slice_args(KernelArgs(ctx), x_dims.size()), x_dims);
+    auto windows = *slice_windows(*slice_args(KernelArgs(ctx), x_dims.size()), x_dims);
     auto strides = contiguous_strides(x_dims);
     std::vector<int64_t> dims, dst_strides;
     int64_t offset = 0;
@@ -150,6 +157,31 @@ void slice_gradient(GradientBuilder& b) {
   ins.push_back(grad::shape_of(b, b.input(0)));
   b.set_input_grad(0, b.emit1("SliceGrad", ins, b.node().attributes, kOnnxtrainDomain));
 }
+
+// A node's arguments where they are constants (passes, before the run).
+class ConstantArgs final : public ArgSource {
+ public:
+  ConstantArgs(const graph::Node& n, int64_t opset, const ConstantOf& constant_of)
+      : n_(n), opset_(opset), constant_of_(constant_of) {}
+  const graph::Node& node() const override { return n_; }
+  int64_t opset() const override { return opset_; }
+  bool present(size_t i) const override { return n_.input(i) != nullptr; }
+  std::optional<std::vector<int64_t>> ints(size_t i) const override {
+    const graph::Tensor* t = n_.input(i) ? constant_of_(n_.input(i)) : nullptr;
+    if (!t) return std::nullopt;
+    return to_int64s(*t, where());
+  }
+  std::optional<int64_t> static_length(size_t i) const override {
+    const graph::Tensor* t = n_.input(i) ? constant_of_(n_.input(i)) : nullptr;
+    return t ? std::optional(t->numel()) : std::nullopt;
+  }
+  std::optional<graph::Shape> shape_of(size_t) const override { return std::nullopt; }
+
+ private:
+  const graph::Node& n_;
+  int64_t opset_;
+  const ConstantOf& constant_of_;
+};
 
 // ---- Concat / Split: a part of size part_dims sits at `offset` along `axis` of `whole`.
 
@@ -370,3 +402,16 @@ ONNXTRAIN_REGISTER_OP(shape_slice_grad) {
 }
 
 }  // namespace onnxtrain::ops::shape
+
+namespace onnxtrain::ops {
+
+std::optional<std::vector<SliceWindow>> constant_slice_windows(const graph::Node& n, int64_t opset,
+                                                               std::span<const int64_t> dims,
+                                                               const ConstantOf& constant_of) {
+  const shape::ConstantArgs args(n, opset, constant_of);
+  const auto s = shape::slice_args(args, dims.size());
+  if (!s) return std::nullopt;
+  return shape::slice_windows(*s, dims);
+}
+
+}  // namespace onnxtrain::ops

@@ -31,33 +31,11 @@ using graph::ValueType;
 using passtest::f32;
 using passtest::i64;
 
-std::unique_ptr<Model> new_model(int64_t opset = 17) {
-  auto m = std::make_unique<Model>();
-  m->set_opset("", opset);
-  return m;
-}
-
-Value* input(Graph& g, const std::string& name, std::vector<int64_t> dims,
-             DataType dt = DataType::kFloat) {
-  return g.add_input(name, ValueType::tensor(dt, graph::make_shape(dims)));
-}
-
-Value* constant(Graph& g, const std::string& name, Tensor t) {
-  Node* c = g.add_node("Constant", {}, {name}, name);
-  c->set_attr(graph::Attribute::make_tensor("value", std::move(t)));
-  return c->output(0);
-}
-
-Value* node1(Graph& g, const std::string& op, const std::vector<Value*>& in, const std::string& out,
-             std::vector<graph::Attribute> attrs = {}) {
-  Node* n = g.add_node(op, in, {out}, out);
-  for (auto& a : attrs) n->set_attr(std::move(a));
-  return n->output(0);
-}
-
-graph::Attribute attr(const std::string& name, int64_t v) {
-  return graph::Attribute::make_int(name, v);
-}
+using passtest::attr;
+using passtest::constant;
+using passtest::input;
+using passtest::new_model;
+using passtest::node1;
 
 int count_sequence_ops(const Graph& g) {
   int n = 0;
@@ -373,23 +351,11 @@ TEST(LowerSequences, GradientThroughLoweredSplitMatchesFiniteDifferences) {
   g.add_output(g.find_value(gi.grads.at("x")));
   infer_shapes(*m);
 
-  std::vector<double> xv = {0.3, -0.7, 1.1, 0.2, -1.4, 0.9, 0.05, -0.35, 0.6, -1.2};
-  auto run_loss = [&](const Model& model, const std::vector<double>& v) {
-    return passtest::run(model, {{"x", Tensor::from_vector(DataType::kDouble, dims, v)}});
-  };
-  auto out = run_loss(*m, xv);
-  const Tensor& grad = out[gi.grads.at("x")];
-  ASSERT_EQ(grad.dims(), dims);
-  const double eps = 1e-6;
-  for (size_t i = 0; i < xv.size(); ++i) {
-    std::vector<double> hi = xv, lo = xv;
-    hi[i] += eps;
-    lo[i] -= eps;
-    const double fd = (run_loss(*forward, hi)["loss"].data_as<double>()[0] -
-                       run_loss(*forward, lo)["loss"].data_as<double>()[0]) /
-                      (2 * eps);
-    EXPECT_NEAR(grad.data_as<double>()[i], fd, 1e-6) << "element " << i;
-  }
+  const Tensor xv = Tensor::from_vector(
+      DataType::kDouble, dims,
+      std::vector<double>{0.3, -0.7, 1.1, 0.2, -1.4, 0.9, 0.05, -0.35, 0.6, -1.2});
+  const Tensor grad = passtest::run(*m, {{"x", xv}})[gi.grads.at("x")];
+  passtest::expect_matches_finite_differences(*forward, "loss", "x", xv, grad);
   // The analytic values: columns 0..1 of x enter squared in columns 3..4 of Concat.
   EXPECT_NEAR(grad.data_as<double>()[0], 2 * 0.3 * r[3], 1e-12);
   EXPECT_NEAR(grad.data_as<double>()[2], r[0], 1e-12);

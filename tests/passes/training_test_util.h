@@ -68,6 +68,32 @@ inline std::vector<double> as_doubles(const Tensor& t) {
   return v;
 }
 
+// Hand-built graphs: a model importing ai.onnx `opset`, inputs, Constant nodes, one-output nodes.
+inline std::unique_ptr<graph::Model> new_model(int64_t opset = 17) {
+  auto m = std::make_unique<graph::Model>();
+  m->set_opset("", opset);
+  return m;
+}
+inline graph::Value* input(graph::Graph& g, const std::string& name, std::vector<int64_t> dims,
+                           DataType dt = DataType::kFloat) {
+  return g.add_input(name, graph::ValueType::tensor(dt, graph::make_shape(dims)));
+}
+inline graph::Value* constant(graph::Graph& g, const std::string& name, Tensor t) {
+  graph::Node* c = g.add_node("Constant", {}, {name}, name);
+  c->set_attr(graph::Attribute::make_tensor("value", std::move(t)));
+  return c->output(0);
+}
+inline graph::Value* node1(graph::Graph& g, const std::string& op,
+                           const std::vector<graph::Value*>& in, const std::string& out,
+                           std::vector<graph::Attribute> attrs = {}) {
+  graph::Node* n = g.add_node(op, in, {out}, out);
+  for (auto& a : attrs) n->set_attr(std::move(a));
+  return n->output(0);
+}
+inline graph::Attribute attr(const std::string& name, int64_t v) {
+  return graph::Attribute::make_int(name, v);
+}
+
 // Runs a copy of `m` once; outputs by name.
 inline std::map<std::string, Tensor> run(const graph::Model& m,
                                          const std::map<std::string, Tensor>& feeds) {
@@ -80,6 +106,24 @@ inline std::map<std::string, Tensor> run(const graph::Model& m,
   EXPECT_EQ(outs.size(), names.size());
   for (size_t i = 0; i < outs.size() && i < names.size(); ++i) by_name[names[i]->name()] = outs[i];
   return by_name;
+}
+
+// `grad`, an analytic gradient of `forward`'s scalar float64 output `loss` with respect to its
+// float64 input `x` at `value`, against central differences (step 1e-6) element by element.
+inline void expect_matches_finite_differences(const graph::Model& forward, const std::string& loss,
+                                              const std::string& x, const Tensor& value,
+                                              const Tensor& grad, double tol = 1e-6) {
+  ASSERT_EQ(grad.dims(), value.dims());
+  const double eps = 1e-6;
+  auto loss_at = [&](size_t i, double delta) {
+    Tensor v = Tensor::from_vector(DataType::kDouble, value.dims(), as_doubles(value));
+    v.mutable_data_as<double>()[i] += delta;
+    return run(forward, {{x, v}})[loss].data_as<double>()[0];
+  };
+  for (size_t i = 0; i < static_cast<size_t>(value.numel()); ++i) {
+    const double fd = (loss_at(i, eps) - loss_at(i, -eps)) / (2 * eps);
+    EXPECT_NEAR(grad.data_as<double>()[i], fd, tol) << x << " element " << i;
+  }
 }
 
 // The call throws onnxtrain::Error whose message contains `part`.
