@@ -92,6 +92,14 @@ def one_run(a, peer, batch, work):
     return (res, None, rss) if res else (None, f"no RESULT line: {tail(so + se)}", rss)
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="intra-op threads, every peer (2)")
@@ -101,7 +109,8 @@ def main(argv):
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed runs, ORT and torch (default 1, as onnxrun --bench does)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--peers", default=",".join(PEERS), help="subset of %(default)s")
+    ap.add_argument("--peers", help=f"subset of {','.join(PEERS)} (default: all; onnxrun-bf16 "
+                    "only where the CPU has bf16 instructions, which onnxrun needs for it)")
     ap.add_argument("--bin", default=os.environ.get("ONNXTRAIN_BIN", str(REPO / "build/tools")),
                     help="folder of onnxrun and onnxzoo (default: build/tools, or $ONNXTRAIN_BIN)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per child run")
@@ -111,6 +120,11 @@ def main(argv):
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a)
+    if a.peers is None:  # onnxrun refuses bf16 without AVX512-BF16 / AMX (--allow-emulation)
+        native_bf16 = bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", cpu_flags()))
+        a.peers = ",".join(p for p in PEERS if native_bf16 or p != "onnxrun-bf16")
+        if not native_bf16:
+            print("infer_peers: this CPU has no bf16 instructions: onnxrun-bf16 left out")
     peers = [p.strip() for p in a.peers.split(",") if p.strip()]
     if not peers or any(p not in PEERS for p in peers):
         raise BenchError(f"--peers: choose from {','.join(PEERS)}")

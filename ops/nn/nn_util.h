@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -96,6 +97,52 @@ class ThreadBudget {
  private:
   int previous_;
 };
+
+// Row-major matrix products for kernels that multiply plain buffers (LSTM / GRU / RNN, Einsum):
+// oneDNN's sgemm for float32 within the node's thread budget, a plain loop for float64.
+// C[m, n] (+)= sum_k A[m, k] B[n, k] (B transposed), or with `a_t` A[k, m]; row-major, C
+// overwritten when !accumulate.
+template <typename T>
+void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
+          const KernelContext& ctx, int64_t ldc = 0) {
+  if (m == 0 || n == 0) return;
+  if (ldc == 0) ldc = n;
+  if constexpr (std::is_same_v<T, float>) {
+    ThreadBudget budget(ctx.num_threads());
+    OT_CHECK(dnnl_sgemm(a_t ? 'T' : 'N', 'T', m, n, k, 1.0f, a, a_t ? m : k, b, k,
+                        accumulate ? 1.0f : 0.0f, c, ldc) == dnnl_success,
+             "oneDNN sgemm failed");
+  } else {
+    ctx.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          T acc = accumulate ? c[i * ldc + j] : T{0};
+          for (int64_t q = 0; q < k; ++q) acc += (a_t ? a[q * m + i] : a[i * k + q]) * b[j * k + q];
+          c[i * ldc + j] = acc;
+        }
+    });
+  }
+}
+
+// C[m, n] (+)= A[m, k] B[k, n] (B not transposed).
+template <typename T>
+void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
+             const KernelContext& ctx) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    ThreadBudget budget(ctx.num_threads());
+    OT_CHECK(dnnl_sgemm('N', 'N', m, n, k, 1.0f, a, k, b, n, accumulate ? 1.0f : 0.0f, c, n) ==
+                 dnnl_success,
+             "oneDNN sgemm failed");
+  } else {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T acc = accumulate ? c[i * n + j] : T{0};
+        for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
+        c[i * n + j] = acc;
+      }
+  }
+}
 
 dnnl::memory::dims to_dnnl(std::span<const int64_t> v);
 // f32 (or `type`) memory desc with the given dims and row-major strides.

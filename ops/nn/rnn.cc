@@ -64,50 +64,6 @@ LstmAttrs lstm_attrs(const graph::Node& node, const std::string& where) {
   return rnn_attrs(node, where, 4);
 }
 
-// C[m, n] (+)= sum_k A[m, k] B[n, k] (B transposed), or with `a_t` A[k, m]; row-major, C
-// overwritten when !accumulate.
-template <typename T>
-void gemm(bool a_t, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
-          const KernelContext& ctx, int64_t ldc = 0) {
-  if (m == 0 || n == 0) return;
-  if (ldc == 0) ldc = n;
-  if constexpr (std::is_same_v<T, float>) {
-    ThreadBudget budget(ctx.num_threads());
-    OT_CHECK(dnnl_sgemm(a_t ? 'T' : 'N', 'T', m, n, k, 1.0f, a, a_t ? m : k, b, k,
-                        accumulate ? 1.0f : 0.0f, c, ldc) == dnnl_success,
-             "LSTM: oneDNN sgemm failed");
-  } else {
-    ctx.parallel_for(m, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          T acc = accumulate ? c[i * ldc + j] : T{0};
-          for (int64_t q = 0; q < k; ++q) acc += (a_t ? a[q * m + i] : a[i * k + q]) * b[j * k + q];
-          c[i * ldc + j] = acc;
-        }
-    });
-  }
-}
-
-// C[m, n] (+)= A[m, k] B[k, n] (B not transposed).
-template <typename T>
-void gemm_nn(int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c, bool accumulate,
-             const KernelContext& ctx) {
-  if (m == 0 || n == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    ThreadBudget budget(ctx.num_threads());
-    OT_CHECK(dnnl_sgemm('N', 'N', m, n, k, 1.0f, a, k, b, n, accumulate ? 1.0f : 0.0f, c, n) ==
-                 dnnl_success,
-             "LSTM: oneDNN sgemm failed");
-  } else {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        T acc = accumulate ? c[i * n + j] : T{0};
-        for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
-        c[i * n + j] = acc;
-      }
-  }
-}
-
 // The shapes every LSTM kernel checks: X (T, N, I) or (N, T, I), W (D, 4H, I), R (D, 4H, H),
 // B (D, 8H), initial_h / initial_c (D, N, H) or (N, D, H), P (D, 3H).
 struct LstmShape {

@@ -180,6 +180,31 @@ class MaskedRowsAttention(torch.nn.Module):
         return self.out(((h.transpose(1, 2).reshape(b, t, 32) + x) * keep).sum(1) / keep.sum(1))
 
 
+class EinsumAttention(torch.nn.Module):
+    """Multi-head attention written with torch.einsum as XLNet, Funnel and Longformer write
+    theirs (ONNX Einsum): per-head projections "ibh,hnd->ibnd", scores "ibnd,jbnd->bnij", context
+    "bnij,jbnd->ibnd", the output projection "ibnd,ndh->ibh", then a masked mean over tokens."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.emb = torch.nn.Embedding(VOCAB, 32)
+        self.q, self.k, self.v = (torch.nn.Parameter(torch.randn(32, 2, 16, generator=g) * 0.2)
+                                  for _ in range(3))
+        self.o = torch.nn.Parameter(torch.randn(2, 16, 32, generator=g) * 0.2)
+        self.out = torch.nn.Linear(32, 3)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids).transpose(0, 1)  # (tokens, batch, hidden)
+        q, k, v = (torch.einsum("ibh,hnd->ibnd", x, w) for w in (self.q, self.k, self.v))
+        scores = torch.einsum("ibnd,jbnd->bnij", q, k) * 0.25
+        scores = scores + (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -1e4
+        context = torch.einsum("bnij,jbnd->ibnd", scores.softmax(-1), v)
+        h = torch.einsum("ibnd,ndh->ibh", context, self.o) + x
+        keep = attention_mask.t().unsqueeze(-1).to(x.dtype)
+        return self.out((h * keep).sum(0) / keep.sum(0))
+
+
 def hf(cls_name, cfg_name, tuple_out=True, **cfg):
     # tuple_out: return_dict=False; GPT-2 and ViT in transformers 5 then fail inside their own
     # forward ('tuple' has no 'last_hidden_state'), so they return a ModelOutput (logits only)
@@ -212,6 +237,7 @@ MODELS = {
     "swin_small": (swin_small, "image"),
     "padded_cnn": (PaddedCNN, "image"),
     "masked_rows_attention": (MaskedRowsAttention, "seqcls"),
+    "einsum_attention": (EinsumAttention, "seqcls"),
     "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
     "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
     "rnn": (lambda: RNNClassifier(torch.nn.RNN), "seqcls"),
