@@ -101,6 +101,7 @@ class Differentiator {
     if (it == contributions_.end() || it->second.empty()) return nullptr;
     std::vector<Value*>& parts = it->second;
     if (parts.size() > 1) join_slice_gradients(v, parts);
+    if (parts.size() > 1) join_weight_products(v, parts);
     Value* total = parts.size() == 1 ? parts[0] : add("Sum", parts, v->name() + "_grad_sum", "")[0];
     sums_[v] = total;
     ++owners_[total];
@@ -190,6 +191,60 @@ class Differentiator {
   }
 
   void apply_rule(Node& n);
+
+  // Contributions that are each A_t^T B_t (a Gemm with transA, as MatMul's rule writes a
+  // weight's gradient from the flattened rows of the input and of dY), or the Transpose of one
+  // (B_t^T A_t: dynamo transposes the weight ahead of each MatMul), sum to Concat(A_t)^T
+  // Concat(B_t): one product over all the rows instead of one per use and a Sum. A weight read by
+  // many MatMuls (dynamo's unrolled nn.RNN: its recurrent weight once per time step) gets one
+  // product. The rows are summed in another order than the per-use products (float rounding).
+  void join_weight_products(Value* v, std::vector<Value*>& parts) {
+    // An emitted Gemm computing A^T B from two inputs.
+    auto at_b = [&](const Value* out) -> Node* {
+      Node* n = out ? out->producer() : nullptr;
+      if (!n || !emitted_.count(out) || !is_op(*n, "", "Gemm") || n->inputs().size() != 2 ||
+          n->attr_int("transA", 0) != 1 || n->attr_int("transB", 0) != 0 ||
+          n->attr_float("alpha", 1.0f) != 1.0f)
+        return nullptr;
+      return n;
+    };
+    struct Product {
+      Value* part;
+      std::vector<Node*> nodes;  // the Gemm (and the Transpose after it)
+      Value *a, *b;
+    };
+    std::vector<Product> products;
+    for (Value* p : parts) {
+      if (!same_static_shape(p, v) || !emitted_.count(p) || !p->uses().empty()) continue;
+      if (Node* gemm = at_b(p)) {
+        products.push_back({p, {gemm}, gemm->input(0), gemm->input(1)});
+        continue;
+      }
+      Node* t = p->producer();
+      if (!t || !is_op(*t, "", "Transpose") ||
+          t->attr_ints("perm", {1, 0}) != std::vector<int64_t>{1, 0})
+        continue;
+      Node* gemm = t->input(0)->uses().size() == 1 ? at_b(t->input(0)) : nullptr;
+      if (gemm) products.push_back({p, {t, gemm}, gemm->input(1), gemm->input(0)});
+    }
+    if (products.size() < 2) return;
+    std::vector<Value*> as, bs;
+    std::vector<Node*> dead;
+    for (const Product& pr : products) {
+      as.push_back(pr.a);
+      bs.push_back(pr.b);
+      dead.insert(dead.end(), pr.nodes.begin(), pr.nodes.end());
+      std::erase(parts, pr.part);
+      for (const Node* n : pr.nodes) emitted_.erase(n->output(0));
+    }
+    g_.remove_nodes(dead);
+    backward_nodes_ -= static_cast<int>(dead.size());
+    const auto axis0 = [] { return std::vector{graph::Attribute::make_int("axis", 0)}; };
+    Value* a = add("Concat", as, v->name() + "_grad_rows", "", false, 1, axis0())[0];
+    Value* b = add("Concat", bs, v->name() + "_grad_rows", "", false, 1, axis0())[0];
+    parts.push_back(add("Gemm", {a, b}, v->name() + "_grad_joined", "", false, 1,
+                        {graph::Attribute::make_int("transA", 1)})[0]);
+  }
 
   // Contributions that are SliceGrads of v whose windows tile one axis (step 1, every other
   // axis whole) are the pieces of one tensor: a Concat of their dYs replaces those full-size,

@@ -127,13 +127,15 @@ class TinyUNet(torch.nn.Module):
 
 class RNNClassifier(torch.nn.Module):
     """Token classifier over a 2-layer bidirectional LSTM, GRU or Elman RNN (the ONNX LSTM / GRU /
-    RNN op in both exports)."""
+    RNN op in both exports); `deep=False`: one forward layer, which torch's dynamo exporter
+    writes for an Elman RNN as one MatMul / Add / Tanh per time step (Slices of the input
+    projection, the recurrent weight read once per step)."""
 
-    def __init__(self, cell):
+    def __init__(self, cell, deep=True):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, 16)
-        self.rnn = cell(16, 32, num_layers=2, bidirectional=True, batch_first=True)
-        self.out = torch.nn.Linear(64, 3)
+        self.rnn = cell(16, 32, num_layers=2 if deep else 1, bidirectional=deep, batch_first=True)
+        self.out = torch.nn.Linear(64 if deep else 32, 3)
 
     def forward(self, input_ids, attention_mask):
         x = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
@@ -241,6 +243,7 @@ MODELS = {
     "lstm": (lambda: RNNClassifier(torch.nn.LSTM), "seqcls"),
     "gru": (lambda: RNNClassifier(torch.nn.GRU), "seqcls"),
     "rnn": (lambda: RNNClassifier(torch.nn.RNN), "seqcls"),
+    "rnn_unrolled": (lambda: RNNClassifier(torch.nn.RNN, deep=False), "seqcls"),
     "bert": (hf("BertForSequenceClassification", "BertConfig", **BERT_CFG), "seqcls"),
     "distilbert": (hf("DistilBertForSequenceClassification", "DistilBertConfig", vocab_size=VOCAB,
                       dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,

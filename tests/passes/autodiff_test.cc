@@ -1,6 +1,7 @@
 // passes::autodiff on hand-built graphs: the gradients of slices that tile an axis of a value are
 // joined by one Concat (no full-size SliceGrads summed), pieces that leave a gap or overlap keep
-// their SliceGrads, and every variant's gradient equals central differences (float64).
+// their SliceGrads; a weight read by several MatMuls gets one product over all their rows; every
+// variant's gradient equals central differences (float64).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -114,6 +115,41 @@ TEST(Autodiff, SlicesThatLeaveAGapOrOverlapKeepTheirSliceGrads) {
   EXPECT_EQ(ops["Concat"], 0);
   ops = check_slices({6, 3}, 1, 1, {{0, 2}}, true);  // one piece
   EXPECT_EQ(ops["SliceGrad"], 1);
+}
+
+// A weight read by three MatMuls of (1, 5, K) inputs, the third through its own Transpose
+// (dynamo's unrolled RNN; MatMul's rule writes these weights' gradients as Gemms):
+// loss = sum_t sum(R_t * (X_t W)) + sum(R_2 * (X_2 W^T)); W's gradient is one Gemm over the
+// concatenated rows (no per-use Gemm, no Sum), equal to central differences.
+TEST(Autodiff, AWeightReadByManyMatMulsGetsOneProductOverAllRows) {
+  auto m = new_model(18);
+  Graph& g = *m->graph;
+  const std::vector<int64_t> dims = {4, 3};
+  Value* w = g.add_input("x", ValueType::tensor(DataType::kDouble, graph::make_shape(dims)));
+  std::vector<Value*> terms;
+  for (int t = 0; t < 3; ++t) {
+    const std::string tag = std::to_string(t);
+    const bool transposed = t == 2;
+    Value* x = g.add_initializer("X" + tag, doubles({1, 5, transposed ? 3 : 4}, 20 + t));
+    Value* wt = transposed ? node1(g, "Transpose", {w}, "wt" + tag) : w;
+    Value* y = node1(g, "MatMul", {x, wt}, "y" + tag);
+    Value* r = g.add_initializer("R" + tag, doubles({1, 5, transposed ? 4 : 3}, 30 + t));
+    terms.push_back(node1(g, "ReduceSum", {node1(g, "Mul", {y, r}, "w" + tag)}, "t" + tag,
+                          {attr("keepdims", 0)}));
+  }
+  g.add_output(node1(g, "Sum", terms, "loss"));
+  infer_shapes(*m);
+  auto forward = m->clone();
+  GradientInfo gi = autodiff(*m, "loss", {"x"});
+  g.add_output(g.find_value(gi.grads.at("x")));
+  dce(*m);
+  infer_shapes(*m);
+  auto ops = op_counts(g);
+  EXPECT_EQ(ops["Gemm"], 1);
+  EXPECT_EQ(ops["Sum"], 1);  // the loss's
+  const Tensor wv = doubles(dims, 8);
+  const Tensor grad = passtest::run(*m, {{"x", wv}})[gi.grads.at("x")];
+  passtest::expect_matches_finite_differences(*forward, "loss", "x", wv, grad);
 }
 
 }  // namespace
