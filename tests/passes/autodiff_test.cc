@@ -45,6 +45,20 @@ Tensor doubles(std::vector<int64_t> dims, uint64_t seed) {
                              std::vector<double>(v.begin(), v.end()));
 }
 
+// m's scalar "loss" differentiated with respect to its input "x": dL/dx at `x` against central
+// differences of the forward graph; returns the op counts of the gradient graph.
+std::map<std::string, int> differentiate(graph::Model& m, const Tensor& x) {
+  infer_shapes(m);
+  auto forward = m.clone();
+  GradientInfo gi = autodiff(m, "loss", {"x"});
+  m.graph->add_output(m.graph->find_value(gi.grads.at("x")));
+  dce(m);
+  infer_shapes(m);
+  const Tensor grad = passtest::run(m, {{"x", x}})[gi.grads.at("x")];
+  passtest::expect_matches_finite_differences(*forward, "loss", "x", x, grad);
+  return op_counts(*m.graph);
+}
+
 // loss = sum_k sum(R_k * Slice_k(x)^2) (+ sum(S * x) when `direct`), x of `dims` with axis 0
 // symbolic when `symbolic_batch`; the pieces slice `axis` (given as `axis_arg`, maybe negative).
 // Returns the op counts of the gradient graph after checking dL/dx against central differences.
@@ -78,16 +92,7 @@ std::map<std::string, int> check_slices(std::vector<int64_t> dims, int64_t axis,
         node1(g, "ReduceSum", {node1(g, "Mul", {x, s}, "xs")}, "tx", {attr("keepdims", 0)}));
   }
   g.add_output(node1(g, "Sum", terms, "loss"));
-  infer_shapes(*m);
-  auto forward = m->clone();
-  GradientInfo gi = autodiff(*m, "loss", {"x"});
-  g.add_output(g.find_value(gi.grads.at("x")));
-  dce(*m);
-  infer_shapes(*m);
-  const Tensor xv = doubles(dims, 7);
-  const Tensor grad = passtest::run(*m, {{"x", xv}})[gi.grads.at("x")];
-  passtest::expect_matches_finite_differences(*forward, "loss", "x", xv, grad);
-  return op_counts(g);
+  return differentiate(*m, doubles(dims, 7));
 }
 
 TEST(Autodiff, SlicesThatTileAnAxisJoinTheirGradientsWithOneConcat) {
@@ -138,18 +143,9 @@ TEST(Autodiff, AWeightReadByManyMatMulsGetsOneProductOverAllRows) {
                           {attr("keepdims", 0)}));
   }
   g.add_output(node1(g, "Sum", terms, "loss"));
-  infer_shapes(*m);
-  auto forward = m->clone();
-  GradientInfo gi = autodiff(*m, "loss", {"x"});
-  g.add_output(g.find_value(gi.grads.at("x")));
-  dce(*m);
-  infer_shapes(*m);
-  auto ops = op_counts(g);
+  auto ops = differentiate(*m, doubles(dims, 8));
   EXPECT_EQ(ops["Gemm"], 1);
   EXPECT_EQ(ops["Sum"], 1);  // the loss's
-  const Tensor wv = doubles(dims, 8);
-  const Tensor grad = passtest::run(*m, {{"x", wv}})[gi.grads.at("x")];
-  passtest::expect_matches_finite_differences(*forward, "loss", "x", wv, grad);
 }
 
 }  // namespace
