@@ -60,7 +60,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DONNXTRAIN_SANITIZE=
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 cmake --build build-asan -j"$jobs" --target onnxdump onnxzoo hostile_input graph_io graph_ir graph_placement backend_roundtrip \
   backend_suite npy_io runtime_session memory_plan runtime_optimize_inference passes_training \
-  passes_replicate passes_signature passes_dce passes_lower_sequences passes_conv_algorithm passes_fuse_batchnorm_relu passes_schedule_updates passes_keep_weight_copies passes_fold_transposes passes_block_layout op_dnnl_reorder optim dataset comm \
+  passes_replicate passes_signature passes_dce passes_lower_sequences passes_conv_algorithm passes_fuse_batchnorm_relu passes_schedule_updates passes_keep_weight_copies passes_fold_transposes passes_block_layout passes_autodiff op_dnnl_reorder optim dataset comm \
   checkpoint checkpoint_state \
   nccl_stub plugin device data_parallel sync_bn trainer onnxtrain cli_reliability op_low_precision \
   op_batch_norm_blocked
