@@ -333,11 +333,15 @@ Dense<T> contract(const KernelContext& ctx, ElemKind e, const View& a, const Vie
 
 class EinsumKernel final : public Kernel {
  public:
+  // The equation is parsed once; the labels depend on the inputs' ranks, read at each run.
+  explicit EinsumKernel(const graph::Node& node)
+      : where_(node.describe()),
+        s_(parse_subscripts(node.attr_string("equation", ""), node.inputs().size(), where_)) {}
+
   void run(KernelContext& ctx) override {
-    const graph::Node& node = ctx.node();
-    const std::string where = node.describe();
+    const std::string& where = where_;
     const size_t n = static_cast<size_t>(ctx.num_inputs());
-    const Subscripts s = parse_subscripts(node.attr_string("equation", ""), n, where);
+    const Subscripts& s = s_;
     std::vector<int64_t> ranks;
     std::vector<std::vector<int64_t>> dims;
     for (size_t i = 0; i < n; ++i) {
@@ -381,6 +385,10 @@ class EinsumKernel final : public Kernel {
       std::copy(ordered.begin(), ordered.end(), y.template as<T>());
     });
   }
+
+ private:
+  std::string where_;
+  Subscripts s_;
 };
 
 // ---- the gradient
@@ -447,7 +455,7 @@ ONNXTRAIN_REGISTER_OP(nn_einsum) {
   s.op_type = "Einsum";
   s.since_version = 12;
   s.infer = infer_einsum;
-  s.cpu_kernel = [](const graph::Node&) { return std::make_unique<EinsumKernel>(); };
+  s.cpu_kernel = [](const graph::Node& n) { return std::make_unique<EinsumKernel>(n); };
   s.gradient = einsum_gradient;
   return s;
 }
