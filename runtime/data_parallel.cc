@@ -146,6 +146,10 @@ DataParallelSession::DataParallelSession(std::vector<std::unique_ptr<graph::Mode
 // wake-up (resnet18 w16 28x28, R=2 x 1 thread: 2719 -> 2931 img/s, steadier). Only when the
 // replicas use exactly the CPUs this process may run on (the whole machine, or what mpirun
 // bound it to): with spare CPUs, pinning would stack concurrent runs on the first ones.
+// Replica k's collective worker (InProcessCommunicator) goes on the same CPUs: left free, the
+// workers summing gradient buckets during the backward landed on either core and slowed one
+// replica at random, and every step waits for the slower one (ResNet-50 64² b16, R=2 x 1
+// thread, 4 alternating runs each: 0.411 -> 0.372 s per step).
 // ONNXTRAIN_NO_PIN=1 turns it off.
 void DataParallelSession::pin_replica_threads(int per) {
   const char* off = std::getenv("ONNXTRAIN_NO_PIN");
@@ -159,6 +163,8 @@ void DataParallelSession::pin_replica_threads(int per) {
     for (int t = 0; t < per; ++t) CPU_SET(cpus[static_cast<size_t>(k * per + t)], &set);
     pthread_setaffinity_np(impl_->replicas[static_cast<size_t>(k)]->thread.native_handle(),
                            sizeof(set), &set);
+    if (impl_->group)
+      pthread_setaffinity_np(impl_->group->communicator(k).worker_handle(), sizeof(set), &set);
   }
 }
 

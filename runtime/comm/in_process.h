@@ -54,6 +54,9 @@ class InProcessCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DataType dtype,
                       ReduceOp op = ReduceOp::kSum) override;
   void barrier() override;
+  // The thread that runs this rank's collectives (DataParallelSession pins it next to its
+  // replica's thread).
+  std::thread::native_handle_type worker_handle() { return worker_.native_handle(); }
 
  private:
   friend class InProcessGroup;
