@@ -88,5 +88,6 @@ int run(int argc, char** argv) {
 }  // namespace onnxtrain::tools
 
 int main(int argc, char** argv) {
+  onnxtrain::tools::keep_freed_memory();
   return onnxtrain::tools::run_cli("onnxtrain", [&] { return onnxtrain::tools::run(argc, argv); });
 }
