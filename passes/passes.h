@@ -96,10 +96,12 @@ PreparedModel prepare_training(graph::Model& model, const TrainableOptions& opts
 // at the same input slot of several nodes of one op type (several Adds' bias, several
 // LayerNormalizations' scale) is such a merge: those nodes normally own separate parameters.
 // (One tensor read by different ops, e.g. an embedding table Gather-ed and MatMul-ed, is a
-// deliberate tie and is left alone.) Running statistics shared by BatchNormalizations are
-// always given their own copies (untie_running_statistics). With `untie`, every merged
-// parameter is copied per consumer as well: the first keeps the name, the others get
-// "<name>.<k>"; the copies train on their own and are written to the trained model.
+// deliberate tie and is left alone; so are pieces of one tensor read by several Slice, Split
+// or Gather nodes, as torch's dynamo exporter slices an LSTM's weights into their gates.)
+// Running statistics shared by BatchNormalizations are always given their own copies
+// (untie_running_statistics). With `untie`, every merged parameter is copied per consumer as
+// well: the first keeps the name, the others get "<name>.<k>"; the copies train on their own
+// and are written to the trained model.
 struct UntieReport {
   std::vector<std::string> tied;    // one line per merged parameter left shared (a warning)
   std::vector<std::string> copied;  // one line per copy made
@@ -351,6 +353,17 @@ struct BatchNormReluStats {
 // Every value the graph computes is bit-identical to the unfused graph's.
 BatchNormReluStats fuse_batchnorm_relu(graph::Model& model);
 
+// ---- keep_lstm_traces.cc
+// After autodiff: each ai.onnx LSTM whose Y an ai.onnxtrain LSTMGrad reads becomes ai.onnxtrain
+// LSTMTraining (same inputs, attributes and outputs 0-2), whose output 3 is its trace: the gates
+// after activation and the h and c states of every step (ops/nn/rnn.cc), which the LSTMGrad
+// reads as input 10 instead of recomputing the forward (one product over every step through X
+// and one through H, and the cell). Costs the trace's memory from the forward to the gradient
+// ((4 + 2) x the hidden state per step). Returns the LSTMs rewritten. Computes the same
+// gradients, up to float rounding (the forward's per-step products round differently from the
+// recomputation's one product over all steps).
+int keep_lstm_traces(graph::Model& model);
+
 // ---- fold_transposes.cc
 struct TransposeFoldStats {
   int matmul_operands = 0;  // Transposes a MatMul now reads through (FusedMatMul transA/transB)
@@ -467,6 +480,8 @@ struct TrainingOptions {
   bool fuse_batchnorm_relu = true;
   // fold_transposes after autodiff; off for CUDA devices likewise (no FusedMatMul kernel).
   bool fold_transposes = true;
+  // keep_lstm_traces after autodiff (CPU and CUDA: the LSTM kernels run on the host either way).
+  bool keep_lstm_traces = true;
   // block_layout after dce, with the same conditions as fuse_batchnorm_relu (CPU kernels only;
   // replicate's SyncBatchNormalization reads plain values).
   bool block_layout = true;
@@ -501,13 +516,15 @@ struct TrainingGraphInfo {
   ConvAlgorithmStats conv_algorithm;
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
   TransposeFoldStats transposes;      // zeros when not run
+  int lstm_traces = 0;                // LSTMs rewritten by keep_lstm_traces
   BlockLayoutStats block_layout;      // zeros when not run
   UpdateScheduleStats schedule;
   WeightCopyStats weight_copies;  // zeros when not run
 };
 // lower_sequences (every one, or an error naming those that stay) -> infer_shapes ->
 // prepare_training (-> autocast with a low precision) -> attach_loss -> autodiff ->
-// select_conv_algorithm (-> fuse_batchnorm_relu) (-> fold_transposes) -> attach_optimizer
+// select_conv_algorithm (-> fuse_batchnorm_relu) (-> fold_transposes) (-> keep_lstm_traces)
+// -> attach_optimizer
 // (-> keep_weight_copies)
 // -> dce (-> block_layout)
 // (-> replicate ->

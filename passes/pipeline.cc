@@ -42,6 +42,11 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
     infer_shapes(model);
     stage("fold_transposes");
   }
+  if (opts.keep_lstm_traces) {
+    info.lstm_traces = keep_lstm_traces(model);
+    infer_shapes(model);
+    stage("keep_lstm_traces");
+  }
   // float16's narrow range needs dynamic loss scaling; bfloat16 has float32's exponent range.
   OptimizerOptions optimizer = opts.optimizer;
   optimizer.loss_scaling = optimizer.loss_scaling || opts.precision == graph::DataType::kFloat16;

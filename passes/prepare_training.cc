@@ -377,7 +377,12 @@ UntieReport untie_initializers(graph::Model& model, bool untie) {
       return u.input_index == first.input_index && u.node->op_type == first.node->op_type &&
              u.node->domain == first.node->domain;
     });
-    if (!same_slot) continue;
+    // Slices, Splits and Gathers of one tensor read pieces of one parameter (torch's dynamo
+    // exporter slices an LSTM's W into its four gates): not a merge.
+    const bool pieces = first.input_index == 0 && first.node->domain.empty() &&
+                        (first.node->op_type == "Slice" || first.node->op_type == "Split" ||
+                         first.node->op_type == "Gather");
+    if (!same_slot || pieces) continue;
     const std::string what = cat("initializer '", v->name(), "' feeds ", v->uses().size(), " ",
                                  first.node->op_type, " nodes (input ", first.input_index, ")");
     if (!untie) {

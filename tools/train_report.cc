@@ -143,6 +143,11 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
     std::fprintf(f, "fused       %d Transposes into the MatMuls reading them and %d into the "
                  "Gemms they transposed (operands read strided, results written transposed)\n",
                  p.info.transposes.matmul_operands, p.info.transposes.gemm_outputs);
+  if (p.info.lstm_traces > 0)
+    std::fprintf(f,
+                 "recurrent   the gates and states of %d LSTM%s kept for the gradient (not "
+                 "recomputed)\n",
+                 p.info.lstm_traces, p.info.lstm_traces == 1 ? "" : "s");
   if (p.info.weight_copies.copies > 0)
     std::fprintf(f, "weights     %d convolution weights (%s elements) kept as bf16 copies, "
                  "rewritten after each update; float32 masters\n",

@@ -4,7 +4,9 @@
 // exports none of the three). GRU gates z, r, h; its gradient needs linear_before_reset = 1, as
 // torch exports it. Clip only in the forwards. sequence_lens must be absent or all equal the
 // sequence length. A gradient recomputes the forward's gates (no extra outputs on the forward
-// node), then runs backpropagation through time, where only dH_prev = dA R is sequential: dX,
+// node) -- except LSTMGrad after passes::keep_lstm_traces, which reads them from the forward's
+// ai.onnxtrain LSTMTraining node (an LSTM that also writes its trace) -- then runs
+// backpropagation through time, where only dH_prev = dA R is sequential: dX,
 // dW, dR and dB are one product (or sum) each over every step's dA afterwards. Matrix products:
 // oneDNN's sgemm for float32, a plain loop for float64 (gradient checks); the per-element cell
 // loops vectorized (OT_SIMD_CLONES, vec_math's sigmoid and tanh) and parallel over batch rows.
@@ -226,6 +228,33 @@ struct Trace {
   const T* prev_all() const { return h.data() + (backwards ? slot : 0); }
 };
 
+// LSTMTraining's output 3, the trace of every direction (D, lstm_trace_size): direction d's
+// gates after activation (T, N, 4H), then its h and its c slots (T + 1, N, H) each, in the
+// Trace's slot order. LSTMGrad reads it (input 10) instead of recomputing the forward.
+int64_t lstm_trace_size(int64_t steps, int64_t batch, int64_t hidden) {
+  return steps * batch * 4 * hidden + 2 * (steps + 1) * batch * hidden;
+}
+
+template <typename T>
+void store_trace(const Trace<T>& tr, T* out) {
+  out = std::copy(tr.gates.begin(), tr.gates.end(), out);
+  out = std::copy(tr.h.begin(), tr.h.end(), out);
+  std::copy(tr.c.begin(), tr.c.end(), out);
+}
+
+template <typename T>
+Trace<T> load_trace(const T* in, int64_t steps, int64_t batch, int64_t hidden, bool backwards) {
+  Trace<T> tr;
+  tr.steps = steps;
+  tr.slot = batch * hidden;
+  tr.backwards = backwards;
+  const int64_t gates = steps * batch * 4 * hidden, slots = (steps + 1) * tr.slot;
+  tr.gates.assign(in, in + gates);
+  tr.h.assign(in + gates, in + gates + slots);
+  tr.c.assign(in + gates + slots, in + gates + 2 * slots);
+  return tr;
+}
+
 // A trace with gates = X W^T + Wb + Rb (Rb on the first `rb_cols` gate columns: GRU adds its
 // Rbh inside the reset product; no gates when x is null) and the initial states (absent: zeros)
 // in their slots. With the forward's Y (ys: (T, D, N, H), this is direction d of D) the states
@@ -396,7 +425,8 @@ void collect(const Trace<T>& tr, const std::vector<T>& slots, int d, int dirs, T
   std::copy_n(slots.data() + tr.last() * S, S, final_state + d * S);
 }
 
-// X, W, R, [B, sequence_lens, initial_h, initial_c, P] -> [Y, Y_h, Y_c]
+// X, W, R, [B, sequence_lens, initial_h, initial_c, P] -> [Y, Y_h, Y_c]; ai.onnxtrain
+// LSTMTraining also -> trace (see lstm_trace_size).
 class LstmKernel final : public Kernel {
  public:
   void run(KernelContext& ctx) override {
@@ -413,6 +443,10 @@ class LstmKernel final : public Kernel {
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(T_ * D * N * H)), yh(hs.size()), yc(cs.size());
+      const int64_t per = lstm_trace_size(T_, N, H);
+      T* trace = ctx.num_outputs() > 3 && ctx.has_output(3)
+                     ? ctx.output(3, std::vector<int64_t>{D, per}).template as<T>()
+                     : nullptr;
       for (int d = 0; d < D; ++d) {
         const Trace<T> tr =
             lstm_forward<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
@@ -421,6 +455,7 @@ class LstmKernel final : public Kernel {
                             cs.data() + d * N * H, a.reverse || d == 1, nullptr, d, ctx);
         collect(tr, tr.h, d, D, y.data(), yh.data());
         collect(tr, tr.c, d, D, static_cast<T*>(nullptr), yc.data());
+        if (trace) store_trace(tr, trace + d * per);
       }
       write_y<T>(ctx, a, s, y);
       write_state<T>(ctx, 1, a, s, yh);
@@ -435,15 +470,18 @@ template <int gates>
 void infer_rnn(InferenceContext& ctx) {
   const ValueType& x = tensor_input(ctx, 0);
   const LstmAttrs a = rnn_attrs(ctx.node, ctx.where(), gates);
-  std::optional<Shape> y, state;
+  std::optional<Shape> y, state, trace;
   if (x.shape && x.shape->size() == 3) {
     const Dim t = (*x.shape)[a.layout1 ? 1 : 0], n = (*x.shape)[a.layout1 ? 0 : 1];
     const Dim d = Dim::known(a.dirs), h = Dim::known(a.hidden);
     y = a.layout1 ? Shape{n, t, d, h} : Shape{t, d, n, h};
     state = a.layout1 ? Shape{n, d, h} : Shape{d, n, h};
+    if (t.is_known() && n.is_known())
+      trace = Shape{d, Dim::known(lstm_trace_size(t.value, n.value, a.hidden))};
   }
+  // Outputs 0-2 as ONNX's; LSTMTraining's output 3 is its trace.
   for (size_t i = 0; i < ctx.node.outputs().size(); ++i)
-    set_output(ctx, i, x.dtype, i == 0 ? y : state);
+    set_output(ctx, i, x.dtype, i == 0 ? y : i < 3 ? state : trace);
 }
 
 // A gradient op's outputs are shaped like its inputs from `first` on (X, W, R, B, states); an
@@ -460,8 +498,9 @@ void infer_rnn_grad(InferenceContext& ctx) {
 
 // ---- gradient
 
-// dY, dY_h, dY_c (each optional), X, W, R, [B, initial_h, initial_c, Y] with the forward's
-// attributes -> dX, dW, dR, dB, d initial_h, d initial_c.
+// dY, dY_h, dY_c (each optional), X, W, R, [B, initial_h, initial_c, Y, trace] with the
+// forward's attributes -> dX, dW, dR, dB, d initial_h, d initial_c. With the trace
+// (LSTMTraining's output 3) nothing of the forward is recomputed.
 class LstmGradKernel final : public Kernel {
  public:
   void run(KernelContext& ctx) override {
@@ -474,16 +513,21 @@ class LstmGradKernel final : public Kernel {
     const TensorView& w = *ctx.input(4);
     const TensorView& r = *ctx.input(5);
     const TensorView *b = ctx.input(6), *h0 = ctx.input(7), *c0 = ctx.input(8),
-                     *y = ctx.num_inputs() > 9 ? ctx.input(9) : nullptr;
+                     *y = ctx.num_inputs() > 9 ? ctx.input(9) : nullptr,
+                     *trace = ctx.num_inputs() > 10 ? ctx.input(10) : nullptr;
     const LstmShape s = rnn_shape(a, 4, x, w, r, b, h0, c0, nullptr, nullptr, where);
     check_y(y, a, s, x.dtype, where);
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 4 * H, I = s.input;
+    const int64_t per = lstm_trace_size(T_, N, H);
+    OT_CHECK(!trace || (trace->dtype == x.dtype && trace->dims == std::vector<int64_t>{D, per}),
+             where, ": input 10 (the forward's trace) is ", trace ? join_dims(trace->dims) : "",
+             ", expected ", D, "x", per, " of X's dtype");
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       const std::vector<T> gy = read_y<T>(dy, a, s);
-      const std::vector<T> ys = y ? read_y<T>(y, a, s) : std::vector<T>{};
+      const std::vector<T> ys = y && !trace ? read_y<T>(y, a, s) : std::vector<T>{};
       std::vector<T> dh = time_major<T>(dyh, D, N, H, a.layout1);  // becomes d initial_h
       std::vector<T> dc = time_major<T>(dyc, D, N, H, a.layout1);  // becomes d initial_c
       std::vector<T> dx(xs.size(), T{0}), dw(static_cast<size_t>(w.numel()), T{0}),
@@ -492,10 +536,12 @@ class LstmGradKernel final : public Kernel {
       for (int d = 0; d < D; ++d) {
         const T* wd = w.as<T>() + d * G * I;
         const T* rd = r.as<T>() + d * G * H;
+        const bool backwards = a.reverse || d == 1;
         const Trace<T> tr =
-            lstm_forward<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr, nullptr,
-                            hs.data() + d * N * H, cs.data() + d * N * H, a.reverse || d == 1,
-                            ys.empty() ? nullptr : ys.data(), d, ctx);
+            trace ? load_trace<T>(trace->as<T>() + d * per, T_, N, H, backwards)
+                  : lstm_forward<T>(a, s, xs.data(), wd, rd, b ? b->as<T>() + d * 2 * G : nullptr,
+                                    nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
+                                    backwards, ys.empty() ? nullptr : ys.data(), d, ctx);
         // Backpropagation through time, last run step first: each step's dA, and dH_prev = dA R.
         T *dhd = dh.data() + d * N * H, *dcd = dc.data() + d * N * H;
         for (int64_t k = T_ - 1; k >= 0; --k) {
@@ -903,6 +949,10 @@ ONNXTRAIN_REGISTER_OP(rnn_grad) {
 }
 ONNXTRAIN_REGISTER_OP(lstm) {
   return rnn_schema("", "LSTM", infer_rnn<4>, factory<LstmKernel>, lstm_gradient);
+}
+// passes::keep_lstm_traces' forward: an LSTM that also writes its trace for LSTMGrad.
+ONNXTRAIN_REGISTER_OP(lstm_training) {
+  return rnn_schema(kOnnxtrainDomain, "LSTMTraining", infer_rnn<4>, factory<LstmKernel>, {});
 }
 ONNXTRAIN_REGISTER_OP(lstm_grad) {
   return rnn_schema(kOnnxtrainDomain, "LSTMGrad", infer_rnn_grad<3>, factory<LstmGradKernel>, {});

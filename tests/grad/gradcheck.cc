@@ -171,6 +171,10 @@ GradReport check_gradient(const GradCase& c) {
   std::unique_ptr<graph::Model> train = h.model->clone();
   passes::GradientInfo gi = passes::autodiff(*train, "loss", h.checked);
   passes::infer_shapes(*train);
+  if (c.after_autodiff) {
+    c.after_autodiff(*train);
+    passes::infer_shapes(*train);
+  }
   std::vector<Value*> outs{train->graph->find_value("loss")};
   for (const std::string& name : h.checked) outs.push_back(train->graph->find_value(gi.grads.at(name)));
   train->graph->set_outputs(outs);

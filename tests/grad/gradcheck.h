@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -43,6 +44,9 @@ struct GradCase {
   double eps = 0;                 // 0: by dtype
   double rtol = 0, atol = 0;      // 0: by dtype
   std::string label;              // shown on failure, e.g. "Conv 3x3 stride 2 group 2"
+  // Runs on the gradient graph after autodiff (and infer_shapes): a training pass whose rewrite
+  // the check then covers (e.g. passes::keep_lstm_traces).
+  std::function<void(graph::Model&)> after_autodiff;
 };
 
 struct GradReport {

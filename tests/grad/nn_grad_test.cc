@@ -12,6 +12,7 @@
 
 #include "graph/ir.h"
 #include "graph/tensor.h"
+#include "passes/passes.h"
 #include "tests/grad/gradcheck.h"
 
 namespace onnxtrain {
@@ -424,6 +425,18 @@ TEST(NnGrad, LSTM) {
         RnnSpec{"forward", 0, false, kF64}, RnnSpec{"forward", 0, true, kF32},
         RnnSpec{"bidirectional", 0, true, kF64, false}, RnnSpec{"reverse", 1, true, kF32, false}}) {
     run(rnn_case("LSTM", 4, 2, sp, seed, {}));
+    // The same with passes::keep_lstm_traces: the gradient reads the forward's trace.
+    if (sp.y) {
+      GradCase traced = rnn_case("LSTM", 4, 2, sp, seed, {});
+      traced.label += " (trace kept)";
+      traced.after_autodiff = [](graph::Model& m) {
+        EXPECT_EQ(passes::keep_lstm_traces(m), 1);
+        int traces = 0;
+        for (const auto& n : m.graph->nodes()) traces += n->op_type == "LSTMTraining";
+        EXPECT_EQ(traces, 1);
+      };
+      run(traced);
+    }
     seed += 6;
   }
 }

@@ -435,6 +435,35 @@ TEST(PrepareTraining, BatchNormStatisticsMergedByTheExporterAreUntied) {
   for (int64_t c = 0; c < kC; ++c) EXPECT_GT(std::abs(v1[c] - v2[c]), 0.1) << c;
 }
 
+// One weight read in pieces by several Slices (torch's dynamo export of nn.LSTM slices W into
+// its gates) is one parameter, not initial values an exporter merged: no warning, no copies.
+// Two Adds reading one bias at the same slot are a merge.
+TEST(PrepareTraining, SlicesOfOneWeightAreNotAMerge) {
+  for (bool untie : {false, true}) {
+    auto m = empty_model(17);
+    Graph& g = *m->graph;
+    Value* x = g.add_input("x", ft(batch({4})));
+    Value* w = g.add_initializer("w", f32({8}, {1, 2, 3, 4, 5, 6, 7, 8}));
+    Value* bias = g.add_initializer("bias", f32({4}, {0, 0, 0, 0}));
+    Value* axes = g.add_initializer("axes", i64({1}, {0}));
+    Value* sum = x;
+    for (int k = 0; k < 2; ++k) {
+      Value* lo = g.add_initializer("lo" + std::to_string(k), i64({1}, {4 * k}));
+      Value* hi = g.add_initializer("hi" + std::to_string(k), i64({1}, {4 * k + 4}));
+      Value* piece =
+          g.add_node("Slice", {w, lo, hi, axes}, {"piece" + std::to_string(k)})->output(0);
+      Value* p = g.add_node("Mul", {sum, piece}, {"mul" + std::to_string(k)})->output(0);
+      sum = g.add_node("Add", {p, bias}, {"add" + std::to_string(k)})->output(0);
+    }
+    g.add_output(sum);
+    const passes::UntieReport r = passes::untie_initializers(*m, untie);
+    const std::vector<std::string>& lines = untie ? r.copied : r.tied;
+    ASSERT_EQ(lines.size(), 1u) << untie;
+    EXPECT_NE(lines[0].find("initializer 'bias' feeds 2 Add nodes"), std::string::npos) << lines[0];
+    EXPECT_EQ(g.find_value("w")->uses().size(), 2u);
+  }
+}
+
 // ---------------------------------------------------------------- Dropout
 
 // x (N, 64) -> Dropout(ratio 0.5) -> d -> MatMul W -> out; d is an output too.
