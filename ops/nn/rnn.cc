@@ -207,6 +207,45 @@ void accumulate_outer(int64_t g, int64_t q, int64_t n, const T* a, const T* v, T
 
 // ---- one direction's forward, kept for the gradient
 
+// One array of a Trace: its own vector, or (adopt) n elements of a caller's buffer, which
+// resize / assign then fill in place: LSTMTraining's forward writes its trace straight into its
+// output, and LSTMGrad reads it there (read only; the const_cast in load_trace).
+template <typename T>
+class TraceArray {
+ public:
+  TraceArray() = default;
+  TraceArray(TraceArray&&) noexcept = default;  // a moved vector keeps its buffer: p_ stays valid
+  TraceArray& operator=(TraceArray&&) noexcept = default;
+  TraceArray(const TraceArray&) = delete;
+  void adopt(T* p, size_t n) {
+    p_ = p;
+    n_ = n;
+    adopted_ = true;
+  }
+  void resize(size_t n) {
+    if (adopted_) {
+      OT_CHECK(n == n_, "rnn trace: ", n, " elements wanted in an adopted buffer of ", n_);
+      return;
+    }
+    own_.resize(n);
+    p_ = own_.data();
+    n_ = n;
+  }
+  void assign(size_t n, T v) {
+    resize(n);
+    std::fill_n(p_, n, v);
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  std::vector<T> own_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+  bool adopted_ = false;
+};
+
 // A direction's forward over all steps. h and c hold the state before the first run step and
 // after every step: the state before time step t is slot prev(t), the one after it slot next(t),
 // so the T slots from prev_all() are each step's H_prev in time order (the rows dR sums over).
@@ -214,9 +253,9 @@ template <typename T>
 struct Trace {
   int64_t steps = 0, slot = 0;  // slot: N * H elements
   bool backwards = false;
-  std::vector<T> gates;  // (T, N, G): X W^T + biases, then each step's gates after activation
-  std::vector<T> h, c;   // (T + 1, N, H); c for LSTM only
-  std::vector<T> hr;     // GRU with linear_before_reset: (T, N, H) H_prev Rh^T + Rbh
+  TraceArray<T> gates;  // (T, N, G): X W^T + biases, then each step's gates after activation
+  TraceArray<T> h, c;   // (T + 1, N, H); c for LSTM only
+  TraceArray<T> hr;     // GRU with linear_before_reset: (T, N, H) H_prev Rh^T + Rbh
   int64_t prev(int64_t t) const { return backwards ? t + 1 : t; }
   int64_t next(int64_t t) const { return backwards ? t : t + 1; }
   int64_t initial() const { return backwards ? steps : 0; }
@@ -235,23 +274,23 @@ int64_t lstm_trace_size(int64_t steps, int64_t batch, int64_t hidden) {
   return steps * batch * 4 * hidden + 2 * (steps + 1) * batch * hidden;
 }
 
+// Points tr's gates, h and c at one direction's part of a trace buffer.
 template <typename T>
-void store_trace(const Trace<T>& tr, T* out) {
-  out = std::copy(tr.gates.begin(), tr.gates.end(), out);
-  out = std::copy(tr.h.begin(), tr.h.end(), out);
-  std::copy(tr.c.begin(), tr.c.end(), out);
+void adopt_trace(Trace<T>& tr, T* buf, int64_t steps, int64_t batch, int64_t hidden) {
+  const int64_t gates = steps * batch * 4 * hidden, slots = (steps + 1) * batch * hidden;
+  tr.gates.adopt(buf, static_cast<size_t>(gates));
+  tr.h.adopt(buf + gates, static_cast<size_t>(slots));
+  tr.c.adopt(buf + gates + slots, static_cast<size_t>(slots));
 }
 
+// LSTMGrad's view of the forward's trace (read only).
 template <typename T>
 Trace<T> load_trace(const T* in, int64_t steps, int64_t batch, int64_t hidden, bool backwards) {
   Trace<T> tr;
   tr.steps = steps;
   tr.slot = batch * hidden;
   tr.backwards = backwards;
-  const int64_t gates = steps * batch * 4 * hidden, slots = (steps + 1) * tr.slot;
-  tr.gates.assign(in, in + gates);
-  tr.h.assign(in + gates, in + gates + slots);
-  tr.c.assign(in + gates + slots, in + gates + 2 * slots);
+  adopt_trace(tr, const_cast<T*>(in), steps, batch, hidden);
   return tr;
 }
 
@@ -263,11 +302,12 @@ Trace<T> load_trace(const T* in, int64_t steps, int64_t batch, int64_t hidden, b
 template <typename T>
 Trace<T> start_trace(const LstmShape& s, int64_t H, int64_t G, bool backwards, const T* x,
                      const T* w, const T* b, int64_t rb_cols, const T* h0, const T* c0, bool with_c,
-                     const T* ys, int d, int dirs, const KernelContext& ctx) {
+                     const T* ys, int d, int dirs, const KernelContext& ctx, T* storage = nullptr) {
   Trace<T> tr;
   tr.steps = s.steps;
   tr.slot = s.batch * H;
   tr.backwards = backwards;
+  if (storage) adopt_trace(tr, storage, s.steps, s.batch, H);  // LSTM only (G == 4H)
   const int64_t rows = s.steps * s.batch;
   if (x) {
     tr.gates.resize(static_cast<size_t>(rows * G));
@@ -391,14 +431,14 @@ OT_SIMD_CLONES void lstm_grad_row(int64_t H, const T* g, const T* cp, const T* c
 }
 
 // One direction's LSTM forward (x time-major, w / r / b / p this direction's; ys: see
-// start_trace).
+// start_trace; storage: where the trace goes, lstm_trace_size elements, or null).
 template <typename T>
 Trace<T> lstm_forward(const LstmAttrs& a, const LstmShape& s, const T* x, const T* w, const T* r,
-                      const T* b, const T* p, const T* h0, const T* c0, bool backwards,
-                      const T* ys, int d, const KernelContext& ctx) {
+                      const T* b, const T* p, const T* h0, const T* c0, bool backwards, const T* ys,
+                      int d, const KernelContext& ctx, T* storage = nullptr) {
   const int64_t H = a.hidden, N = s.batch, G = 4 * H;
   Trace<T> tr =
-      start_trace<T>(s, H, G, backwards, x, w, b, G, h0, c0, true, ys, d, a.dirs, ctx);
+      start_trace<T>(s, H, G, backwards, x, w, b, G, h0, c0, true, ys, d, a.dirs, ctx, storage);
   if (ys) gemm<T>(false, s.steps * N, G, H, tr.prev_all(), r, tr.gates.data(), true, ctx);
   const T clip = static_cast<T>(a.clip);
   for (int64_t k = 0; k < s.steps; ++k) {
@@ -416,7 +456,7 @@ Trace<T> lstm_forward(const LstmAttrs& a, const LstmShape& s, const T* x, const 
 
 // Y (T, D, N, H) and the final state (D, N, H) of direction d from its trace's h (or c) slots.
 template <typename T>
-void collect(const Trace<T>& tr, const std::vector<T>& slots, int d, int dirs, T* y,
+void collect(const Trace<T>& tr, const TraceArray<T>& slots, int d, int dirs, T* y,
              T* final_state) {
   const int64_t S = tr.slot;
   if (y)
@@ -448,14 +488,13 @@ class LstmKernel final : public Kernel {
                      ? ctx.output(3, std::vector<int64_t>{D, per}).template as<T>()
                      : nullptr;
       for (int d = 0; d < D; ++d) {
-        const Trace<T> tr =
-            lstm_forward<T>(a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
-                            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
-                            p ? p->as<T>() + d * 3 * H : nullptr, hs.data() + d * N * H,
-                            cs.data() + d * N * H, a.reverse || d == 1, nullptr, d, ctx);
+        const Trace<T> tr = lstm_forward<T>(
+            a, s, xs.data(), ctx.input(1)->as<T>() + d * G * s.input,
+            ctx.input(2)->as<T>() + d * G * H, b ? b->as<T>() + d * 2 * G : nullptr,
+            p ? p->as<T>() + d * 3 * H : nullptr, hs.data() + d * N * H, cs.data() + d * N * H,
+            a.reverse || d == 1, nullptr, d, ctx, trace ? trace + d * per : nullptr);
         collect(tr, tr.h, d, D, y.data(), yh.data());
         collect(tr, tr.c, d, D, static_cast<T*>(nullptr), yc.data());
-        if (trace) store_trace(tr, trace + d * per);
       }
       write_y<T>(ctx, a, s, y);
       write_state<T>(ctx, 1, a, s, yh);
