@@ -13,6 +13,9 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <string>
+#include <system_error>
+#include <vector>
 
 #include "graph/error.h"
 #include "graph/onnx_io.h"
@@ -38,12 +41,23 @@ void load_example() {
   ops::load_op_library(kExample);
 }
 
+// The scratch folders made by temp_dir, removed when the test process exits.
+struct TempDirs {
+  std::vector<fs::path> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const fs::path& d : dirs) fs::remove_all(d, ec);
+  }
+};
+
 fs::path temp_dir(const std::string& name) {
+  static TempDirs made;
   // Per process: the Release and sanitizer builds' runs of this test must not share files.
   fs::path d = fs::temp_directory_path() /
                ("onnxtrain_plugin_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
+  made.dirs.push_back(d);
   return d;
 }
 
