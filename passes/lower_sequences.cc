@@ -202,10 +202,9 @@ SequenceLowering lower_sequences(graph::Model& model, bool require_all) {
   const ops::StaticSequences seqs = ops::analyze_sequences(g, constant_of, false);
   for (const Node* n : seqs.stay_order) out.unlowered.push_back(seqs.unlowerable.at(n));
   if (require_all && !out.unlowered.empty()) {
-    std::string list;
-    for (const std::string& why : out.unlowered) list += cat(list.empty() ? "" : "; ", why);
     fail(model.source_path.empty() ? "model" : model.source_path,
-         ": sequence ops that cannot be lowered to tensor ops: ", list);
+         ": sequence ops that cannot be lowered to tensor ops: ",
+         ops::describe_unlowered(out.unlowered));
   }
   out.lowered = Lowering(model, seqs, known).run();
   if (out.lowered > 0) infer_best_effort(model);

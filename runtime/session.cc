@@ -109,8 +109,9 @@ void require_supported_ops(const graph::Model& m, const std::string& path) {
                         domain != "ai.onnx.ml" && domain != ops::kPreviewTrainingDomain);
   }
   fail(path, ": unsupported ops (no CPU kernel): ", join(missing, ", "),
-       stays.empty() ? "" : cat("; sequence ops that cannot be lowered to tensor ops: ",
-                                join(stays, "; ")),
+       stays.empty() ? ""
+                     : cat("; sequence ops that cannot be lowered to tensor ops: ",
+                           ops::describe_unlowered(stays)),
        custom ? " (ops of a custom domain: load the library that defines them with "
                 "--custom-op-lib PATH)"
               : "");
@@ -128,8 +129,9 @@ InferenceSession::InferenceSession(std::unique_ptr<graph::Model> model, SessionO
     check_sequences(*model_->graph, lowerable, stays);
     fail(model_->source_path.empty() ? "model" : model_->source_path,
          ": unsupported ops (no CPU kernel): ", join(missing, ", "),
-         stays.empty() ? "" : cat("; sequence ops that cannot be lowered to tensor ops: ",
-                                  join(stays, "; ")),
+         stays.empty() ? ""
+                       : cat("; sequence ops that cannot be lowered to tensor ops: ",
+                             ops::describe_unlowered(stays)),
          lowerable.empty() ? "" : " (lower the model's sequences first: passes::lower_sequences)");
   }
 }

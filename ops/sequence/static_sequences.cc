@@ -248,4 +248,11 @@ StaticSequences analyze_sequences(const graph::Graph& g, const ConstantOf& const
   return Analysis(g, constant_of, assume_dims).run();
 }
 
+std::string describe_unlowered(const std::vector<std::string>& why, size_t shown) {
+  std::string out;
+  for (size_t i = 0; i < why.size() && i < shown; ++i) out += cat(i ? "; " : "", why[i]);
+  if (why.size() > shown) out += cat("; and ", why.size() - shown, " more of ", why.size());
+  return out;
+}
+
 }  // namespace onnxtrain::ops

@@ -44,6 +44,10 @@ struct StaticSequences {
 StaticSequences analyze_sequences(const graph::Graph& g, const ConstantOf& constant_of,
                                   bool assume_dims);
 
+// The reasons sequence ops stay (one line per node), for an error's single line: the first
+// `shown` joined by "; ", then how many more ("...; and 41 more of 44").
+std::string describe_unlowered(const std::vector<std::string>& why, size_t shown = 3);
+
 // The position input `pos` of a sequence op as a number: constant scalar int32/int64.
 std::optional<int64_t> constant_position(const graph::Tensor& t);
 

@@ -12,6 +12,7 @@
 
 #include "graph/printer.h"
 #include "graph/verifier.h"
+#include "ops/sequence/static_sequences.h"
 #include "passes/passes.h"
 #include "runtime/session.h"
 #include "tests/passes/training_test_util.h"
@@ -440,6 +441,15 @@ TEST(LowerSequences, UnlowerableSequenceIsNamed) {
   passtest::expect_error([&] { lower_sequences(*m->clone(), true); }, why);
   passtest::expect_error([&] { build_training_graph(*m->clone(), {}); }, why);
   passtest::expect_error([&] { runtime::InferenceSession s(m->clone()); }, why);
+}
+
+// An export with dozens of sequence ops that stay (the classic Mamba export) names the first
+// three in its one-line error and counts the rest.
+TEST(LowerSequences, LongListsOfReasonsAreCut) {
+  EXPECT_EQ(ops::describe_unlowered({"a", "b"}), "a; b");
+  EXPECT_EQ(ops::describe_unlowered({"a", "b", "c"}), "a; b; c");
+  EXPECT_EQ(ops::describe_unlowered({"a", "b", "c", "d", "e"}), "a; b; c; and 2 more of 5");
+  EXPECT_EQ(ops::describe_unlowered({"a", "b", "c"}, 1), "a; and 2 more of 3");
 }
 
 TEST(LowerSequences, SequenceGraphOutputStays) {
