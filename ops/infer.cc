@@ -216,6 +216,34 @@ std::optional<graph::Shape> propagate_dims(const InferenceContext& ctx) {
   return std::nullopt;
 }
 
+// A dim value whose entries are all known is a constant: Gather(Shape(x), [2]) of x (batch, C,
+// 16) is [16] whatever the batch, and the arithmetic after it (torch.split's sizes in the
+// classic exporter's Mamba) then folds like any constant. Int64 / int32 of the output's static
+// rank (0: one entry; 1).
+std::optional<graph::Tensor> constant_of_dims(const InferenceContext& ctx, const graph::Shape& d) {
+  if (ctx.output_types.empty() || !ctx.output_types[0].shape) return std::nullopt;
+  std::vector<int64_t> v;
+  for (const graph::Dim& e : d) {
+    if (!e.is_known()) return std::nullopt;
+    v.push_back(e.value);
+  }
+  const graph::Shape& out = *ctx.output_types[0].shape;
+  std::vector<int64_t> dims;
+  if (out.empty() && v.size() == 1) {
+  } else if (out.size() == 1 &&
+             (!out[0].is_known() || out[0].value == static_cast<int64_t>(v.size()))) {
+    dims = {static_cast<int64_t>(v.size())};
+  } else {
+    return std::nullopt;
+  }
+  if (ctx.output_types[0].dtype == DataType::kInt64)
+    return graph::Tensor::from_vector<int64_t>(DataType::kInt64, dims, v);
+  if (ctx.output_types[0].dtype == DataType::kInt32)
+    return graph::Tensor::from_vector<int32_t>(DataType::kInt32, dims,
+                                               std::vector<int32_t>(v.begin(), v.end()));
+  return std::nullopt;
+}
+
 }  // namespace
 
 void run_inference(const OpSchema& schema, InferenceContext& ctx) {
@@ -224,7 +252,14 @@ void run_inference(const OpSchema& schema, InferenceContext& ctx) {
   for (const auto& v : ctx.output_values) already = already && v.has_value();
   if (!already && !ctx.output_dim_values.empty() && !worth_folding(ctx, schema)) {
     // Only where the caller tracks dim values, and only for what folding cannot compute.
-    if (auto d = propagate_dims(ctx)) ctx.output_dim_values[0] = std::move(*d);
+    if (auto d = propagate_dims(ctx)) {
+      if (std::optional<graph::Tensor> t = constant_of_dims(ctx, *d)) {
+        ctx.output_values.resize(ctx.node.outputs().size());
+        ctx.output_values[0] = std::move(*t);
+      } else {
+        ctx.output_dim_values[0] = std::move(*d);
+      }
+    }
     return;
   }
   if (already || !worth_folding(ctx, schema)) return;

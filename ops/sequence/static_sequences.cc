@@ -134,6 +134,13 @@ class Analysis {
     const graph::Value* split = n.input(1);
     const graph::Tensor* sizes = split ? constant_of_(split) : nullptr;
     if (split && !sizes) {
+      // A split computed from shapes (torch.split on a static axis, as the classic exporter
+      // writes it) may still fold once shapes are inferred: the pass decides.
+      if (assume_dims_) {
+        const auto& shape = split->type.shape;
+        if (shape && shape->size() == 1 && (*shape)[0].is_known()) return (*shape)[0].value;
+        return std::nullopt;  // a scalar size, or a length not known: the count is unknown
+      }
       ok = false;
       stay(n, cat("its split ", quoted(split), " is not a constant"));
       return std::nullopt;

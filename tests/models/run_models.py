@@ -52,9 +52,11 @@ BF16_STEPS, BF16_LR, BF16_DROP = 6, 2e-3, 0.97
 # (model, exporter, check) -> why it cannot pass yet. The run fails when one of these passes, so
 # the list stays true; the table still shows them (as xfail).
 EXPECTED_FAIL = {
-    # The classic exporter computes Mamba's chunk split from Shape -> Gather on a static channel
-    # axis, which onnxtrain does not fold: "SplitToSequence ... its split ... is not a constant".
-    **{("mamba", "classic", k): "SplitToSequence with a split computed from Shape is not lowered"
+    # The classic export of Mamba's sequential scan is not valid ONNX: its per-step split sizes
+    # come from Tiles with 2-D repeats (ONNX Runtime and onnx.reference refuse the model), and
+    # once onnxtrain folds them (one piece per time step) a Gather reads time step 1 of a
+    # one-step piece: "Gather_14 ... index 1 is out of range for a dim of size 1".
+    **{("mamba", "classic", k): "the classic export's scan is malformed (Tile with 2-D repeats)"
        for k in ("fwd", "raw", "step", "r2", "bf16")},
 }
 

@@ -182,6 +182,36 @@ TEST(LowerSequences, SplitAfterViewWithSymbolicBatch) {
   }
 }
 
+// The classic exporter's torch.tensor_split(x, n, dim=2): the split sizes are arithmetic on
+// Shape(x)[2] of x [batch, 4, 6] -- here 6 // 3 repeated 3 times, Tile(Div(Gather(Shape(x),
+// [2]), [3]), [3]). Only the batch is symbolic, so Gather's [6] is a constant, the arithmetic
+// folds, the runtime's pre-check lets the computed split through, and the split lowers.
+TEST(LowerSequences, SplitSizesComputedFromAStaticDimNextToSymbolicBatch) {
+  auto m = new_model(18);
+  Graph& g = *m->graph;
+  Value* x = g.add_input(
+      "x", ValueType::tensor(DataType::kFloat,
+                             Shape{Dim::symbol("batch"), Dim::known(4), Dim::known(6)}));
+  Value* shape = node1(g, "Shape", {x}, "sh");
+  Value* len =
+      node1(g, "Gather", {shape, constant(g, "two", i64({1}, {2}))}, "len", {attr("axis", 0)});
+  Value* size = node1(g, "Div", {len, constant(g, "three", i64({1}, {3}))}, "size");
+  Value* split = node1(g, "Tile", {size, constant(g, "reps", i64({1}, {3}))}, "split");
+  Value* seq = node1(g, "SplitToSequence", {x, split}, "seq", {attr("axis", 2)});
+  g.add_output(node1(g, "SequenceAt", {seq, constant(g, "i", i64({}, {1}))}, "mid"));
+  // The runtime's check before any pass (the tools run it on every model they load).
+  runtime::require_supported_ops(*m, "split.onnx");
+  lower_all(*m);
+  EXPECT_EQ(count_sequence_ops(*m->graph), 0);
+  EXPECT_EQ(graph::format_shape(m->graph->outputs()[0]->type.shape),
+            graph::format_shape(Shape{Dim::symbol("batch"), Dim::known(4), Dim::known(2)}));
+  for (int64_t batch : {1, 3}) {
+    const std::vector<float> xs = iota(batch * 24);
+    auto out = passtest::run(*m, {{"x", f32({batch, 4, 6}, xs)}});
+    expect_tensor(out["mid"], {batch, 4, 2}, columns(xs, batch * 4, 6, 2, 4), "mid");
+  }
+}
+
 // The dynamo exporter's GPT-NeoX attention: qkv [batch, 16, 96] viewed as [batch, 16, -1, 24]
 // (view(bsz, seq, -1, 3 * head_dim)) through Concat(Reshape(Squeeze(Shape(mask)[0:1]), [-1]),
 // [16], [-1], [24]), transposed to heads first and chunked into q, k, v on the last axis. The -1
