@@ -228,14 +228,11 @@ std::optional<graph::Tensor> constant_of_dims(const InferenceContext& ctx, const
     v.push_back(e.value);
   }
   const graph::Shape& out = *ctx.output_types[0].shape;
-  std::vector<int64_t> dims;
-  if (out.empty() && v.size() == 1) {
-  } else if (out.size() == 1 &&
-             (!out[0].is_known() || out[0].value == static_cast<int64_t>(v.size()))) {
-    dims = {static_cast<int64_t>(v.size())};
-  } else {
-    return std::nullopt;
-  }
+  const auto n = static_cast<int64_t>(v.size());
+  const bool scalar = out.empty() && n == 1;
+  const bool vector = out.size() == 1 && (!out[0].is_known() || out[0].value == n);
+  if (!scalar && !vector) return std::nullopt;
+  const std::vector<int64_t> dims = scalar ? std::vector<int64_t>{} : std::vector<int64_t>{n};
   if (ctx.output_types[0].dtype == DataType::kInt64)
     return graph::Tensor::from_vector<int64_t>(DataType::kInt64, dims, v);
   if (ctx.output_types[0].dtype == DataType::kInt32)

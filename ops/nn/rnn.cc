@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ops/elementwise/dtypes.h"
+#include "ops/nn/lstm_trace.h"
 #include "ops/nn/nn_util.h"
 #include "ops/shape/copy.h"
 #include "ops/shape_util.h"
@@ -484,8 +485,8 @@ class LstmKernel final : public Kernel {
       const std::vector<T> cs = time_major<T>(c0, D, N, H, a.layout1);
       std::vector<T> y(static_cast<size_t>(T_ * D * N * H)), yh(hs.size()), yc(cs.size());
       const int64_t per = lstm_trace_size(T_, N, H);
-      T* trace = ctx.num_outputs() > 3 && ctx.has_output(3)
-                     ? ctx.output(3, std::vector<int64_t>{D, per}).template as<T>()
+      T* trace = ctx.num_outputs() > kLstmTraceOutput && ctx.has_output(kLstmTraceOutput)
+                     ? ctx.output(kLstmTraceOutput, std::vector<int64_t>{D, per}).template as<T>()
                      : nullptr;
       for (int d = 0; d < D; ++d) {
         const Trace<T> tr = lstm_forward<T>(
@@ -552,15 +553,16 @@ class LstmGradKernel final : public Kernel {
     const TensorView& w = *ctx.input(4);
     const TensorView& r = *ctx.input(5);
     const TensorView *b = ctx.input(6), *h0 = ctx.input(7), *c0 = ctx.input(8),
-                     *y = ctx.num_inputs() > 9 ? ctx.input(9) : nullptr,
-                     *trace = ctx.num_inputs() > 10 ? ctx.input(10) : nullptr;
+                     *y = ctx.num_inputs() > kLstmGradY ? ctx.input(kLstmGradY) : nullptr,
+                     *trace =
+                         ctx.num_inputs() > kLstmGradTrace ? ctx.input(kLstmGradTrace) : nullptr;
     const LstmShape s = rnn_shape(a, 4, x, w, r, b, h0, c0, nullptr, nullptr, where);
     check_y(y, a, s, x.dtype, where);
     const int64_t H = a.hidden, N = s.batch, D = a.dirs, T_ = s.steps, G = 4 * H, I = s.input;
     const int64_t per = lstm_trace_size(T_, N, H);
     OT_CHECK(!trace || (trace->dtype == x.dtype && trace->dims == std::vector<int64_t>{D, per}),
-             where, ": input 10 (the forward's trace) is ", trace ? join_dims(trace->dims) : "",
-             ", expected ", D, "x", per, " of X's dtype");
+             where, ": input ", kLstmGradTrace, " (the forward's trace) is ",
+             trace ? join_dims(trace->dims) : "", ", expected ", D, "x", per, " of X's dtype");
     ew::dispatch(ew::FloatTypes{}, x.dtype, where, [&]<typename T>(ew::Tag<T>) {
       const std::vector<T> xs = time_major<T>(&x, T_, N, I, a.layout1);
       const std::vector<T> hs = time_major<T>(h0, D, N, H, a.layout1);
@@ -627,6 +629,7 @@ void lstm_gradient(GradientBuilder& b) {
   // over all steps.
   std::vector<graph::Value*> inputs{og(0), og(1), og(2), in(0), in(1), in(2),
                                     in(3), in(5), in(6), b.output(0)};
+  OT_CHECK(inputs.size() == kLstmGradY + 1, "LSTMGrad's Y slot moved: update ops/nn/lstm_trace.h");
   std::vector<graph::Value*> grads = b.emit("LSTMGrad", inputs, 6, n.attributes, kOnnxtrainDomain);
   const int forward_slot[6] = {0, 1, 2, 3, 5, 6};
   for (int k = 0; k < 6; ++k)
@@ -991,7 +994,7 @@ ONNXTRAIN_REGISTER_OP(lstm) {
 }
 // passes::keep_lstm_traces' forward: an LSTM that also writes its trace for LSTMGrad.
 ONNXTRAIN_REGISTER_OP(lstm_training) {
-  return rnn_schema(kOnnxtrainDomain, "LSTMTraining", infer_rnn<4>, factory<LstmKernel>, {});
+  return rnn_schema(kOnnxtrainDomain, kLstmTrainingOp, infer_rnn<4>, factory<LstmKernel>, {});
 }
 ONNXTRAIN_REGISTER_OP(lstm_grad) {
   return rnn_schema(kOnnxtrainDomain, "LSTMGrad", infer_rnn_grad<3>, factory<LstmGradKernel>, {});
