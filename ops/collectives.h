@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "graph/dtype.h"
 
@@ -37,6 +38,12 @@ class CollectiveHandle {
   std::shared_ptr<CollectiveWork> work_;
 };
 
+// One buffer of a multi-buffer collective: `count` elements at `data`.
+struct CollectiveBuffer {
+  void* data = nullptr;
+  int64_t count = 0;
+};
+
 // A device communicator's own handles, for a device kernel that enqueues the collective on the
 // device itself (the CUDA AllReduce kernel calls ncclAllReduce). kind kNone: the communicator
 // only offers the calls below (host or staged buffers).
@@ -62,6 +69,11 @@ class Collectives {
   // Same, returning at once; the buffer must not be touched until the handle is done.
   virtual CollectiveHandle all_reduce_async(void* buf, int64_t count, graph::DataType dtype,
                                             ReduceOp op = ReduceOp::kSum) = 0;
+  // Every rank's bufs[i] becomes a copy of rank `root`'s bufs[i] (every rank passes as many
+  // buffers, with the same counts), returning at once; no buffer may be touched until the
+  // handle is done (the root's are only read).
+  virtual CollectiveHandle broadcast_async(const std::vector<CollectiveBuffer>& bufs,
+                                           graph::DataType dtype, int root) = 0;
   // The native handles of a device communicator (NCCL); kind kNone for the others.
   virtual NativeCollectives native() const { return {}; }
 };

@@ -18,7 +18,7 @@ using graph::Value;
 // Nodes that serve every replica: one input or output slot per replica.
 bool is_shared(const Node& n) {
   return n.replica < 0 && n.domain == ops::kOnnxtrainDomain &&
-         (n.op_type == "ShardBatch" || n.op_type == "AllReduce");
+         (n.op_type == "ShardBatch" || n.op_type == "AllReduce" || n.op_type == "Broadcast");
 }
 
 // Replaces shared node n by one that keeps only the slots `keep_in` / `keep_out` (the others

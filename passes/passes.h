@@ -277,6 +277,31 @@ struct BucketInfo {
 // refused.
 BucketInfo bucket_allreduce(graph::Model& model, const BucketOptions& opts);
 
+// ---- shard_updates.cc
+struct ShardInfo {
+  int candidates = 0;               // parameters whose gradient a bucket reduces
+  int params = 0;                   // of those, updated on one replica and broadcast to the others
+  int broadcasts = 0;               // Broadcast nodes added (one per bucket and owner)
+  std::vector<int64_t> bytes;       // per replica: bytes of the parameters it updates
+  int64_t state_bytes_dropped = 0;  // optimizer state no longer held, over all replicas
+};
+// On bucket_allreduce's output (one process, R > 1 replicas): ZeRO stage 1 inside the process.
+// Each parameter whose reduced gradient has exactly one reader, an update on the same replica
+// that rewrites only that replica's weight and optimizer state read by nothing else (reading
+// besides only graph inputs, constants and the step count), gets an owner: the replica with
+// the fewest parameter bytes so far, in bucket order. The other replicas' updates go, with
+// their copies of the optimizer state (initializers, graph outputs, state records). Per bucket
+// and owner one ai.onnxtrain.Broadcast(replicas = R, root = owner) follows the owner's last
+// update of the bucket: inputs and outputs replica-major like AllReduce; the owner's slots
+// read its updated weights (outputs empty), replica k's slots read its current weight and
+// output its updated one under the name the signature binds (`S/r<k>.updated`), which the
+// kernel writes in place with the owner's bytes. Every replica then ends the step with the
+// weights an unsharded graph computes, bit for bit, while each runs about 1/R of the update
+// work and holds 1/R of the optimizer state. Updates that do not qualify (clipping, loss
+// scaling, kept weight copies) stay on every replica. R < 2 or no buckets: no change.
+// Collectives follow the replicas' ranks: build it only for replicas of one process.
+ShardInfo shard_updates(graph::Model& model);
+
 // ---- partition.cc
 // Replica `replica`'s share of a replicated training graph (replicate's output, after
 // bucket_allreduce): the nodes whose Node::replica is `replica`, unreplicated nodes, and that
@@ -470,6 +495,9 @@ struct TrainingOptions {
   // Replicate and bucket also when replicas == 1 (ReplicateOptions::force): the AllReduce nodes
   // then span the processes of a multi-process (MPI) run.
   bool collectives = false;
+  // shard_updates after bucket_allreduce (replicas > 1 and not collectives: one process's
+  // replicas; the Trainer turns it off for CUDA devices).
+  bool shard_updates = true;
   // Mixed precision (autocast after prepare_training): bf16 / f16; float32 = none.
   graph::DataType precision = graph::DataType::kFloat;
   // select_conv_algorithm after autodiff (and on the evaluation graph).
@@ -512,6 +540,7 @@ struct TrainingGraphInfo {
   GradientInfo gradients;
   OptimizerInfo optimizer;
   BucketInfo buckets;  // empty for one replica
+  ShardInfo sharded;   // zeros when not run
   AutocastInfo autocast;  // zeros without mixed precision
   ConvAlgorithmStats conv_algorithm;
   BatchNormReluStats batchnorm_relu;  // zeros when not fused
@@ -528,8 +557,8 @@ struct TrainingGraphInfo {
 // (-> keep_weight_copies)
 // -> dce (-> block_layout)
 // (-> replicate ->
-// bucket_allreduce -> dce when replicas > 1 or collectives) -> schedule_updates, the verifier
-// after each.
+// bucket_allreduce -> dce when replicas > 1 or collectives) (-> shard_updates) -> schedule_updates,
+// the verifier after each.
 TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOptions& opts);
 
 // ---- evaluation.cc

@@ -76,6 +76,10 @@ TrainingGraphInfo build_training_graph(graph::Model& model, const TrainingOption
     stage("bucket_allreduce");
     dce(model);
     stage("dce after bucket_allreduce");
+    if (opts.shard_updates && !opts.collectives) {
+      info.sharded = shard_updates(model);
+      stage("shard_updates");
+    }
   }
   if (opts.schedule_updates) {
     info.schedule = schedule_updates(model);

@@ -259,20 +259,26 @@ StepResult DataParallelSession::step(const std::map<std::string, graph::Tensor>&
 }
 
 std::map<std::string, graph::Tensor> DataParallelSession::state() const {
-  const TrainingSession& s = *impl_->replicas[0]->session;
   std::map<std::string, graph::Tensor> out;
-  // Kept weight copies are derived from their masters (set_state rewrites them): not part of
-  // what is saved, broadcast or restored.
-  for (const graph::StateBinding& b : s.signature().state)
-    if (b.kind != graph::StateKind::kWeightCopy) out[b.original] = s.state(b.state);
+  // Every replica holds the same values; with sharded updates (passes::shard_updates) a
+  // parameter's optimizer state lives only on the replica that updates it, so each value comes
+  // from the first replica holding it. Kept weight copies are derived from their masters
+  // (set_state rewrites them): not part of what is saved, broadcast or restored.
+  for (const auto& r : impl_->replicas) {
+    const TrainingSession& s = *r->session;
+    for (const graph::StateBinding& b : s.signature().state)
+      if (b.kind != graph::StateKind::kWeightCopy && !out.count(b.original))
+        out[b.original] = s.state(b.state);
+  }
   return out;
 }
 
 void DataParallelSession::set_state(const std::map<std::string, graph::Tensor>& state) {
   for (const auto& [name, t] : state) {
     bool known = false;
-    for (const graph::StateBinding& b : impl_->replicas[0]->session->signature().state)
-      known = known || b.original == name;
+    for (const auto& r : impl_->replicas)
+      for (const graph::StateBinding& b : r->session->signature().state)
+        known = known || b.original == name;
     OT_CHECK(known, "training session: '", name, "' is not graph state");
   }
   for (auto& r : impl_->replicas)

@@ -57,7 +57,8 @@ class DataParallelSession {
   StepResult step(const std::map<std::string, graph::Tensor>& global_batch, float lr,
                   float loss_scale, uint64_t seed = 0, float grad_scale = 1);
 
-  // Graph state under its single-replica names (StateBinding::original), replica 0's copy.
+  // Graph state under its single-replica names (StateBinding::original): each value from the
+  // first replica holding it (sharded optimizer state lives on one replica).
   std::map<std::string, graph::Tensor> state() const;
   // Sets state (single-replica names) on every replica; unknown names throw.
   void set_state(const std::map<std::string, graph::Tensor>& state);

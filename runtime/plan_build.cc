@@ -269,7 +269,11 @@ void Plan::fold_or_schedule(const graph::Node& n) {
       all_values = false;
     }
   }
-  if (all_values) {
+  // Known outputs need no kernel, and neither does a node without outputs, unless it acts on
+  // something else (not foldable: the root's side of a Broadcast sends to the other replicas).
+  const bool any_output =
+      std::any_of(n.outputs().begin(), n.outputs().end(), [](const graph::Value* v) { return v; });
+  if (all_values && (any_output || schema->foldable)) {
     ++stats_.folded_nodes;
     return;
   }

@@ -133,6 +133,10 @@ replicas and threads:
                           sum rounded again; the optimizer still updates float32)
   --sync-batchnorm        training BatchNormalization uses the global batch's statistics
                           (all replicas'); with --replicas 1 it changes nothing
+  --no-shard-updates      every replica runs every optimizer update (default with 2+ CPU
+                          replicas in one process: each parameter's update runs on one
+                          replica, which then copies the new weight to the others; the same
+                          weights, 1/R of the update work and optimizer state per replica)
 
 several processes (mpirun -np P onnxtrain ... trains P x R replicas; see README):
   --collective-timeout S  a process waiting longer than S seconds for another in a collective
@@ -416,6 +420,9 @@ Args parse_train_args(int argc, const char* const* argv) {
     } else if (arg == "--sync-batchnorm") {
       no_value();
       c.train.parallel.sync_batchnorm = true;
+    } else if (arg == "--no-shard-updates") {
+      no_value();
+      c.train.parallel.shard_updates = false;
     } else if (arg == "--verify-ranks") {
       no_value();
       c.train.parallel.verify_ranks = true;

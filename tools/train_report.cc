@@ -188,6 +188,15 @@ void print_plan(const TrainConfig& c, const PlanFacts& p) {
                  p.info.buckets.num_buckets(), p.info.buckets.num_buckets() == 1 ? "" : "s",
                  mib(bytes).c_str(), o.parallel.bucket_mb,
                  bf16_wire ? cat("; reduced in bf16: ", mib(bytes / 2), " on the wire").c_str() : "");
+    const passes::ShardInfo& sh = p.info.sharded;
+    if (sh.params > 0) {
+      std::string split;
+      for (int64_t b : sh.bytes) split += cat(split.empty() ? "" : " / ", mib(b));
+      std::fprintf(f,
+                   "sharded     updates of %d of %d parameters each on one replica, then broadcast "
+                   "(%s of weights per replica; %s less optimizer state; --no-shard-updates)\n",
+                   sh.params, sh.candidates, split.c_str(), mib(sh.state_bytes_dropped).c_str());
+    }
     if (o.parallel.sync_batchnorm)
       std::fprintf(f, "batchnorm   statistics over the global batch (--sync-batchnorm)\n");
   }

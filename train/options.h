@@ -101,6 +101,9 @@ struct ParallelOptions {
   // (Trainer::check_weights_agree), not only after training.
   bool verify_ranks = false;
   double bucket_mb = 25;
+  // Each parameter's optimizer update on one replica, broadcast to the others (passes::
+  // shard_updates; one process's CPU replicas only). --no-shard-updates: on every replica.
+  bool shard_updates = true;
   // --reduce-precision: the dtype gradients are AllReduced in (float32, or bfloat16 for half
   // the bytes on the wire; passes::BucketOptions::wire_dtype).
   graph::DataType reduce_precision = graph::DataType::kFloat;

@@ -376,8 +376,11 @@ void Trainer::build() {
       topts.fold_transposes = false;
       topts.block_layout = false;
       topts.keep_weight_copies = false;
+      // Broadcast has no NCCL kernel.
+      topts.shard_updates = false;
     }
   }
+  topts.shard_updates = topts.shard_updates && p.shard_updates && world_ == nullptr;
   topts.bucket_mb = p.bucket_mb;
   topts.reduce_dtype = p.reduce_precision;
   topts.sync_batchnorm = p.sync_batchnorm;  // with 1 replica there is nothing to sync

@@ -167,6 +167,48 @@ class AllReduceKernel final : public Kernel {
   bool zeroed_ = false;
 };
 
+// One replica's share of ai.onnxtrain.Broadcast (passes::shard_updates): the root replica sends
+// its present inputs, every other replica receives them into its outputs (its inputs only
+// give the types). Asynchronous like AllReduce: finished before the first reader of an
+// output, or at the end of the step.
+class BroadcastKernel final : public Kernel {
+ public:
+  explicit BroadcastKernel(const Node& n)
+      : replicas_(n.attr_int("replicas", 0)), root_(static_cast<int>(n.attr_int("root", 0))) {}
+  void run(KernelContext& ctx) override {
+    Collectives& comm = ctx.require_collectives();
+    const std::string where = ctx.node().describe();
+    OT_CHECK(comm.size() == replicas_, where, ": broadcasts among ", replicas_,
+             " replicas, but the step's group has ", comm.size(),
+             " ranks (sharded updates are built for the replicas of one process)");
+    const bool root = comm.rank() == root_;
+    std::vector<CollectiveBuffer> bufs;
+    DataType dt = DataType::kUndefined;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const TensorView* in = ctx.input(i);
+      if (!in) continue;
+      OT_CHECK(dt == DataType::kUndefined || in->dtype == dt, where,
+               ": inputs of one Broadcast must share a dtype");
+      dt = in->dtype;
+      if (root) {
+        bufs.push_back({const_cast<void*>(static_cast<const void*>(in->data)), in->numel()});
+        continue;
+      }
+      OT_CHECK(ctx.has_output(i), where, ": replica ", comm.rank(), " receives input ", i,
+               " but its output ", i, " is absent");
+      TensorView& out = ctx.output(i, in->dims);
+      bufs.push_back({out.data, out.numel()});
+    }
+    if (bufs.empty()) return;
+    CollectiveHandle handle = comm.broadcast_async(bufs, dt, root_);
+    ctx.defer_completion([handle] { handle.wait(); });
+  }
+
+ private:
+  int64_t replicas_;
+  int root_;
+};
+
 // Layout of x: (N, C, D...) -> n, c, inner.
 struct BnDims {
   int64_t n = 0, c = 0, inner = 1;
@@ -316,6 +358,9 @@ class SyncBatchNormGradKernel final : public Kernel {
 
 ONNXTRAIN_REGISTER_KERNEL(all_reduce_cpu, kOnnxtrainDomain, "AllReduce", kCpu) {
   return std::make_unique<AllReduceKernel>(n);
+}
+ONNXTRAIN_REGISTER_KERNEL(broadcast_cpu, kOnnxtrainDomain, "Broadcast", kCpu) {
+  return std::make_unique<BroadcastKernel>(n);
 }
 ONNXTRAIN_REGISTER_KERNEL(sync_batch_norm_cpu, kOnnxtrainDomain, "SyncBatchNormalization", kCpu) {
   return std::make_unique<SyncBatchNormKernel>(n);

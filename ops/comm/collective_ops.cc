@@ -122,6 +122,31 @@ void infer_all_reduce(InferenceContext& ctx) {
   }
 }
 
+// Broadcast (passes::shard_updates): replicas x G inputs and as many outputs, replica-major.
+// The root's inputs are sent; its outputs are empty (it keeps what it sent). A receiving
+// replica's input i is only read for its type (shard_updates passes the reduced gradient,
+// keeping it alive until the step ends) and output i gets the root's tensor i.
+void infer_broadcast(InferenceContext& ctx) {
+  const int64_t r = replicas_of(ctx.node);
+  const int64_t root = ctx.node.attr_int("root", -1);
+  OT_CHECK(root >= 0 && root < r, ctx.where(), ": root must be in [0, ", r, "), got ", root);
+  const size_t n = ctx.node.inputs().size();
+  OT_CHECK(n >= 1 && n == ctx.node.outputs().size() && n % static_cast<size_t>(r) == 0, ctx.where(),
+           ": expected replicas x G inputs and as many outputs (replicas ", r, "), got ", n,
+           " inputs and ", ctx.node.outputs().size(), " outputs");
+  const size_t per_replica = n / static_cast<size_t>(r);
+  for (size_t i = 0; i < n; ++i) {
+    const bool root_slot = i / per_replica == static_cast<size_t>(root);
+    OT_CHECK(!root_slot || !ctx.node.output(i), ctx.where(), ": output ", i,
+             " belongs to the root replica ", root, " and must be empty");
+    if (!ctx.input_type(i)) continue;
+    const ValueType& t = tensor_input(ctx, i);
+    OT_CHECK(t.dtype != graph::DataType::kString, ctx.where(), ": input ", i,
+             " is a string tensor");
+    if (!root_slot) propagate_type(ctx, i, i);
+  }
+}
+
 }  // namespace
 
 ONNXTRAIN_REGISTER_OP(onnxtrain_shard_batch) {
@@ -147,6 +172,16 @@ ONNXTRAIN_REGISTER_OP(onnxtrain_all_reduce) {
   s.packed_inputs = [](const graph::Node& n) {
     return all_reduce_wire_attr(n) == graph::DataType::kUndefined;
   };
+  return s;
+}
+
+ONNXTRAIN_REGISTER_OP(onnxtrain_broadcast) {
+  OpSchema s;
+  s.domain = kOnnxtrainDomain;
+  s.op_type = "Broadcast";
+  s.infer = infer_broadcast;
+  // Kernel: ops/comm/collective_kernels.cc (CPU).
+  s.foldable = false;
   return s;
 }
 

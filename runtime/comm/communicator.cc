@@ -48,6 +48,12 @@ CommHandle SelfCommunicator::all_reduce_async(void* buf, int64_t count, DataType
   return CommHandle();
 }
 
+CommHandle Communicator::broadcast_async(const std::vector<ops::CollectiveBuffer>& bufs,
+                                         DataType dtype, int root) {
+  for (const ops::CollectiveBuffer& b : bufs) broadcast(b.data, b.count, dtype, root);
+  return {};
+}
+
 void SelfCommunicator::broadcast(void* buf, int64_t count, DataType dtype, int root) {
   check_comm_args(buf, count, dtype, false, "broadcast");
   OT_CHECK(root == 0, "broadcast: root ", root, " is not a rank of a size-1 communicator");

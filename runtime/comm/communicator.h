@@ -44,6 +44,10 @@ class Communicator : public ops::Collectives {
   // rank, size, all_reduce and all_reduce_async: ops::Collectives.
   // Every rank's buf becomes a copy of rank `root`'s buf.
   virtual void broadcast(void* buf, int64_t count, DataType dtype, int root) = 0;
+  // ops::Collectives' multi-buffer broadcast; by default one synchronous broadcast per buffer
+  // (an already finished handle).
+  CommHandle broadcast_async(const std::vector<ops::CollectiveBuffer>& bufs, DataType dtype,
+                             int root) override;
   // recv (count * size() elements) = send of rank 0, send of rank 1, ...
   virtual void all_gather(const void* send, void* recv, int64_t count, DataType dtype) = 0;
   // recv (count_per_rank elements) of rank k = sum over ranks of chunk k of their send

@@ -45,12 +45,23 @@ std::string describe(const InProcessCall& c) {
   if (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter)
     s += cat(", op=", reduce_op_name(c.op));
   if (c.kind == Kind::kBroadcast) s += cat(", root=", c.root);
+  if (c.parts) {
+    s += ", buffers=[";
+    for (size_t i = 0; i < c.parts->size(); ++i) s += cat(i ? " " : "", (*c.parts)[i].count);
+    s += "]";
+  }
   return s + ")";
 }
 
 bool same_call(const InProcessCall& a, const InProcessCall& b) {
-  return a.kind == b.kind && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
-         a.root == b.root;
+  if (!(a.kind == b.kind && a.count == b.count && a.dtype == b.dtype && a.op == b.op &&
+        a.root == b.root && !a.parts == !b.parts))
+    return false;
+  if (!a.parts) return true;
+  if (a.parts->size() != b.parts->size()) return false;
+  for (size_t i = 0; i < a.parts->size(); ++i)
+    if ((*a.parts)[i].count != (*b.parts)[i].count) return false;
+  return true;
 }
 
 // dst[d][i] = src[0][i] + src[1][i] + ... (in that order) for i < n. Each block is read
@@ -207,8 +218,13 @@ std::shared_ptr<InProcessCommunicator::Work> InProcessCommunicator::submit(const
       }
       int64_t send_count = call.kind == Kind::kReduceScatter ? total : call.count;
       int64_t recv_count = call.kind == Kind::kAllGather ? total : call.count;
-      check_comm_args(call.send, send_count, call.dtype, reduce, what);
-      check_comm_args(call.recv, recv_count, call.dtype, reduce, what);
+      if (call.parts) {
+        for (const ops::CollectiveBuffer& b : *call.parts)
+          check_comm_args(b.data, b.count, call.dtype, false, what);
+      } else {
+        check_comm_args(call.send, send_count, call.dtype, reduce, what);
+        check_comm_args(call.recv, recv_count, call.dtype, reduce, what);
+      }
       OT_CHECK(call.kind != Kind::kBroadcast || (call.root >= 0 && call.root < size()), what,
                ": root ", call.root, " is not a rank of a size-", size(), " group");
     }
@@ -269,8 +285,16 @@ void InProcessCommunicator::work(const Call& call, const std::vector<Call>& call
       break;
     }
     case Kind::kBroadcast:
-      if (rank_ != call.root && call.count > 0)
+      if (rank_ == call.root || call.count == 0) break;
+      if (call.parts) {
+        const auto& from = *calls[call.root].parts;
+        for (size_t i = 0; i < from.size(); ++i)
+          if (from[i].count > 0)
+            std::memcpy((*call.parts)[i].data, from[i].data,
+                        static_cast<size_t>(from[i].count * elem));
+      } else {
         std::memcpy(call.recv, calls[call.root].recv, static_cast<size_t>(call.count * elem));
+      }
       break;
     case Kind::kAllGather: {
       size_t bytes = static_cast<size_t>(call.count * elem);
@@ -291,22 +315,33 @@ void InProcessCommunicator::all_reduce(void* buf, int64_t count, DataType dtype,
 
 CommHandle InProcessCommunicator::all_reduce_async(void* buf, int64_t count, DataType dtype,
                                                    ReduceOp op) {
-  Call call{Kind::kAllReduce, count, dtype, op, 0, buf, buf, 0};
+  Call call{Kind::kAllReduce, count, dtype, op, 0, buf, buf, 0, nullptr};
   return CommHandle(submit(call));
 }
 
 void InProcessCommunicator::broadcast(void* buf, int64_t count, DataType dtype, int root) {
-  submit(Call{Kind::kBroadcast, count, dtype, ReduceOp::kSum, root, buf, buf, 0})->wait();
+  submit(Call{Kind::kBroadcast, count, dtype, ReduceOp::kSum, root, buf, buf, 0, nullptr})->wait();
+}
+
+CommHandle InProcessCommunicator::broadcast_async(const std::vector<ops::CollectiveBuffer>& bufs,
+                                                  DataType dtype, int root) {
+  Call call{Kind::kBroadcast, 0, dtype, ReduceOp::kSum, root, nullptr, nullptr, 0, nullptr};
+  for (const ops::CollectiveBuffer& b : bufs) {
+    OT_CHECK(!__builtin_add_overflow(call.count, b.count, &call.count), "rank ", rank_,
+             ": broadcast: the buffers' counts overflow int64");
+  }
+  call.parts = std::make_shared<const std::vector<ops::CollectiveBuffer>>(bufs);
+  return CommHandle(submit(call));
 }
 
 void InProcessCommunicator::all_gather(const void* send, void* recv, int64_t count,
                                        DataType dtype) {
-  submit(Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, 0, send, recv, 0})->wait();
+  submit(Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, 0, send, recv, 0, nullptr})->wait();
 }
 
 void InProcessCommunicator::reduce_scatter(const void* send, void* recv, int64_t count_per_rank,
                                            DataType dtype, ReduceOp op) {
-  submit(Call{Kind::kReduceScatter, count_per_rank, dtype, op, 0, send, recv, 0})->wait();
+  submit(Call{Kind::kReduceScatter, count_per_rank, dtype, op, 0, send, recv, 0, nullptr})->wait();
 }
 
 void InProcessCommunicator::barrier() {

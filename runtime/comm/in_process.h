@@ -32,6 +32,8 @@ struct InProcessCall {
   const void* send = nullptr;
   void* recv = nullptr;
   uint64_t seq = 0;
+  // A multi-buffer broadcast (broadcast_async): its buffers; `count` is their total.
+  std::shared_ptr<const std::vector<ops::CollectiveBuffer>> parts;
 };
 
 // Rank k's view of an InProcessGroup. Every collective runs on this communicator's worker
@@ -50,6 +52,9 @@ class InProcessCommunicator final : public Communicator {
   CommHandle all_reduce_async(void* buf, int64_t count, DataType dtype,
                               ReduceOp op = ReduceOp::kSum) override;
   void broadcast(void* buf, int64_t count, DataType dtype, int root) override;
+  // One collective for all the buffers (non-root workers copy the root's bytes).
+  CommHandle broadcast_async(const std::vector<ops::CollectiveBuffer>& bufs, DataType dtype,
+                             int root) override;
   void all_gather(const void* send, void* recv, int64_t count, DataType dtype) override;
   void reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DataType dtype,
                       ReduceOp op = ReduceOp::kSum) override;

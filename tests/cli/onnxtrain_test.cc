@@ -315,6 +315,10 @@ TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch
   EXPECT_TRUE(has_line_matching(r.out, "batch +64 per replica, 128 global")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "steps +45 steps per epoch.*")) << r.out;
   EXPECT_TRUE(has_line_matching(r.out, "allreduce +[0-9]+ buckets?, .*")) << r.out;
+  EXPECT_TRUE(has_line_matching(r.out,
+                                "sharded +updates of ([0-9]+) of \\1 parameters each on one "
+                                "replica, then broadcast .*"))
+      << r.out;
   std::vector<std::string> lines = lines_of(cli_test::read_file(path("m.jsonl")));
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(json_number(lines[0], "steps"), 45.0);
@@ -354,6 +358,13 @@ TEST_F(OnnxtrainTest, TwoReplicasHalveTheStepsAndMatchOneReplicaOnTheGlobalBatch
   run2("--epochs 1 --checkpoint-dir " + path("ck2"), "half2.onnx");
   run2("--epochs 2 --resume --checkpoint-dir " + path("ck2"), "resumed2.onnx");
   EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("resumed2.onnx")));
+  // Updates on every replica (--no-shard-updates) write the same file; a checkpoint written
+  // that way resumes into the sharded default to the same file too (state by original name).
+  run2("--epochs 2 --no-shard-updates", "plain2.onnx");
+  EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("plain2.onnx")));
+  run2("--epochs 1 --no-shard-updates --checkpoint-dir " + path("ck3"), "half3.onnx");
+  run2("--epochs 2 --resume --checkpoint-dir " + path("ck3"), "resumed3.onnx");
+  EXPECT_EQ(cli_test::read_file(path("full2.onnx")), cli_test::read_file(path("resumed3.onnx")));
 }
 
 // Dropout's masks follow --seed and the step (not a generator that lives in the process): a

@@ -226,6 +226,44 @@ TEST(InProcessComm, BroadcastAllGatherReduceScatterBarrier) {
   }
 }
 
+// The multi-buffer broadcast passes::shard_updates' Broadcast kernel issues: asynchronous, the
+// root's buffers copied into every other rank's, one collective for all of them.
+TEST(InProcessComm, MultiBufferBroadcastAsync) {
+  const int ranks = 3, root = 1;
+  const std::vector<int64_t> sizes{5, 0, 33};
+  InProcessGroup group(ranks, 60s);
+  std::vector<std::vector<std::vector<float>>> bufs(ranks);
+  for (int k = 0; k < ranks; ++k)
+    for (size_t i = 0; i < sizes.size(); ++i)
+      bufs[k].push_back(random_buffers<float>(1, sizes[i], 10 * k + static_cast<int>(i))[0]);
+  const auto sent = bufs[root];
+  expect_no_errors(run_ranks(group, [&](int k, Communicator& comm) {
+    std::vector<ops::CollectiveBuffer> parts;
+    for (auto& b : bufs[k]) parts.push_back({b.data(), static_cast<int64_t>(b.size())});
+    CommHandle h = comm.broadcast_async(parts, DataType::kFloat, root);
+    comm.barrier();  // issued behind it: completes after it
+    EXPECT_TRUE(h.done());
+    h.wait();
+  }));
+  for (int k = 0; k < ranks; ++k) EXPECT_EQ(bufs[k], sent) << "rank " << k;
+
+  // The same total split differently is a mismatch, and the error shows both splits.
+  InProcessGroup other(2, 60s);
+  std::vector<float> a(8), b(8);
+  auto errors = run_ranks(other, [&](int k, Communicator& comm) {
+    std::vector<ops::CollectiveBuffer> parts;
+    if (k == 0)
+      parts = {{a.data(), 4}, {a.data() + 4, 4}};
+    else
+      parts = {{b.data(), 8}};
+    comm.broadcast_async(parts, DataType::kFloat, 0).wait();
+  });
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(errors[k].find("buffers=[4 4]"), std::string::npos) << errors[k];
+    EXPECT_NE(errors[k].find("buffers=[8]"), std::string::npos) << errors[k];
+  }
+}
+
 TEST(InProcessComm, MismatchIsAnErrorOnEveryRankNamingBothCalls) {
   InProcessGroup group(3, 60s);
   std::vector<float> bufs[3] = {std::vector<float>(12), std::vector<float>(12),

@@ -48,6 +48,9 @@ TrainingOptions options(int replicas, OptimizerKind kind = OptimizerKind::kAdam,
   if (model != "mlp") o.trainable.trainable_regex = "^fc";
   o.replicas = replicas;
   o.optimizer.kind = kind;
+  // The structure of replicate + bucket_allreduce; ShardUpdates below checks what
+  // shard_updates makes of it.
+  o.shard_updates = false;
   return o;
 }
 
@@ -656,6 +659,83 @@ TEST(Replicate, KnownBatchSizeIsSplitInTheTypes) {
   EXPECT_EQ(graph::format_type(g.find_value("y/r0")->type), "[2,3] f32");
   EXPECT_EQ(graph::format_type(g.find_value("y/r2")->type), "[1,3] f32");
   EXPECT_EQ(graph::format_type(g.find_value("W_grad/r2/allreduced")->type), "[2,3] f32");
+}
+
+// shard_updates on the replicated MLP: every update survives on exactly one replica (the owner
+// with the fewest bytes so far), the other replicas' copies of its moments are gone from the
+// graph and the signature, and each (bucket, owner) gets one Broadcast whose receiving slots
+// produce the names the signature binds as those replicas' updated weights.
+TEST(Replicate, ShardUpdates) {
+  for (int r : {2, 3}) {
+    SCOPED_TRACE(r);
+    auto m = zoo("mlp");
+    TrainingOptions o = options(r);
+    o.bucket_mb = 0.0005;  // several buckets
+    o.shard_updates = true;
+    const passes::TrainingGraphInfo info = passes::build_training_graph(*m, o);
+    const graph::Graph& g = *m->graph;
+    const graph::TrainingSignature& sig = m->training;
+    ASSERT_GT(info.buckets.num_buckets(), 1u);
+    size_t params = 0;
+    for (const auto& b : info.buckets.params) params += b.size();
+    EXPECT_EQ(info.sharded.candidates, static_cast<int>(params));
+    EXPECT_EQ(info.sharded.params, static_cast<int>(params));
+    // Updates per original parameter: exactly one, on some replica.
+    std::map<std::string, int> updates;
+    std::map<int, int64_t> owned_bytes;
+    for (const Node* n : nodes_of(g, "Adam")) {
+      ASSERT_GE(n->replica, 0) << n->name;
+      const graph::StateBinding* p = sig.find_state(n->input(2)->name());
+      ASSERT_NE(p, nullptr) << n->name;
+      ++updates[p->original];
+      owned_bytes[n->replica] += static_cast<int64_t>(n->input(2)->initializer().nbytes());
+    }
+    EXPECT_EQ(updates.size(), params);
+    for (const auto& [p, c] : updates) EXPECT_EQ(c, 1) << p;
+    for (int k = 0; k < r; ++k)
+      EXPECT_EQ(owned_bytes[k], info.sharded.bytes[static_cast<size_t>(k)]) << k;
+    // Moments: one copy each (m and v of every parameter), bound and present.
+    std::map<std::string, int> moments;
+    for (const graph::StateBinding& b : sig.state)
+      if (b.kind == graph::StateKind::kOptimizerState) {
+        ++moments[b.original];
+        EXPECT_NE(g.find_value(b.state), nullptr) << b.state;
+      }
+    EXPECT_EQ(moments.size(), 2 * params);
+    for (const auto& [s, c] : moments) EXPECT_EQ(c, 1) << s;
+    // Broadcasts: the root's slots read an Adam output and output nothing; the others read
+    // their reduced gradient and output their replica's bound updated weight.
+    const auto casts = nodes_of(g, "Broadcast");
+    EXPECT_EQ(static_cast<int>(casts.size()), info.sharded.broadcasts);
+    size_t sent = 0;
+    for (const Node* b : casts) {
+      const int root = static_cast<int>(b->attr_int("root", -1));
+      ASSERT_GE(root, 0);
+      EXPECT_EQ(b->replica, -1);
+      const size_t per = b->inputs().size() / static_cast<size_t>(r);
+      sent += per;
+      for (size_t i = 0; i < b->inputs().size(); ++i) {
+        const int k = static_cast<int>(i / per);
+        if (k == root) {
+          EXPECT_EQ(b->output(i), nullptr);
+          EXPECT_EQ(b->input(i)->producer()->op_type, "Adam");
+          EXPECT_EQ(b->input(i)->producer()->replica, root);
+          continue;
+        }
+        ASSERT_NE(b->output(i), nullptr);
+        const graph::StateBinding* s = nullptr;
+        for (const graph::StateBinding& x : sig.state)
+          if (x.updated == b->output(i)->name()) s = &x;
+        ASSERT_NE(s, nullptr) << b->output(i)->name();
+        EXPECT_EQ(s->kind, graph::StateKind::kParameter);
+        EXPECT_EQ(s->replica, k);
+        EXPECT_EQ(b->input(i)->producer()->op_type, "AllReduce");
+      }
+    }
+    EXPECT_EQ(sent, params);
+    graph::verify_training(*m, "test");
+    for (const auto& part : passes::partition_replicas(*m)) graph::verify_training(*part, "part");
+  }
 }
 
 }  // namespace

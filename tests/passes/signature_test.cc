@@ -111,7 +111,8 @@ TEST(TrainingSignature, ReplicatedGraphRecordsReplicasGradientsAndBuckets) {
   EXPECT_EQ(buckets.size(), t.buckets.size());
   // Every replicated node names its replica; the shared ones name none.
   for (const auto& n : m->graph->nodes()) {
-    const bool shared = n->op_type == "ShardBatch" || n->op_type == "AllReduce";
+    const bool shared =
+        n->op_type == "ShardBatch" || n->op_type == "AllReduce" || n->op_type == "Broadcast";
     EXPECT_EQ(n->replica < 0, shared) << n->name;
   }
 }

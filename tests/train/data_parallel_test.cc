@@ -153,6 +153,90 @@ TEST(DataParallel, BatchNormReplicasStayIdentical) {
   }
 }
 
+// passes::shard_updates: each parameter's update on one replica, broadcast to the others. The
+// state must equal the unsharded graph's bit for bit after every step (the owner runs the same
+// update on the same reduced gradient), every replica must hold the same weights, and each
+// optimizer state must live on exactly one replica.
+TEST(DataParallel, ShardedUpdatesEqualUnshardedBitForBit) {
+  std::unique_ptr<graph::Model> model = models::build_zoo_model(
+      "resnet18", {.input_shape = {1, 20, 20}, .classes = 3, .width = 4, .seed = 7});
+  for (passes::OptimizerKind opt : {passes::OptimizerKind::kAdam, passes::OptimizerKind::kAdamW,
+                                    passes::OptimizerKind::kMomentum, passes::OptimizerKind::kSgd})
+    for (int replicas : {2, 3}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "optimizer " << static_cast<int>(opt) << ", " << replicas << " replicas");
+      auto build = [&](bool shard, passes::TrainingGraphInfo& info) {
+        std::unique_ptr<graph::Model> g = model->clone();
+        passes::TrainingOptions to;
+        to.optimizer.kind = opt;
+        to.replicas = replicas;
+        to.bucket_mb = 0.01;
+        to.shard_updates = shard;
+        info = passes::build_training_graph(*g, to);
+        runtime::SessionOptions so;
+        so.threads = replicas;
+        return std::make_unique<runtime::DataParallelSession>(passes::partition_replicas(*g), so);
+      };
+      passes::TrainingGraphInfo si, ui;
+      auto sharded = build(true, si);
+      auto plain = build(false, ui);
+      EXPECT_EQ(ui.sharded.params, 0);
+      ASSERT_GT(si.sharded.params, 0);
+      EXPECT_EQ(si.sharded.params, si.sharded.candidates);
+      ASSERT_EQ(si.sharded.bytes.size(), static_cast<size_t>(replicas));
+      for (int64_t b : si.sharded.bytes) EXPECT_GT(b, 0) << "a replica updates nothing";
+      // Optimizer state: once over all replicas when sharded, once per replica otherwise.
+      auto count = [&](const runtime::DataParallelSession& s, int k) {
+        int n = 0;
+        for (const graph::StateBinding& b : s.replica_session(k).signature().state)
+          n += b.kind == graph::StateKind::kOptimizerState;
+        return n;
+      };
+      int held = 0;
+      for (int k = 0; k < replicas; ++k) held += count(*sharded, k);
+      EXPECT_EQ(held, count(*plain, 0));
+      std::mt19937_64 rng(21);
+      for (int s = 0; s < 3; ++s) {
+        std::map<std::string, Tensor> batch{{"input", uniform({7, 1, 20, 20}, rng)},
+                                            {"labels", labels(7, 3, rng)}};
+        const runtime::StepResult a = sharded->step(batch, 1e-2f, 1.0f / 7);
+        const runtime::StepResult b = plain->step(batch, 1e-2f, 1.0f / 7);
+        EXPECT_EQ(a.loss, b.loss) << "step " << s;
+        ASSERT_TRUE(sharded->replicas_identical()) << "after step " << s;
+        const auto sa = sharded->state(), pa = plain->state();
+        ASSERT_EQ(sa.size(), pa.size());
+        for (const auto& [name, t] : pa) {
+          ASSERT_TRUE(sa.count(name)) << name;
+          EXPECT_TRUE(bytes_equal(sa.at(name), t)) << name << " after step " << s;
+        }
+      }
+      // Restored state reaches the replica that holds it: set the plain run's state on a fresh
+      // sharded session and both take the same next step.
+      passes::TrainingGraphInfo ri;
+      auto restored = build(true, ri);
+      restored->set_state(plain->state());
+      std::map<std::string, Tensor> batch{{"input", uniform({7, 1, 20, 20}, rng)},
+                                          {"labels", labels(7, 3, rng)}};
+      restored->step(batch, 1e-2f, 1.0f / 7);
+      plain->step(batch, 1e-2f, 1.0f / 7);
+      for (const auto& [name, t] : plain->state())
+        EXPECT_TRUE(bytes_equal(restored->state().at(name), t)) << name << " after a restore";
+    }
+}
+
+// Gradient clipping reads every reduced gradient: the updates stay on every replica.
+TEST(DataParallel, ClippedUpdatesAreNotSharded) {
+  std::unique_ptr<graph::Model> g =
+      models::build_zoo_model("mlp", {.input_shape = {4}, .classes = 2, .width = 4, .seed = 8});
+  passes::TrainingOptions to;
+  to.replicas = 2;
+  to.optimizer.clip_global_norm = 1.0f;
+  const passes::TrainingGraphInfo info = passes::build_training_graph(*g, to);
+  EXPECT_GT(info.sharded.candidates, 0);
+  EXPECT_EQ(info.sharded.params, 0);
+  for (const auto& n : g->graph->nodes()) EXPECT_NE(n->op_type, "Broadcast");
+}
+
 TEST(DataParallel, ReplicaCountMismatchIsAnError) {
   std::unique_ptr<graph::Model> g = models::build_zoo_model("mlp", {.input_shape = {4}, .classes = 2, .width = 4});
   passes::TrainingOptions to;
