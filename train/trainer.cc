@@ -503,7 +503,14 @@ MemoryFacts Trainer::memory_facts() const {
   m.unshared_bytes = p.unshared_bytes;
   m.workspace_bytes = p.workspace_bytes;
   m.persistent_scratch_bytes = p.persistent_scratch_bytes;
-  for (const auto& [name, t] : r0.all_state()) m.state_bytes += static_cast<int64_t>(t.nbytes());
+  // Sharded updates (passes::shard_updates) leave each replica its own share of the optimizer
+  // state: report the largest.
+  for (int k = 0; k < session().replicas(); ++k) {
+    int64_t bytes = 0;
+    for (const auto& [name, t] : session().replica_session(k).all_state())
+      bytes += static_cast<int64_t>(t.nbytes());
+    m.state_bytes = std::max(m.state_bytes, bytes);
+  }
   return m;
 }
 
