@@ -164,7 +164,7 @@ GradReport check_gradient(const GradCase& c) {
   Harness h = build(c);
   OT_CHECK(!h.checked.empty(), c.label, ": no float input to check");
   runtime::SessionOptions so;
-  so.threads = 1;
+  so.threads = c.threads;
   so.device = test_device();
   runtime::InferenceSession forward(h.model->clone(), so);
 

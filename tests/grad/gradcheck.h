@@ -47,6 +47,9 @@ struct GradCase {
   // Runs on the gradient graph after autodiff (and infer_shapes): a training pass whose rewrite
   // the check then covers (e.g. passes::keep_lstm_traces).
   std::function<void(graph::Model&)> after_autodiff;
+  // Intra-op threads of the sessions that run the forward and the gradient (a kernel's
+  // parallel split is then checked too).
+  int threads = 1;
 };
 
 struct GradReport {

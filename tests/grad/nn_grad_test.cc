@@ -379,19 +379,25 @@ struct RnnSpec {
   // false: the node writes no Y, so the gradient recomputes the states step by step (with Y:
   // one product over all steps from Y's states).
   bool y = true;
+  int64_t batch = 2;
+  int threads = 1;  // GradCase::threads
 };
 
 GradCase rnn_case(const char* op, int64_t gates, int states, const RnnSpec& sp, uint64_t seed,
                   std::vector<Attribute> extra) {
-  const int64_t steps = 3, batch = 2, input = 3, hidden = 2;
+  const int64_t steps = 3, batch = sp.batch, input = 3, hidden = 2;
   const int64_t d = std::string(sp.direction) == "bidirectional" ? 2 : 1;
   GradCase c;
+  c.threads = sp.threads;
   c.op_type = op;
   c.opset = 14;
   c.num_outputs = 1 + states;
   c.label = std::string(op) + " " + sp.direction + " layout " + std::to_string(sp.layout) +
             (sp.bias_and_state ? "" : " no B / initial state") + (sp.dt == kF32 ? " f32" : "") +
-            (sp.y ? "" : " no Y");
+            (sp.y ? "" : " no Y") +
+            (sp.threads > 1 ? " batch " + std::to_string(batch) + " on " +
+                                  std::to_string(sp.threads) + " threads"
+                            : "");
   if (!sp.y) c.absent_outputs = {0};
   c.attributes = {Attribute::make_int("hidden_size", hidden),
                   Attribute::make_string("direction", sp.direction),
@@ -416,14 +422,19 @@ GradCase rnn_case(const char* op, int64_t gates, int states, const RnnSpec& sp, 
 
 // LSTM, RNN and GRU through time (ai.onnxtrain LSTMGrad / RNNGrad / GRUGrad: the gates recomputed,
 // then backpropagation through time): forward, reverse and bidirectional, batch-first layout,
-// without bias and initial states, f32. GRU with linear_before_reset = 1 (torch's).
+// without bias and initial states, f32. GRU with linear_before_reset = 1 (torch's). The cases
+// on 2 threads run the per-step products and row loops split between two threads.
 TEST(NnGrad, LSTM) {
   uint64_t seed = 950;
   for (const RnnSpec& sp :
        {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 0, true, kF64},
         RnnSpec{"bidirectional", 0, true, kF64}, RnnSpec{"bidirectional", 1, true, kF64},
         RnnSpec{"forward", 0, false, kF64}, RnnSpec{"forward", 0, true, kF32},
-        RnnSpec{"bidirectional", 0, true, kF64, false}, RnnSpec{"reverse", 1, true, kF32, false}}) {
+        RnnSpec{"bidirectional", 0, true, kF64, false}, RnnSpec{"reverse", 1, true, kF32, false},
+        // 5 rows split 2 + 3 by the row loops.
+        RnnSpec{"bidirectional", 0, true, kF64, true, 5, 2},
+        RnnSpec{"forward", 1, true, kF64, false, 5, 2},
+        RnnSpec{"reverse", 0, true, kF32, true, 4, 2}}) {
     run(rnn_case("LSTM", 4, 2, sp, seed, {}));
     // The same with passes::keep_lstm_traces: the gradient reads the forward's trace.
     if (sp.y) {
@@ -446,7 +457,9 @@ TEST(NnGrad, RNN) {
   for (const RnnSpec& sp :
        {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 1, true, kF64},
         RnnSpec{"bidirectional", 0, false, kF64}, RnnSpec{"bidirectional", 0, true, kF32},
-        RnnSpec{"bidirectional", 1, true, kF64, false}}) {
+        RnnSpec{"bidirectional", 1, true, kF64, false},
+        RnnSpec{"bidirectional", 0, true, kF64, true, 5, 2},
+        RnnSpec{"reverse", 1, true, kF64, false, 4, 2}}) {
     run(rnn_case("RNN", 1, 1, sp, seed, {}));
     seed += 5;
   }
@@ -457,7 +470,9 @@ TEST(NnGrad, GRU) {
   for (const RnnSpec& sp :
        {RnnSpec{"forward", 0, true, kF64}, RnnSpec{"reverse", 0, true, kF64},
         RnnSpec{"bidirectional", 1, true, kF64}, RnnSpec{"forward", 0, false, kF64},
-        RnnSpec{"bidirectional", 0, true, kF32}, RnnSpec{"bidirectional", 0, true, kF64, false}}) {
+        RnnSpec{"bidirectional", 0, true, kF32}, RnnSpec{"bidirectional", 0, true, kF64, false},
+        RnnSpec{"bidirectional", 0, true, kF64, true, 5, 2},
+        RnnSpec{"forward", 1, true, kF64, false, 4, 2}}) {
     run(rnn_case("GRU", 3, 1, sp, seed, {Attribute::make_int("linear_before_reset", 1)}));
     seed += 5;
   }
