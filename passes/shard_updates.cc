@@ -42,11 +42,9 @@ class Sharder {
       buckets.push_back(bucket_updates(b));
     for (auto& bucket : buckets) shard_bucket(bucket);
     // Each replica runs its partition in the stable topological order of its share of this
-    // list, and every replica must issue the Broadcasts in one order. A receiving replica's
-    // slots read only its current weight, ready from the start, so in a list that is not yet
-    // topological (bucket_allreduce moved the updates behind the step count's node) its
-    // Broadcasts would run ahead of its own updates: sort the list once, so that every
-    // partition's share is topological and runs in list order.
+    // list, and every replica must issue the Broadcasts in one order: list order, when the
+    // list is topological. bucket_allreduce's move_to_end only moves nodes in the list (the
+    // order follows it where dependencies leave a choice), so make sure: sort once.
     if (info_.broadcasts > 0) g_.sort_topologically();
     return info_;
   }
