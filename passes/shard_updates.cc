@@ -53,7 +53,7 @@ class Sharder {
   // The updates of one bucket's parameters that can be sharded, in bucket order.
   std::vector<std::vector<Update>> bucket_updates(const graph::GradientBucket& bucket) {
     std::vector<std::vector<Update>> out;
-    const Node* reduce = nullptr;
+    Node* reduce = nullptr;
     for (const auto& n : g_.nodes())
       if (n->name == bucket.node && n->op_type == "AllReduce") reduce = n.get();
     OT_CHECK(reduce, "shard_updates: bucket node '", bucket.node, "' is not an AllReduce");
@@ -62,7 +62,7 @@ class Sharder {
       ++info_.candidates;
       std::vector<Update> per_replica;
       for (int k = 0; k < r_; ++k) {
-        const Value* reduced = reduce->output(static_cast<size_t>(k) * per + i);
+        Value* reduced = reduce->output(static_cast<size_t>(k) * per + i);
         std::optional<Update> u = reduced ? update_of(reduced, k) : std::nullopt;
         if (!u) break;
         per_replica.push_back(*u);
@@ -77,11 +77,11 @@ class Sharder {
   // weight and moments only it reads), and whose other inputs are graph inputs, constants or
   // the step count (lr, T). Anything else (clipping's norm, loss scaling's
   // grads_finite guard, a kept low-precision weight copy) keeps the update where it is.
-  std::optional<Update> update_of(const Value* reduced, int k) const {
+  std::optional<Update> update_of(Value* reduced, int k) const {
     if (reduced->uses().size() != 1) return std::nullopt;
     Node* n = reduced->uses()[0].node;
     if (n->replica != k) return std::nullopt;
-    Update u{const_cast<Value*>(reduced), n, nullptr, nullptr, {}};
+    Update u{reduced, n, nullptr, nullptr, {}};
     std::unordered_set<const Value*> updated_state;
     for (Value* o : n->outputs()) {
       if (!o) continue;
@@ -95,7 +95,7 @@ class Sharder {
         u.param = s;
         u.param_updated = o;
       } else if (b.kind == StateKind::kOptimizerState) {
-        if (s->uses().size() != 1) return std::nullopt;
+        if (s->uses().size() != 1 || s->uses()[0].node != n) return std::nullopt;
         u.own_state.push_back(s);
       } else {
         return std::nullopt;
@@ -114,9 +114,6 @@ class Sharder {
           (up != updated_.end() && up->second->kind == StateKind::kStepCounter);
       if (!read_only_state && !in->is_graph_input() && !in->has_initializer()) return std::nullopt;
     }
-    for (const Value* s : u.own_state)
-      if (std::find(n->inputs().begin(), n->inputs().end(), s) == n->inputs().end())
-        return std::nullopt;
     return u;
   }
 

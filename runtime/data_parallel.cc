@@ -274,13 +274,11 @@ std::map<std::string, graph::Tensor> DataParallelSession::state() const {
 }
 
 void DataParallelSession::set_state(const std::map<std::string, graph::Tensor>& state) {
-  for (const auto& [name, t] : state) {
-    bool known = false;
-    for (const auto& r : impl_->replicas)
-      for (const graph::StateBinding& b : r->session->signature().state)
-        known = known || b.original == name;
-    OT_CHECK(known, "training session: '", name, "' is not graph state");
-  }
+  std::set<std::string> known;
+  for (const auto& r : impl_->replicas)
+    for (const graph::StateBinding& b : r->session->signature().state) known.insert(b.original);
+  for (const auto& [name, t] : state)
+    OT_CHECK(known.count(name), "training session: '", name, "' is not graph state");
   for (auto& r : impl_->replicas)
     for (const graph::StateBinding& b : r->session->signature().state)
       if (auto it = state.find(b.original); it != state.end()) r->session->set_state(b.state, it->second);

@@ -109,10 +109,10 @@ void infer_all_reduce(InferenceContext& ctx) {
   const graph::DataType wire = all_reduce_wire_attr(ctx.node);
   OT_CHECK(wire == graph::DataType::kUndefined || wire == graph::DataType::kBFloat16, ctx.where(),
            ": wire_dtype must be bfloat16 (16) or absent, got ", static_cast<int>(wire));
-  const size_t n = per_replica_slots(ctx, r) * static_cast<size_t>(r);
   // Inputs are replica-major: input k*G + i is tensor i of replica k. A replica's executor sees
   // only its own slots (the runtime omits the others), so absent slots are skipped.
-  const size_t per_replica = n / static_cast<size_t>(r);
+  const size_t per_replica = per_replica_slots(ctx, r);
+  const size_t n = per_replica * static_cast<size_t>(r);
   for (size_t i = 0; i < n; ++i) {
     if (!ctx.input_type(i)) continue;
     const ValueType& t = tensor_input(ctx, i);
@@ -137,8 +137,8 @@ void infer_broadcast(InferenceContext& ctx) {
   const int64_t r = replicas_of(ctx.node);
   const int64_t root = ctx.node.attr_int("root", -1);
   OT_CHECK(root >= 0 && root < r, ctx.where(), ": root must be in [0, ", r, "), got ", root);
-  const size_t n = per_replica_slots(ctx, r) * static_cast<size_t>(r);
-  const size_t per_replica = n / static_cast<size_t>(r);
+  const size_t per_replica = per_replica_slots(ctx, r);
+  const size_t n = per_replica * static_cast<size_t>(r);
   for (size_t i = 0; i < n; ++i) {
     const bool root_slot = i / per_replica == static_cast<size_t>(root);
     OT_CHECK(!root_slot || !ctx.node.output(i), ctx.where(), ": output ", i,

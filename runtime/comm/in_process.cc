@@ -45,7 +45,7 @@ std::string describe(const InProcessCall& c) {
   if (c.kind == Kind::kAllReduce || c.kind == Kind::kReduceScatter)
     s += cat(", op=", reduce_op_name(c.op));
   if (c.kind == Kind::kBroadcast) s += cat(", root=", c.root);
-  if (c.parts) {
+  if (c.parts && c.parts->size() != 1) {
     s += ", buffers=[";
     for (size_t i = 0; i < c.parts->size(); ++i) s += cat(i ? " " : "", (*c.parts)[i].count);
     s += "]";
@@ -284,18 +284,15 @@ void InProcessCommunicator::work(const Call& call, const std::vector<Call>& call
       sum(call.dtype, src, call.count * rank_, {call.recv}, 0, call.count);
       break;
     }
-    case Kind::kBroadcast:
-      if (rank_ == call.root || call.count == 0) break;
-      if (call.parts) {
-        const auto& from = *calls[call.root].parts;
-        for (size_t i = 0; i < from.size(); ++i)
-          if (from[i].count > 0)
-            std::memcpy((*call.parts)[i].data, from[i].data,
-                        static_cast<size_t>(from[i].count * elem));
-      } else {
-        std::memcpy(call.recv, calls[call.root].recv, static_cast<size_t>(call.count * elem));
-      }
+    case Kind::kBroadcast: {
+      if (rank_ == call.root) break;
+      const auto& from = *calls[call.root].parts;
+      for (size_t i = 0; i < from.size(); ++i)
+        if (from[i].count > 0)
+          std::memcpy((*call.parts)[i].data, from[i].data,
+                      static_cast<size_t>(from[i].count * elem));
       break;
+    }
     case Kind::kAllGather: {
       size_t bytes = static_cast<size_t>(call.count * elem);
       for (int r = 0; r < r_count && bytes > 0; ++r) {
@@ -320,7 +317,7 @@ CommHandle InProcessCommunicator::all_reduce_async(void* buf, int64_t count, Dat
 }
 
 void InProcessCommunicator::broadcast(void* buf, int64_t count, DataType dtype, int root) {
-  submit(Call{Kind::kBroadcast, count, dtype, ReduceOp::kSum, root, buf, buf, 0, nullptr})->wait();
+  broadcast_async({{buf, count}}, dtype, root).wait();
 }
 
 CommHandle InProcessCommunicator::broadcast_async(const std::vector<ops::CollectiveBuffer>& bufs,

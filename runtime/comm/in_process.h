@@ -21,7 +21,7 @@ namespace onnxtrain::runtime {
 class InProcessGroup;
 
 // One rank's side of a collective as published at the rendezvous (internal to the group).
-// all_reduce and broadcast work in place on `recv` (== send).
+// all_reduce works in place on `recv` (== send); broadcast on its `parts`.
 struct InProcessCall {
   enum class Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
   Kind kind = Kind::kBarrier;
@@ -32,7 +32,8 @@ struct InProcessCall {
   const void* send = nullptr;
   void* recv = nullptr;
   uint64_t seq = 0;
-  // A multi-buffer broadcast (broadcast_async): its buffers; `count` is their total.
+  // A broadcast's buffers (one for broadcast(), several for broadcast_async); `count` is their
+  // total.
   std::shared_ptr<const std::vector<ops::CollectiveBuffer>> parts;
 };
 
